@@ -1,0 +1,20 @@
+"""fastlab: measure what makes PyTorch training fast.
+
+Core API: TrainConfig and config_for (the knobs), run / compare / sweep (the harness),
+RunResult with save_results / load_results (what was measured). The notebook widgets live in
+fastlab.widgets, which alone imports ipywidgets.
+"""
+
+__version__ = "0.1.0"
+
+from .config import PROFILES, TrainConfig, active_profile, config_for
+from .data import DatasetError, ImageSet, load_images
+from .measure import Spread, environment, is_noise, verdict
+from .results import RunResult, load_reference, load_results, save_results
+from .train import compare, run, sweep
+
+__all__ = [
+    "PROFILES", "TrainConfig", "active_profile", "config_for", "DatasetError", "ImageSet", "load_images",
+    "Spread", "environment", "is_noise", "verdict", "RunResult", "load_reference", "load_results",
+    "save_results", "compare", "run", "sweep", "__version__",
+]

@@ -1,0 +1,201 @@
+"""TrainConfig: every knob of a training run in one frozen, validated dataclass.
+
+Defaults live here and only here: profiles, the CLI flags and the widget panels
+are all built from these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+PROFILES = ("smoke", "cpu", "gpu")
+
+# Allowed values of the fields that take one of a fixed set of strings.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "loader": ("dataloader", "device"),
+    "amp": ("off", "fp16", "bf16"),
+    "compile": ("off", "default", "max-autotune", "reduce-overhead"),
+    "optimizer": ("sgd", "adam", "adamw"),
+    "opt_impl": ("default", "for-loop", "foreach", "fused"),
+    "scheduler": ("none", "cosine", "onecycle"),
+    "eval_mode": ("no_grad", "inference_mode", "autograd"),
+    "log_loss": ("item", "tensor"),
+    "model": ("tiny", "compact", "resnet18"),
+    "dataset": ("auto", "cifar10", "synthetic"),
+}
+
+# Integer fields and their smallest allowed value.
+MINIMUMS: dict[str, int] = {
+    "num_workers": 0,
+    "batch_size": 1,
+    "grad_accum_steps": 1,
+    "steps": 1,
+    "warmup_steps": 0,
+    "windows": 1,
+    "log_every": 1,
+    "train_images": 1,
+    "eval_images": 1,
+    "seed": 0,
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # --- data path ---
+    loader: str = "dataloader"  # "dataloader": torch DataLoader + per-image transforms; "device": whole set on the device, batch-wise augmentation
+    num_workers: int = 0  # DataLoader worker processes; 0 loads in the training process
+    pin_memory: bool = False  # page-locked host batches: faster, async host-to-GPU copies (CUDA only)
+    non_blocking: bool = False  # .to(device, non_blocking=True): lets the copy overlap compute (needs pin_memory)
+    persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
+    prefetch_factor: int | None = None  # batches each worker loads ahead; None = torch's default (needs num_workers > 0)
+    # --- precision ---
+    amp: str = "off"  # autocast dtype: "fp16" (with GradScaler) or "bf16"
+    tf32: bool = False  # TensorFloat-32 matmuls/convs on Ampere+ GPUs
+    # --- kernels ---
+    cudnn_benchmark: bool = False  # let cuDNN time its algorithms per input shape and keep the fastest
+    channels_last: bool = False  # NHWC memory format for model and inputs (tensor cores prefer it)
+    compile: str = "off"  # torch.compile mode
+    # --- shape ---
+    batch_size: int = 128  # images per micro-batch
+    grad_accum_steps: int = 1  # micro-batches per optimiser step; images per step = batch_size * grad_accum_steps
+    # --- optimiser ---
+    optimizer: str = "adam"
+    opt_impl: str = "default"  # "default" lets torch pick; "for-loop" / "foreach" / "fused" force one
+    lr: float = 1e-3  # peak learning rate
+    weight_decay: float = 5e-4  # L2 (adam, sgd) or decoupled (adamw) weight decay
+    momentum: float = 0.9  # SGD momentum (ignored by adam/adamw)
+    scheduler: str = "none"  # learning-rate schedule over warmup_steps + steps
+    # --- hygiene ---
+    eval_mode: str = "no_grad"  # how held-out evaluation disables autograd ("autograd" = the pitfall)
+    log_loss: str = "item"  # "item": log loss.item(); "tensor": total_loss += loss, keeping every graph (the leak)
+    log_every: int = 1  # steps between loss reads; each .item() is a host-device sync
+    set_to_none: bool = True  # zero_grad(set_to_none=True) frees grads instead of writing zeros
+    # --- run ---
+    model: str = "compact"
+    dataset: str = "auto"  # "auto": CIFAR-10 if on disk (or downloadable), else synthetic
+    steps: int = 60  # timed optimiser steps (after warm-up)
+    warmup_steps: int = 5  # untimed steps first: compile, cuDNN autotune, allocator warm-up
+    windows: int = 5  # timed steps are split into this many windows; throughput = median over them
+    train_images: int = 50_000  # training-set size (synthetic size, or a cap on CIFAR-10)
+    eval_images: int = 2_000  # held-out images for the accuracy figure
+    seed: int = 0
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" or "mps"
+    profile: str = "custom"  # which preset this came from (recorded with every result)
+    notes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed; unknown names are rejected, values are validated."""
+        known = field_names()
+        for name in changes:
+            if name not in known:
+                raise ValueError(f"TrainConfig has no field {name!r}; fields are: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("notes")
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = field_names()
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {sorted(unknown)}; fields are: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def diff(self, other: TrainConfig) -> dict[str, Any]:
+        """Fields whose value in `other` differs from this config."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: b[k] for k in a if a[k] != b[k] and k != "profile"}
+
+
+def field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(TrainConfig) if f.name != "notes"}
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"TrainConfig.{name}={value!r} is not allowed: {allowed}")
+
+
+def _validate(c: TrainConfig) -> None:
+    for name, allowed in CHOICES.items():
+        value = getattr(c, name)
+        if value not in allowed:
+            _fail(name, value, "choose one of " + ", ".join(repr(a) for a in allowed))
+    for name, low in MINIMUMS.items():
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(name, value, f"an integer >= {low}")
+        if value < low:
+            _fail(name, value, f"an integer >= {low}")
+    for name in ("pin_memory", "non_blocking", "persistent_workers", "tf32", "cudnn_benchmark", "channels_last", "set_to_none"):
+        if not isinstance(getattr(c, name), bool):
+            _fail(name, getattr(c, name), "True or False")
+    for name in ("lr", "weight_decay", "momentum"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            _fail(name, value, "a number >= 0")
+    if c.lr == 0:
+        _fail("lr", c.lr, "a number > 0")
+    if c.prefetch_factor is not None:
+        if isinstance(c.prefetch_factor, bool) or not isinstance(c.prefetch_factor, int) or c.prefetch_factor < 1:
+            _fail("prefetch_factor", c.prefetch_factor, "None or an integer >= 1")
+        if c.num_workers == 0:
+            _fail("prefetch_factor", c.prefetch_factor, "None when num_workers=0 (only worker processes prefetch)")
+    if c.persistent_workers and c.num_workers == 0:
+        _fail("persistent_workers", True, "False when num_workers=0 (there are no workers to keep)")
+    if c.loader == "device" and c.num_workers:
+        _fail("num_workers", c.num_workers, "0 with loader='device' (the device loader uses no worker processes)")
+    if c.steps < c.windows:
+        _fail("windows", c.windows, f"at most steps={c.steps} (each window needs at least one step)")
+    dev = c.device
+    if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        _fail("device", dev, "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    if c.profile not in PROFILES + ("custom",):
+        _fail("profile", c.profile, "one of " + ", ".join(repr(p) for p in PROFILES + ("custom",)))
+
+
+# Presets as plain data: each is a set of overrides on the TrainConfig defaults.
+PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
+    # CI: a tiny net on a few hundred synthetic images, a few seconds a run.
+    "smoke": dict(model="tiny", dataset="synthetic", batch_size=32, steps=20, warmup_steps=3, windows=4,
+                  train_images=640, eval_images=256, lr=3e-3),
+    # A laptop: the compact net, a comparison of two runs in about a minute.
+    "cpu": dict(model="compact", batch_size=64, steps=30, warmup_steps=3, windows=5,
+                train_images=10_000, eval_images=1_000, lr=2e-3),
+    # A real GPU: real sizes, enough steps for stable timing.
+    "gpu": dict(model="resnet18", batch_size=512, steps=200, warmup_steps=30, windows=5,
+                train_images=50_000, eval_images=10_000, lr=2e-3),
+}
+
+
+def active_profile() -> str:
+    """FASTLAB_PROFILE if set, else "gpu" when CUDA is available, else "cpu"."""
+    name = os.environ.get("FASTLAB_PROFILE", "").strip()
+    if name:
+        if name not in PROFILES:
+            raise ValueError(f"FASTLAB_PROFILE={name!r} is not allowed: choose one of {', '.join(PROFILES)}")
+        return name
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def config_for(profile: str | None = None, **changes: Any) -> TrainConfig:
+    """The preset for `profile` (default: the active one) with `changes` applied."""
+    name = profile or active_profile()
+    if name not in PROFILES:
+        raise ValueError(f"profile={name!r} is not allowed: choose one of {', '.join(PROFILES)}")
+    data = dict(PROFILE_SETTINGS[name], profile=name)
+    if name == "smoke":
+        data["dataset"] = "synthetic"  # smoke never touches the network
+    elif os.environ.get("FASTLAB_DATA"):
+        data["dataset"] = os.environ["FASTLAB_DATA"]
+    return TrainConfig(**data).replace(**changes)

@@ -1,0 +1,306 @@
+"""Data: CIFAR-10 from torchvision's on-disk layout, an offline synthetic set of the same shape,
+and the two ways of feeding a model (DataLoader with per-image transforms, or device-resident batches).
+
+Every class here is importable from `fastlab.data`, so DataLoader workers started with the
+`spawn` method can unpickle them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+# Per-channel statistics of the CIFAR-10 training set; the synthetic set uses them too so both
+# paths normalise identically.
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+NUM_CLASSES = 10
+SYNTHETIC_SEED = 1234  # the synthetic set is the same for every run seed
+CIFAR_FOLDER = "cifar-10-batches-py"
+DOWNLOAD_TIMEOUT_S = 15.0
+
+
+class DatasetError(RuntimeError):
+    """A dataset that is missing or unreadable; the message names the folder and the fix."""
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """Images as uint8 HxWxC (CIFAR's own layout) with int64 labels, plus where they came from."""
+
+    train_images: np.ndarray
+    train_labels: np.ndarray
+    eval_images: np.ndarray
+    eval_labels: np.ndarray
+    name: str  # "cifar10" or "synthetic"
+    source: str  # a folder, or how the synthetic set was made
+
+    @property
+    def synthetic(self) -> bool:
+        return self.name == "synthetic"
+
+    def describe(self) -> str:
+        kind = "SYNTHETIC data" if self.synthetic else "real CIFAR-10"
+        return f"{kind}: {len(self.train_labels)} train / {len(self.eval_labels)} held-out images ({self.source})"
+
+
+# ---------------------------------------------------------------- synthetic
+
+
+def make_synthetic(n: int, split: str = "train", seed: int = SYNTHETIC_SEED, noise: float = 1.0,
+                   signal: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """A CIFAR-shaped (32x32x3 uint8, 10 classes) set that a CNN can learn, but not at a glance.
+
+    Each class owns a smooth random colour pattern. An image is its class pattern, shifted and
+    rescaled at random, blended with a weaker pattern of another class, on a smooth random
+    background, plus pixel noise. Class identity survives only as a spatial/colour structure that
+    convolutions must find through the shifts, the distractor and the noise.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    # Class patterns come from the seed alone, so train and eval share them.
+    low = torch.rand(NUM_CLASSES, 3, 6, 6, generator=gen) * 2 - 1
+    protos = torch.nn.functional.interpolate(low, size=40, mode="bicubic", align_corners=False)
+    protos = protos / protos.flatten(1).std(dim=1).view(-1, 1, 1, 1)
+    split_offset = {"train": 1, "eval": 2}[split]
+    gen = torch.Generator().manual_seed(seed * 10 + split_offset)
+    labels = torch.arange(n) % NUM_CLASSES
+    labels = labels[torch.randperm(n, generator=gen)]
+    out = np.empty((n, 32, 32, 3), dtype=np.uint8)
+    chunk = 4096
+    for start in range(0, n, chunk):
+        y = labels[start : start + chunk]
+        b = len(y)
+        dx, dy = torch.randint(0, 9, (2, b), generator=gen)
+        other = (y + torch.randint(1, NUM_CLASSES, (b,), generator=gen)) % NUM_CLASSES
+        main = _crop(protos[y], dx, dy)
+        distractor = _crop(protos[other], torch.randint(0, 9, (b,), generator=gen), torch.randint(0, 9, (b,), generator=gen))
+        bg_low = torch.rand(b, 3, 4, 4, generator=gen) * 2 - 1
+        background = torch.nn.functional.interpolate(bg_low, size=32, mode="bilinear", align_corners=False)
+        amp = signal + 0.4 * torch.rand(b, 1, 1, 1, generator=gen)
+        mix = 0.5 * torch.rand(b, 1, 1, 1, generator=gen)
+        img = amp * main + mix * amp * distractor + 0.6 * background + noise * torch.randn(b, 3, 32, 32, generator=gen)
+        img = (img * 0.22 + 0.48).clamp(0, 1)
+        out[start : start + b] = (img * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return out, labels.numpy().astype(np.int64)
+
+
+def _crop(patterns: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """A 32x32 window of each 40x40 pattern at offsets (dx, dy)."""
+    rows = (dy[:, None] + torch.arange(32))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(32))[:, None, None, :]
+    b = torch.arange(len(patterns))[:, None, None, None]
+    c = torch.arange(3)[None, :, None, None]
+    return patterns[b, c, rows, cols]
+
+
+# ---------------------------------------------------------------- CIFAR-10 on disk
+
+
+def data_dir() -> Path:
+    """FASTLAB_DATA_DIR, else a per-user cache folder."""
+    if os.environ.get("FASTLAB_DATA_DIR"):
+        return Path(os.environ["FASTLAB_DATA_DIR"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fastlab" / "data"
+
+
+def cifar10_on_disk(root: Path) -> bool:
+    return (root / CIFAR_FOLDER).is_dir()
+
+
+def read_cifar10(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Read torchvision's CIFAR-10 layout (root/cifar-10-batches-py/data_batch_1..5, test_batch)."""
+    folder = root / CIFAR_FOLDER
+    fix = (f"delete {folder} and download again (python -m fastlab download), "
+           f"or set FASTLAB_DATA=synthetic to use the offline synthetic set")
+    if not folder.is_dir():
+        raise DatasetError(f"CIFAR-10 not found: {folder} does not exist. Fix: run `python -m fastlab download` "
+                           f"while online, point FASTLAB_DATA_DIR at a folder holding {CIFAR_FOLDER}/, "
+                           f"or set FASTLAB_DATA=synthetic")
+
+    def read(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        images, labels = [], []
+        for name in names:
+            path = folder / name
+            if not path.is_file():
+                raise DatasetError(f"CIFAR-10 at {folder} is incomplete: {name} is missing. Fix: {fix}")
+            try:
+                with open(path, "rb") as f:
+                    entry = pickle.load(f, encoding="latin1")
+                data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+                lab = np.asarray(entry.get("labels", entry.get("fine_labels")), dtype=np.int64)
+            except Exception as e:  # any unreadable batch file means the same thing to the reader
+                raise DatasetError(f"CIFAR-10 at {folder} is corrupt: {name} cannot be read ({type(e).__name__}: {e}). "
+                                   f"Fix: {fix}") from e
+            if len(lab) != len(data) or (len(lab) and (lab.min() < 0 or lab.max() >= NUM_CLASSES)):
+                raise DatasetError(f"CIFAR-10 at {folder} is corrupt: {name} has bad labels. Fix: {fix}")
+            images.append(data.transpose(0, 2, 3, 1))
+            labels.append(lab)
+        return np.concatenate(images), np.concatenate(labels)
+
+    train_x, train_y = read([f"data_batch_{i}" for i in range(1, 6)])
+    eval_x, eval_y = read(["test_batch"])
+    return train_x, train_y, eval_x, eval_y
+
+
+def download_cifar10(root: Path, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> None:
+    """Download CIFAR-10 with torchvision into root; raises DatasetError when offline."""
+    import torchvision
+
+    root.mkdir(parents=True, exist_ok=True)
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout_s)
+    try:
+        torchvision.datasets.CIFAR10(str(root), train=True, download=True)
+    except Exception as e:  # network errors come in many types; all mean "not downloaded"
+        raise DatasetError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}). "
+                           f"Fix: go online and run `python -m fastlab download`, or set FASTLAB_DATA=synthetic") from e
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+@functools.lru_cache(maxsize=4)
+def load_images(dataset: str, train_images: int, eval_images: int, allow_download: bool = True,
+                root: str | None = None) -> ImageSet:
+    """The images for a run. dataset is "cifar10", "synthetic" or "auto" (see the README)."""
+    folder = Path(root) if root else data_dir()
+    if dataset == "auto":
+        if cifar10_on_disk(folder):
+            dataset = "cifar10"
+        elif allow_download:
+            try:
+                download_cifar10(folder)
+                dataset = "cifar10"
+            except DatasetError as e:
+                print(f"fastlab: CIFAR-10 unavailable ({e}); using the SYNTHETIC set instead.", file=sys.stderr)
+                dataset = "synthetic"
+        else:
+            dataset = "synthetic"
+    if dataset == "cifar10":
+        if not cifar10_on_disk(folder) and allow_download:
+            download_cifar10(folder)
+        tx, ty, ex, ey = read_cifar10(folder)
+        return ImageSet(tx[:train_images], ty[:train_images], ex[:eval_images], ey[:eval_images],
+                        "cifar10", str(folder / CIFAR_FOLDER))
+    if dataset == "synthetic":
+        tx, ty = make_synthetic(train_images, "train")
+        ex, ey = make_synthetic(eval_images, "eval")
+        return ImageSet(tx, ty, ex, ey, "synthetic", f"generated offline from seed {SYNTHETIC_SEED}")
+    raise ValueError(f"dataset={dataset!r} is not allowed: choose one of 'auto', 'cifar10', 'synthetic'")
+
+
+# ---------------------------------------------------------------- DataLoader path
+
+
+def image_transform(train: bool):
+    """The classic per-image torchvision pipeline (PIL in, normalised float tensor out)."""
+    from torchvision import transforms as T
+
+    steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train else []
+    return T.Compose(steps + [T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)])
+
+
+class CifarLikeDataset(Dataset):
+    """uint8 HxWxC images with labels, transformed one image at a time like torchvision's CIFAR10."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, train: bool = True) -> None:
+        self.images = images
+        self.labels = labels
+        self.train = train
+        self.transform = image_transform(train)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        return self.transform(Image.fromarray(self.images[index])), int(self.labels[index])
+
+
+def make_dataloader(images: np.ndarray, labels: np.ndarray, *, batch_size: int, train: bool, num_workers: int = 0,
+                    pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
+                    seed: int = 0, multiprocessing_context: str | None = None) -> DataLoader:
+    kwargs = {}
+    if num_workers > 0:
+        kwargs.update(persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    return DataLoader(CifarLikeDataset(images, labels, train), batch_size=batch_size, shuffle=train, drop_last=train,
+                      num_workers=num_workers, pin_memory=pin_memory,
+                      generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+# ---------------------------------------------------------------- device-resident path
+
+
+class DeviceLoader:
+    """The whole uint8 set on the device; each batch is cropped, flipped and normalised as tensor ops.
+
+    Yields the same shapes and dtypes as the DataLoader path: float32 (B,3,32,32) and int64 (B,).
+    No worker processes, no per-image Python, no host-to-device copy per batch.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, *, batch_size: int, train: bool,
+                 device: torch.device | str = "cpu", seed: int = 0, channels_last: bool = False) -> None:
+        self.device = torch.device(device)
+        self.images = torch.from_numpy(np.ascontiguousarray(images)).to(self.device).permute(0, 3, 1, 2).contiguous()
+        self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64)).to(self.device)
+        self.batch_size = batch_size
+        self.train = train
+        self.channels_last = channels_last
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.mean = torch.tensor(CIFAR_MEAN, device=self.device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(CIFAR_STD, device=self.device).view(1, 3, 1, 1) * 255
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n = len(self.labels)
+        order = (torch.randperm(n, device=self.device, generator=self.generator) if self.train
+                 else torch.arange(n, device=self.device))
+        for i in range(len(self)):
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
+            x = self.images[idx]
+            if self.train:
+                x = self._augment(x)
+            x = (x.float() - self.mean) / self.std
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, self.labels[idx]
+
+    def _augment(self, x: torch.Tensor) -> torch.Tensor:
+        """Random 32x32 crop of the zero-padded 40x40 image, then a random horizontal flip."""
+        b = len(x)
+        padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+        dx, dy = torch.randint(0, 9, (2, b), device=self.device, generator=self.generator)
+        ar = torch.arange(32, device=self.device)
+        rows = (dy[:, None] + ar)[:, None, :, None]
+        cols = (dx[:, None] + ar)[:, None, None, :]
+        x = padded[torch.arange(b, device=self.device)[:, None, None, None],
+                   torch.arange(3, device=self.device)[None, :, None, None], rows, cols]
+        flip = torch.rand(b, device=self.device, generator=self.generator) < 0.5
+        return torch.where(flip[:, None, None, None], x.flip(3), x)
+
+
+def forever(loader) -> Iterator:
+    """Batches from loader, epoch after epoch."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the training set is smaller than one batch: lower batch_size or raise train_images")

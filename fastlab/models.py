@@ -1,0 +1,71 @@
+"""The CNNs the workbook trains: ResNet-18 for CIFAR, a compact fast net, and a tiny smoke-test net."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+NUM_CLASSES = 10
+
+
+def resnet18_cifar(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """torchvision's ResNet-18 with the CIFAR stem: a 3x3 stride-1 first conv and no max-pool."""
+    import torchvision
+
+    net = torchvision.models.resnet18(num_classes=num_classes)
+    net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    return net
+
+
+def _conv_bn(c_in: int, c_out: int) -> list[nn.Module]:
+    return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.GELU()]
+
+
+class CompactNet(nn.Module):
+    """The shape the CIFAR-10 speed records use (airbench): a 2x2 stem conv, then three groups
+    (widths 64/256/256) of conv-pool-BN-GELU-conv-BN-GELU, a global max-pool and a linear head."""
+
+    def __init__(self, widths: tuple[int, int, int] = (64, 256, 256), num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        stem = 24
+        layers: list[nn.Module] = [nn.Conv2d(3, stem, kernel_size=2, padding=0), nn.GELU()]
+        c_in = stem
+        for width in widths:
+            layers += [nn.Conv2d(c_in, width, 3, padding=1, bias=False), nn.MaxPool2d(2),
+                       nn.BatchNorm2d(width), nn.GELU(), *_conv_bn(width, width)]
+            c_in = width
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(c_in, num_classes, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        return self.head(torch.amax(x, dim=(2, 3)))
+
+
+class TinyNet(nn.Module):
+    """Two small conv blocks and a linear head: trains in seconds on a CPU, for smoke runs."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.features = nn.Sequential(*_conv_bn(3, 16), nn.MaxPool2d(2), *_conv_bn(16, 32), nn.MaxPool2d(2),
+                                      *_conv_bn(32, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "tiny": TinyNet,
+    "compact": CompactNet,
+    "resnet18": resnet18_cifar,
+}
+
+
+def build_model(name: str) -> nn.Module:
+    if name not in MODELS:
+        raise ValueError(f"model={name!r} is not allowed: choose one of {', '.join(repr(m) for m in MODELS)}")
+    return MODELS[name]()

@@ -1,0 +1,139 @@
+"""RunResult: what one training run measured; JSON files of results, written atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .measure import Spread
+
+SCHEMA_VERSION = 1
+REFERENCE_DIR = Path(__file__).parent / "reference"
+
+
+@dataclass
+class RunResult:
+    config: dict[str, Any]
+    label: str = "run"
+    status: str = "ok"  # "ok", "failed" or "interrupted"
+    error: str | None = None
+    steps_done: int = 0  # optimiser steps finished, warm-up included
+    images_per_step: int = 0
+    window_throughput: list[float] = field(default_factory=list)  # images/s of each timed window
+    warmup_seconds: float = 0.0  # wall time of the untimed warm-up steps (compile, autotune)
+    timed_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # host wall time of each step, data wait included
+    data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on the next batch, per step
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
+    eval_accuracy: float | None = None
+    eval_seconds: float | None = None
+    eval_peak_memory_mb: float | None = None
+    peak_memory_mb: float = 0.0  # training peak (CUDA max allocated, or process RSS on CPU)
+    memory_kind: str = ""
+    memory_trace_mb: list[float] = field(default_factory=list)  # memory in use after each step
+    no_ops: dict[str, str] = field(default_factory=dict)  # knob -> why it did nothing here
+    env: dict[str, Any] = field(default_factory=dict)
+    dataset: dict[str, Any] = field(default_factory=dict)
+    gpu_util: list[tuple[float, float]] = field(default_factory=list)  # (seconds, NVML utilisation %)
+    grad_scale: list[float] = field(default_factory=list)  # GradScaler scale after each step (fp16 only)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def throughput(self) -> Spread:
+        """Images per second: median, min and max over the timed windows."""
+        return Spread.of(self.window_throughput)
+
+    @property
+    def synthetic(self) -> bool:
+        return bool(self.dataset.get("synthetic"))
+
+    def data_wait_fraction(self) -> float:
+        """Share of timed step time spent waiting for data: sum(data wait) / sum(step time)."""
+        warm = int(self.config.get("warmup_steps", 0))
+        total = sum(self.step_seconds[warm:])
+        return sum(self.data_wait_seconds[warm:]) / total if total else float("nan")
+
+    def summary(self) -> str:
+        data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
+        if self.status == "failed":
+            return f"{self.label}: FAILED ({self.error})"
+        t = self.throughput
+        parts = [f"{self.label}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows)",
+                 f"peak memory {self.peak_memory_mb:,.0f} MiB", f"data wait {self.data_wait_fraction():.0%}"]
+        if self.eval_accuracy is not None:
+            parts.append(f"held-out accuracy {self.eval_accuracy:.1%}")
+        parts.append(data)
+        if self.status == "interrupted":
+            parts.append(f"INTERRUPTED after {self.steps_done} steps")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[str, Any] | None = None) -> Path:
+    """Write results as JSON atomically: a reader never sees half a file, a crash keeps the old one."""
+    from . import __version__
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},
+           "results": [r.to_dict() for r in results]}
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, allow_nan=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_document(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no results file at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a fastlab results file (invalid JSON: {e})") from None
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{path} was written with results schema version {version!r}; this fastlab reads version "
+                         f"{SCHEMA_VERSION}. Re-run the measurement with this version to regenerate it.")
+    return doc
+
+
+def load_results(path: str | os.PathLike) -> list[RunResult]:
+    return [RunResult.from_dict(r) for r in load_document(path)["results"]]
+
+
+def reference_files() -> list[Path]:
+    return sorted(REFERENCE_DIR.glob("*.json"))
+
+
+def load_reference() -> dict[str, list[RunResult]]:
+    """Bundled results measured on real GPUs, by device name; empty when none is bundled yet."""
+    out: dict[str, list[RunResult]] = {}
+    for path in reference_files():
+        results = load_results(path)
+        if results:
+            out[results[0].env.get("device_name", path.stem)] = results
+    return out

@@ -1,0 +1,24 @@
+"""Test settings: the smoke profile, no display, and a data folder that starts empty (no downloads)."""
+
+import os
+import tempfile
+
+os.environ["FASTLAB_PROFILE"] = "smoke"
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ["FASTLAB_DATA_DIR"] = tempfile.mkdtemp(prefix="fastlab-data-")
+os.environ.pop("FASTLAB_DATA", None)
+
+import pytest  # noqa: E402
+
+import fastlab  # noqa: E402
+
+
+@pytest.fixture
+def smoke():
+    """The smoke config, shortened further where a test only needs a run to happen."""
+    return fastlab.config_for("smoke")
+
+
+@pytest.fixture
+def quick(smoke):
+    return smoke.replace(steps=4, warmup_steps=1, windows=2, train_images=128, eval_images=64)

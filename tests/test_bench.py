@@ -1,0 +1,44 @@
+import json
+
+import pytest
+
+import fastlab
+from fastlab.bench import RUNG_NAMES, ladder, markdown_table, run_ladder, select_rungs, write_report
+from fastlab.results import save_results
+
+
+def test_ladder_is_cumulative_and_selectable(smoke):
+    rungs = ladder(smoke)
+    assert [r.name for r in rungs] == RUNG_NAMES and RUNG_NAMES[0] == "naive" and RUNG_NAMES[-1] == "all_on"
+    assert [r.name for r in select_rungs(rungs, only=["amp"])] == ["naive", "amp"]
+    assert "amp" not in [r.name for r in select_rungs(rungs, skip=["amp"])]
+    with pytest.raises(ValueError, match="unknown rung 'turbo'"):
+        select_rungs(rungs, only=["turbo"])
+    with pytest.raises(ValueError, match="naive rung"):
+        select_rungs(rungs, skip=["naive"])
+
+
+def test_run_ladder_report_comes_from_the_results_file(tmp_path, quick):
+    rungs = select_rungs(ladder(quick), only=["amp", "device_loader"])
+    results = run_ladder(quick, rungs, progress=False)
+    assert [r.extras["rung"] for r in results] == ["naive", "amp", "device_loader"]
+    assert results[2].config["amp"] == results[1].config["amp"] != "off"  # cumulative
+    path = save_results(tmp_path / "results.json", results)
+    png, md = write_report(path)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    table = md.read_text()
+    assert all(r.label in table for r in results) and "SYNTHETIC data" in table
+    # edit the file: the redrawn table follows the file, not any state in memory
+    doc = json.loads(path.read_text())
+    doc["results"][0]["window_throughput"] = [12345.0, 12345.0]
+    path.write_text(json.dumps(doc))
+    _, md = write_report(path)
+    assert "12,345 (12,345-12,345)" in md.read_text()
+
+
+def test_table_marks_noise_and_failures():
+    base = fastlab.RunResult(config={}, label="naive", window_throughput=[100, 110, 120])
+    same = fastlab.RunResult(config={}, label="same", window_throughput=[105, 112, 118])
+    fail = fastlab.RunResult(config={}, label="big", status="failed", error="out of memory at batch_size=9")
+    table = markdown_table([base, same, fail])
+    assert "(noise)" in table and "out of memory at batch_size=9" in table

@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+import fastlab
+from fastlab.measure import Spread, is_noise, verdict
+from fastlab.results import SCHEMA_VERSION, RunResult, load_document, load_results, save_results
+
+
+def make(label="r", windows=(100.0, 110.0, 120.0), **kw):
+    return RunResult(config=fastlab.TrainConfig().to_dict(), label=label, window_throughput=list(windows),
+                     dataset={"name": "synthetic", "synthetic": True}, env={"device_name": "CPU"}, **kw)
+
+
+def test_round_trip(tmp_path):
+    rs = [make("a", losses=[(0, 2.3), (1, 2.1)]), make("b", status="interrupted", steps_done=3)]
+    path = save_results(tmp_path / "sub" / "results.json", rs, meta={"kind": "test"})
+    back = load_results(path)
+    assert [r.label for r in back] == ["a", "b"] and back[1].status == "interrupted"
+    assert back[0].throughput == rs[0].throughput
+    doc = load_document(path)
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["meta"] == {"kind": "test"}
+
+
+def test_write_is_atomic_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = save_results(tmp_path / "results.json", [make("old")])
+    before = path.read_text()
+
+    def explode(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", explode)
+    with pytest.raises(KeyboardInterrupt):
+        save_results(path, [make("new")])
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_other_schema_version_is_refused_with_a_clear_message(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema_version": 99, "results": []}))
+    with pytest.raises(ValueError, match="schema version 99; this fastlab reads version 1"):
+        load_results(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a fastlab results file"):
+        load_results(path)
+    with pytest.raises(FileNotFoundError, match="no results file"):
+        load_results(tmp_path / "missing.json")
+
+
+def test_spread_and_noise():
+    a = Spread.of([100, 105, 110])
+    assert (a.median, a.low, a.high, a.n) == (105, 100, 110, 3)
+    assert is_noise(a, Spread.of([104, 108, 112]))
+    assert not is_noise(a, Spread.of([150, 155, 160]))
+    assert "noise" in verdict(a, Spread.of([104, 108, 112]))
+    text = verdict(a, Spread.of([200, 210, 220]))
+    assert text.startswith("2.00x (faster)") and "noise" not in text
+
+
+def test_summary_marks_synthetic_failed_and_interrupted():
+    assert "synthetic data" in make().summary()
+    assert "FAILED (out of memory" in make(status="failed", error="out of memory at batch_size=4").summary()
+    assert "INTERRUPTED after 3 steps" in make(status="interrupted", steps_done=3).summary()
+
+
+def test_bundled_reference_loads():
+    # empty until a GPU reference run is bundled; every file present must load
+    for device, results in fastlab.load_reference().items():
+        assert device and results and all(r.env.get("device_name") for r in results)
