@@ -10,11 +10,11 @@ __version__ = "0.1.0"
 from .config import PROFILES, TrainConfig, active_profile, config_for
 from .data import DatasetError, ImageSet, load_images
 from .measure import Spread, environment, is_noise, verdict
-from .results import RunResult, load_reference, load_results, save_results
+from .results import RunResult, load_reference, load_results, reference_for, reference_summary, save_results
 from .train import compare, run, sweep
 
 __all__ = [
     "PROFILES", "TrainConfig", "active_profile", "config_for", "DatasetError", "ImageSet", "load_images",
     "Spread", "environment", "is_noise", "verdict", "RunResult", "load_reference", "load_results",
-    "save_results", "compare", "run", "sweep", "__version__",
+    "save_results", "reference_for", "reference_summary", "compare", "run", "sweep", "__version__",
 ]

@@ -231,14 +231,23 @@ class CifarLikeDataset(Dataset):
 def make_dataloader(images: np.ndarray, labels: np.ndarray, *, batch_size: int, train: bool, num_workers: int = 0,
                     pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
                     seed: int = 0, multiprocessing_context: str | None = None) -> DataLoader:
+    """A DataLoader over uint8 images with the classic per-image transforms."""
+    return dataset_loader(CifarLikeDataset(images, labels, train), batch_size=batch_size, train=train,
+                          num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
+                          prefetch_factor=prefetch_factor, seed=seed, multiprocessing_context=multiprocessing_context)
+
+
+def dataset_loader(dataset: Dataset, *, batch_size: int, train: bool, num_workers: int = 0, pin_memory: bool = False,
+                   persistent_workers: bool = False, prefetch_factor: int | None = None, seed: int = 0,
+                   multiprocessing_context: str | None = None) -> DataLoader:
+    """A DataLoader over any map-style Dataset: shuffled, full batches only when training."""
     kwargs = {}
     if num_workers > 0:
         kwargs.update(persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
-    return DataLoader(CifarLikeDataset(images, labels, train), batch_size=batch_size, shuffle=train, drop_last=train,
-                      num_workers=num_workers, pin_memory=pin_memory,
-                      generator=torch.Generator().manual_seed(seed), **kwargs)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=num_workers,
+                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kwargs)
 
 
 # ---------------------------------------------------------------- device-resident path

@@ -41,6 +41,10 @@ class RunResult:
     dataset: dict[str, Any] = field(default_factory=dict)
     gpu_util: list[tuple[float, float]] = field(default_factory=list)  # (seconds, NVML utilisation %)
     grad_scale: list[float] = field(default_factory=list)  # GradScaler scale after each step (fp16 only)
+    # Sampled on warm-up steps after the first, with a sync on each side: the optimiser step alone,
+    # and the whole step it belongs to (data wait, forward, backward, optimiser).
+    optimizer_step_seconds: list[float] = field(default_factory=list)
+    sampled_step_seconds: list[float] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -61,6 +65,11 @@ class RunResult:
         warm = int(self.config.get("warmup_steps", 0))
         total = sum(self.step_seconds[warm:])
         return sum(self.data_wait_seconds[warm:]) / total if total else float("nan")
+
+    def optimizer_share(self) -> float:
+        """Share of a (sampled, synchronised) step spent in optimizer.step(); nan when not sampled."""
+        total = sum(self.sampled_step_seconds)
+        return sum(self.optimizer_step_seconds) / total if total else float("nan")
 
     def summary(self) -> str:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
@@ -137,3 +146,26 @@ def load_reference() -> dict[str, list[RunResult]]:
         if results:
             out[results[0].env.get("device_name", path.stem)] = results
     return out
+
+
+def reference_for(comparison: str) -> dict[str, list[RunResult]]:
+    """Bundled reference results of one comparison (results' extras["comparison"]), by device name."""
+    out = {}
+    for device, results in load_reference().items():
+        matching = [r for r in results if r.extras.get("comparison") == comparison]
+        if matching:
+            out[device] = matching
+    return out
+
+
+def reference_summary(comparison: str) -> str:
+    """Lines describing the bundled reference results of a comparison, or says there are none."""
+    found = reference_for(comparison)
+    if not found:
+        return (f"No reference results from a real GPU are bundled for '{comparison}' yet; "
+                f"only this machine's numbers are shown.")
+    lines = []
+    for device, results in found.items():
+        lines.append(f"Reference, measured on {device} ({results[0].env.get('date', '?')}):")
+        lines += [f"  {r.summary()}" for r in results]
+    return "\n".join(lines)

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from .config import TrainConfig
-from .data import DeviceLoader, ImageSet, forever, load_images, make_dataloader
+from .data import DeviceLoader, ImageSet, dataset_loader, forever, load_images, make_dataloader
 from .measure import GpuUtilSampler, MemoryMeter, bf16_supported, environment, now, resolve_device, synchronize
 from .models import build_model
 from .results import RunResult
@@ -35,35 +36,45 @@ class _Stopped(Exception):
     """Raised inside the loop when the caller's stop event is set."""
 
 
+DatasetArg = ImageSet | tuple[Dataset, Dataset] | None
+
+
 def run(config: TrainConfig, *, label: str = "run", model: nn.Module | Callable[[], nn.Module] | None = None,
-        dataset: ImageSet | None = None, progress: bool = True, stop: threading.Event | None = None,
-        on_step: StepCallback | None = None) -> RunResult:
+        dataset: DatasetArg = None, progress: bool = True, stop: threading.Event | None = None,
+        on_step: StepCallback | None = None, comparison: str | None = None) -> RunResult:
     """Train with `config` and return what was measured.
 
     model: a module (or a function that builds one) to train instead of `config.model`.
-    dataset: an ImageSet to train on instead of `config.dataset`.
+    dataset: instead of `config.dataset`, an ImageSet (uint8 images: works with both loaders), or a pair
+        (train, held_out) of map-style torch Datasets yielding (image tensor, int label) (loader="dataloader").
+    comparison: the name of the comparison this run belongs to (matched against bundled reference results).
     stop: set it (from another thread) to end the run early; the result is marked interrupted.
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
     Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted.
     """
-    return _Run(config, label, model, dataset, progress, stop, on_step).execute()
+    result = _Run(config, label, model, dataset, progress, stop, on_step).execute()
+    if comparison:
+        result.extras["comparison"] = comparison
+    return result
 
 
-def compare(base: TrainConfig, *, progress: bool = True, **changes: Any) -> list[RunResult]:
+def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None,
+            **changes: Any) -> list[RunResult]:
     """Run `base`, then `base` with `changes`; returns [baseline, changed]."""
     changed = base.replace(**changes)
-    results = [run(base, label="baseline", progress=progress)]
+    results = [run(base, label="baseline", progress=progress, comparison=comparison)]
     if results[-1].status != "interrupted":
-        results.append(run(changed, label=describe_changes(changes), progress=progress))
+        results.append(run(changed, label=describe_changes(changes), progress=progress, comparison=comparison))
     return results
 
 
-def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True) -> list[RunResult]:
+def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True,
+          comparison: str | None = None) -> list[RunResult]:
     """One run per value of `knob`; stops early (keeping what ran) if a run is interrupted."""
     configs = [base.replace(**{knob: v}) for v in values]  # validate every value before running any
     results = []
     for value, cfg in zip(values, configs):
-        results.append(run(cfg, label=f"{knob}={value}", progress=progress))
+        results.append(run(cfg, label=f"{knob}={value}", progress=progress, comparison=comparison))
         if results[-1].status == "interrupted":
             break
     return results
@@ -120,15 +131,24 @@ class _Run:
         torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
         torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
 
-    def _load_data(self) -> ImageSet:
+    def _load_data(self) -> ImageSet | tuple[Dataset, Dataset]:
         cfg = self.cfg
+        if isinstance(self.dataset_arg, tuple):
+            train, held_out = self.dataset_arg
+            if cfg.loader == "device":
+                raise ValueError("TrainConfig.loader='device' needs the images as arrays: pass a fastlab.ImageSet, "
+                                 "or use loader='dataloader' with torch Datasets")
+            self.result.dataset = {"name": type(train).__name__, "synthetic": bool(getattr(train, "synthetic", False)),
+                                   "source": "Datasets passed to fastlab.run", "train_images": len(train),
+                                   "eval_images": len(held_out)}
+            return self.dataset_arg
         images = self.dataset_arg or load_images(cfg.dataset, cfg.train_images, cfg.eval_images,
                                                  allow_download=cfg.profile != "smoke")
         self.result.dataset = {"name": images.name, "synthetic": images.synthetic, "source": images.source,
                                "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}
         return images
 
-    def _train_batches(self, images: ImageSet):
+    def _train_batches(self, images: ImageSet | tuple[Dataset, Dataset]):
         cfg, dev = self.cfg, self.device
         if dev.type != "cuda":
             if cfg.pin_memory:
@@ -143,6 +163,11 @@ class _Run:
                     self.no_ops[knob] = "the device loader keeps the data on the device: there is no copy to speed up"
             return DeviceLoader(images.train_images, images.train_labels, batch_size=cfg.batch_size, train=True,
                                 device=dev, seed=cfg.seed, channels_last=cfg.channels_last)
+        if isinstance(images, tuple):
+            return dataset_loader(images[0], batch_size=cfg.batch_size, train=True, num_workers=cfg.num_workers,
+                                  pin_memory=cfg.pin_memory and dev.type == "cuda",
+                                  persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
+                                  seed=cfg.seed)
         return make_dataloader(images.train_images, images.train_labels, batch_size=cfg.batch_size, train=True,
                                num_workers=cfg.num_workers, pin_memory=cfg.pin_memory and dev.type == "cuda",
                                persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
@@ -258,6 +283,11 @@ class _Run:
                 for step in range(total):
                     if self.stop is not None and self.stop.is_set():
                         raise _Stopped
+                    # Warm-up steps after the first are bracketed by syncs to sample the optimiser's share
+                    # of a step; timed steps never are (a sync per step would change what is measured).
+                    sample = 0 < step < cfg.warmup_steps
+                    if sample:
+                        synchronize(dev)
                     t0 = time.perf_counter()
                     wait = 0.0
                     self.opt.zero_grad(set_to_none=cfg.set_to_none)
@@ -272,8 +302,15 @@ class _Run:
                         with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                             loss = loss_fn(self.compiled(x), y) / cfg.grad_accum_steps
                         self.scaler.scale(loss).backward()
+                    if sample:
+                        synchronize(dev)
+                        t_opt = time.perf_counter()
                     self.scaler.step(self.opt)
                     self.scaler.update()
+                    if sample:
+                        synchronize(dev)
+                        res.optimizer_step_seconds.append(time.perf_counter() - t_opt)
+                        res.sampled_step_seconds.append(time.perf_counter() - t0)
                     if sched is not None:
                         sched.step()
                     if cfg.log_loss == "tensor":
@@ -315,10 +352,15 @@ class _Run:
             self.loader = None
         self._evaluate(images, meter)
 
-    def _evaluate(self, images: ImageSet, meter: MemoryMeter) -> None:
+    def _evaluate(self, images: ImageSet | tuple[Dataset, Dataset], meter: MemoryMeter) -> None:
         cfg, dev, res = self.cfg, self.device, self.result
-        loader = DeviceLoader(images.eval_images, images.eval_labels, batch_size=cfg.batch_size, train=False,
-                              device=dev, channels_last=cfg.channels_last)
+        if isinstance(images, tuple):
+            loader = dataset_loader(images[1], batch_size=cfg.batch_size, train=False)
+            n_eval = len(images[1])
+        else:
+            loader = DeviceLoader(images.eval_images, images.eval_labels, batch_size=cfg.batch_size, train=False,
+                                  device=dev, channels_last=cfg.channels_last)
+            n_eval = len(images.eval_labels)
         mode = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
                 "autograd": contextlib.nullcontext}[cfg.eval_mode]
         amp_dtype = self._amp_dtype()
@@ -328,11 +370,14 @@ class _Run:
         correct = 0
         with mode():
             for x, y in loader:
+                x, y = x.to(dev), y.to(dev)
+                if cfg.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
                 with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                     logits = self.net(x)
                 correct += (logits.argmax(1) == y).sum()
                 meter.sample()
-        res.eval_accuracy = int(correct) / len(images.eval_labels)
+        res.eval_accuracy = int(correct) / n_eval
         res.eval_seconds = now(dev) - t0
         res.eval_peak_memory_mb = meter.peak()
         self.net.train()

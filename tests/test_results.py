@@ -68,3 +68,15 @@ def test_bundled_reference_loads():
     # empty until a GPU reference run is bundled; every file present must load
     for device, results in fastlab.load_reference().items():
         assert device and results and all(r.env.get("device_name") for r in results)
+
+
+def test_reference_summary_says_when_nothing_is_bundled(monkeypatch, tmp_path):
+    import fastlab.results as results
+
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
+    assert "No reference results" in fastlab.reference_summary("01_data_loading:num_workers")
+    ref = make("workers=8", extras={"comparison": "01_data_loading:num_workers"})
+    ref.env = {"device_name": "NVIDIA H200", "date": "2026-11-29"}
+    save_results(tmp_path / "h200.json", [ref, make("other", extras={"comparison": "02:x"})])
+    assert list(fastlab.reference_for("01_data_loading:num_workers")) == ["NVIDIA H200"]
+    assert "measured on NVIDIA H200" in fastlab.reference_summary("01_data_loading:num_workers")

@@ -150,3 +150,22 @@ def test_compare_and_sweep(quick):
 def test_windows_cover_every_timed_step():
     ends = _window_ends(3, 20, 3)
     assert sum(ends.values()) == 20 and max(ends) == 23 and min(ends) == 9
+
+
+def test_optimizer_share_is_sampled_in_warm_up_only(quick):
+    r = fastlab.run(quick.replace(warmup_steps=3), progress=False)
+    assert len(r.optimizer_step_seconds) == len(r.sampled_step_seconds) == 2
+    assert 0 < r.optimizer_share() < 1
+
+
+def test_torch_datasets_can_be_brought(quick):
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
+    held_out = TensorDataset(torch.randn(20, 3, 32, 32, generator=g), torch.randint(0, 10, (20,), generator=g))
+    r = fastlab.run(quick.replace(batch_size=16), dataset=(train, held_out), progress=False, comparison="t:x")
+    assert r.status == "ok" and r.dataset["train_images"] == 64 and r.dataset["eval_images"] == 20
+    assert r.extras["comparison"] == "t:x" and r.eval_accuracy is not None
+    with pytest.raises(ValueError, match="loader='device' needs the images as arrays"):
+        fastlab.run(quick.replace(loader="device"), dataset=(train, held_out), progress=False)
