@@ -78,21 +78,46 @@ def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[st
     return keep
 
 
+# A rung that makes this machine more than this much slower than the rung below it (or fails, or runs out
+# of its time budget) is a trap here, not a step up: it is shown, then left out of the rungs above it.
+# Smaller slowdowns are kept, since techniques combine (bf16 pays once channels_last and a large batch join it).
+DROP_BELOW_RATIO = 0.5
+
+
+def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
+    """Why a rung's change should not be carried up the ladder, or None to keep it."""
+    if below is None:
+        return None
+    if result.status in ("failed", "time_limited") or not result.window_throughput:
+        return f"{result.status}: {result.error or 'no timed window finished'}"
+    ratio = result.throughput.median / below.throughput.median
+    if ratio < DROP_BELOW_RATIO:
+        return f"{ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
+    return None
+
+
 def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True) -> list[RunResult]:
-    """Run the rungs cumulatively. Stops early (keeping what ran) when a run is interrupted."""
+    """Run the rungs cumulatively; a rung that is a trap here (see drop_reason) is not carried up.
+    Stops early (keeping what ran) when a run is interrupted."""
     results: list[RunResult] = []
-    changes: dict[str, Any] = {}
+    kept: dict[str, Any] = {}
+    below: RunResult | None = None
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(rungs), desc="bench ladder", unit="rung")
     for rung in rungs:
-        changes.update(rung.changes)
-        cfg = base.replace(**changes)
+        cfg = base.replace(**{**kept, **rung.changes})
         result = run(cfg, label=rung.title, progress=progress)
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
+        reason = drop_reason(result, below) if result.status != "interrupted" else None
+        if reason:
+            result.extras["dropped"] = reason
+        else:
+            kept.update(rung.changes)
+            below = result
         results.append(result)
         if bar is not None:
             bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s")
@@ -156,7 +181,8 @@ def markdown_table(results: list[RunResult]) -> str:
     for i, r in enumerate(results):
         t = r.throughput
         if r.status == "failed" or not r.window_throughput:
-            lines.append(f"| {r.label} | {r.status}: {r.error or 'no timed window finished'} | | | | | | |")
+            dropped = " (dropped from the rungs above)" if r.extras.get("dropped") else ""
+            lines.append(f"| {r.label}{dropped} | {r.status}: {r.error or 'no timed window finished'} | | | | | | |")
             continue
         vs_base = f"{t.median / base.throughput.median:.2f}x" if base.window_throughput else ""
         prev = results[i - 1] if i else None
@@ -167,11 +193,19 @@ def markdown_table(results: list[RunResult]) -> str:
         else:
             vs_prev = f"{t.median / prev.throughput.median:.2f}x"
         acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else ""
-        no_ops = "; ".join(f"{k}: {v}" for k, v in r.no_ops.items())
+        no_ops = ", ".join(r.no_ops)
         status = "" if r.ok else f" ({r.status})"
+        if r.extras.get("dropped"):
+            status += " (dropped from the rungs above)"
         wait = r.data_wait_fraction()
         lines.append(f"| {r.label}{status} | {t.median:,.0f} ({t.low:,.0f}-{t.high:,.0f}) | {vs_base} | {vs_prev} | "
                      f"{r.peak_memory_mb:,.0f} | {'' if math.isnan(wait) else f'{wait:.0%}'} | {acc} | {no_ops} |")
+    reasons = {k: v for r in results for k, v in r.no_ops.items()}
+    if reasons:
+        lines += ["", "No-ops here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()) + "."]
+    dropped = [f"{r.label}: {r.extras['dropped']}" for r in results if r.extras.get("dropped")]
+    if dropped:
+        lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "
               "over the timed windows (warm-up excluded). 'noise': the median of one rung lies inside the other's "
               "min-max range. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + "."]

@@ -168,12 +168,16 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
             ax.bar(i, 0, color="tab:red")
             ax.annotate("failed" if r.status == "failed" else "n/a", (i, 0), ha="center", fontsize=8)
             continue
+        dropped = bool(r.extras.get("dropped"))
         color = "tab:gray" if i == 0 else ("tab:green" if speed >= prev else "tab:red")
-        ax.bar(i, speed - prev if i else speed, bottom=prev if i else 0, color=color)
+        ax.bar(i, speed - prev if i else speed, bottom=prev if i else 0, color=color,
+               alpha=0.4 if dropped else 1.0, hatch="//" if dropped else None)
         noise = i > 0 and results[i - 1].window_throughput and is_noise(results[i - 1].throughput, r.throughput)
-        ax.annotate(f"{speed:.2f}x" + (" (noise)" if noise else ""), (i, max(speed, prev)), textcoords="offset points",
+        note = " (dropped)" if dropped else (" (noise)" if noise else "")
+        ax.annotate(f"{speed:.2f}x{note}", (i, max(speed, prev)), textcoords="offset points",
                     xytext=(0, 4), ha="center", fontsize=8)
-        prev = speed
+        if not dropped:
+            prev = speed
     ax.axhline(1.0, color="black", lw=0.5)
     ax.set_ylabel("speed-up over the first rung (median images/s)")
     ax.set_title("cumulative speed-up")

@@ -20,7 +20,7 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 class RunResult:
     config: dict[str, Any]
     label: str = "run"
-    status: str = "ok"  # "ok", "failed" or "interrupted"
+    status: str = "ok"  # "ok", "failed", "interrupted" or "time_limited"
     error: str | None = None
     steps_done: int = 0  # optimiser steps finished, warm-up included
     images_per_step: int = 0
@@ -75,6 +75,13 @@ class RunResult:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
         if self.status == "failed":
             return f"{self.label}: FAILED ({self.error})"
+        if not self.window_throughput:
+            import statistics
+
+            step = statistics.median(self.step_seconds) if self.step_seconds else float("nan")
+            return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
+                    f"({self.error or 'stopped early'}; median step {step:.2f} s over {self.steps_done} steps, "
+                    f"warm-up included), {data}")
         t = self.throughput
         parts = [f"{self.label}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows)",
                  f"peak memory {self.peak_memory_mb:,.0f} MiB", f"data wait {self.data_wait_fraction():.0%}"]
@@ -83,6 +90,8 @@ class RunResult:
         parts.append(data)
         if self.status == "interrupted":
             parts.append(f"INTERRUPTED after {self.steps_done} steps")
+        if self.status == "time_limited":
+            parts.append(f"TIME LIMITED: {self.error}")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,6 +36,10 @@ class _Stopped(Exception):
     """Raised inside the loop when the caller's stop event is set."""
 
 
+class _OverBudget(Exception):
+    """Raised inside the loop when the run has used up config.max_seconds."""
+
+
 DatasetArg = ImageSet | tuple[Dataset, Dataset] | None
 
 
@@ -50,7 +54,8 @@ def run(config: TrainConfig, *, label: str = "run", model: nn.Module | Callable[
     comparison: the name of the comparison this run belongs to (matched against bundled reference results).
     stop: set it (from another thread) to end the run early; the result is marked interrupted.
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
-    Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted.
+    Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted; a run over
+    config.max_seconds ends marked time_limited. Each keeps the steps it finished.
     """
     result = _Run(config, label, model, dataset, progress, stop, on_step).execute()
     if comparison:
@@ -230,6 +235,10 @@ class _Run:
             self._train_and_evaluate()
         except _Stopped:
             self.result.status = "interrupted"
+        except _OverBudget:
+            self.result.status = "time_limited"
+            self.result.error = (f"stopped at its max_seconds={self.cfg.max_seconds:g} budget after "
+                                 f"{self.result.steps_done} steps")
         except KeyboardInterrupt:
             self.result.status = "interrupted"
         except Exception as e:
@@ -340,6 +349,8 @@ class _Run:
                     bar.update(1)
                     if self.on_step is not None:
                         self.on_step(step + 1, total)
+                    if cfg.max_seconds and t1 - t_start > cfg.max_seconds and step + 1 < total:
+                        raise _OverBudget
         finally:
             bar.close()
             res.gpu_util = util.samples

@@ -42,3 +42,25 @@ def test_table_marks_noise_and_failures():
     fail = fastlab.RunResult(config={}, label="big", status="failed", error="out of memory at batch_size=9")
     table = markdown_table([base, same, fail])
     assert "(noise)" in table and "out of memory at batch_size=9" in table
+
+
+def test_a_trap_rung_is_shown_then_dropped(quick):
+    from fastlab.bench import drop_reason
+
+    below = fastlab.RunResult(config={}, label="below", window_throughput=[100, 100])
+    assert drop_reason(fastlab.RunResult(config={}, window_throughput=[80, 90]), below) is None
+    assert "trap" in drop_reason(fastlab.RunResult(config={}, window_throughput=[30, 40]), below)
+    limited = fastlab.RunResult(config={}, status="time_limited", error="stopped at its max_seconds=1 budget")
+    assert "time_limited" in drop_reason(limited, below)
+    assert drop_reason(limited, None) is None  # the naive rung is never dropped
+
+
+def test_time_budget_stops_a_run_and_keeps_its_steps(quick):
+    import time
+
+    def slow(done, total):
+        time.sleep(0.3)
+
+    r = fastlab.run(quick.replace(steps=40, windows=2, max_seconds=1.0), on_step=slow, progress=False)
+    assert r.status == "time_limited" and 2 <= r.steps_done < 41
+    assert "max_seconds=1 budget" in r.error and "TIME LIMITED" in r.summary()
