@@ -61,6 +61,7 @@ class Panel:
         self.status = W.HTML(value="Change the knobs, then press Run.")
         self.advice = W.HTML(value="")
         self.image = W.Image(format="png")
+        self.count = W.Label(value="0 results in the plot")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.run_button.on_click(lambda _: self.start())
@@ -70,7 +71,7 @@ class Panel:
         self.widget = W.VBox([
             W.HBox(list(self.controls.values()), layout=W.Layout(flex_flow="row wrap")),
             W.HBox([self.run_button, self.stop_button, self.progress]),
-            self.status, self.image, self.advice,
+            self.status, self.count, self.image, self.advice,
         ])
 
     def _ipython_display_(self) -> None:
@@ -137,6 +138,7 @@ class Panel:
 
     def redraw(self) -> None:
         self.image.value = figure_png(self.plot(self.results))
+        self.count.value = f"{len(self.results)} results in the plot"
 
 
 def knob_panel(base: TrainConfig, knobs: dict[str, Sequence[Any] | None], **kwargs: Any) -> Panel:

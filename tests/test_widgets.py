@@ -33,6 +33,7 @@ def test_run_adds_a_result_and_redraws(quick):
     panel.run_button.click()
     panel.wait(120)
     assert len(panel.results) == 2 and panel.image.value != first_png
+    assert panel.count.value == "2 results in the plot"
 
 
 def test_stop_ends_the_run_interrupted_with_partial_steps(quick):
