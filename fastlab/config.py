@@ -172,7 +172,7 @@ PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
                   train_images=640, eval_images=256, lr=3e-3, max_seconds=60.0),
     # A laptop: the compact net, a comparison of two runs in about a minute.
     "cpu": dict(model="compact", batch_size=64, steps=30, warmup_steps=3, windows=5,
-                train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=60.0),
+                train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=30.0),
     # A real GPU: real sizes, enough steps for stable timing.
     "gpu": dict(model="resnet18", batch_size=512, steps=200, warmup_steps=30, windows=5,
                 train_images=50_000, eval_images=10_000, lr=2e-3),

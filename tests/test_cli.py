@@ -3,6 +3,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -36,3 +39,11 @@ def test_bench_writes_three_files_and_names_the_folder(tmp_path):
 def test_bench_rejects_unknown_rungs(tmp_path):
     out = cli("bench", "--skip", "turbo", "--out", str(tmp_path))
     assert out.returncode == 2 and "unknown rung 'turbo'" in out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_reference_run_refuses_without_a_gpu():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "fastlab.reference_run", "--out", "/tmp/none"], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 2 and "no CUDA GPU" in out.stderr
