@@ -7,6 +7,7 @@ fastlab.widgets, which alone imports ipywidgets.
 
 __version__ = "0.1.0"
 
+from .advise import advise as advise  # re-exported: fastlab.advise(result), fastlab.advise.verify(result)
 from .config import PROFILES, TrainConfig, active_profile, config_for
 from .data import DatasetError, ImageSet, load_images
 from .measure import Spread, environment, is_noise, verdict

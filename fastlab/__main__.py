@@ -96,6 +96,23 @@ def _cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from .advise import advice_text
+    from .results import load_results
+
+    try:
+        results = load_results(args.results)
+    except FileNotFoundError as e:
+        print(f"fastlab advise: {e}", file=sys.stderr)
+        return 2
+    if not results:
+        print(f"{args.results} holds no results")
+    for r in results:
+        print(advice_text(r))
+        print()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_report)
     p = sub.add_parser("download", help="download CIFAR-10 into FASTLAB_DATA_DIR")
     p.set_defaults(func=_cmd_download)
+    p = sub.add_parser("advise", help="name each run's bottleneck and what to try next, from a results.json")
+    p.add_argument("results")
+    p.set_defaults(func=_cmd_advise)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,592 @@
+"""Read a run, name its bottleneck, say what to try next, and measure whether it helped.
+
+    findings = fastlab.advise(result)                  # ranked Findings, each with its evidence
+    advice = fastlab.advise(result, verify=True)       # ... and the top one tried: advice.verification
+    fastlab.advise.verify(result)                      # the same measurement on its own
+
+Each rule reads numbers the run measured (data-wait share, optimiser share, step time, peak memory,
+GPU utilisation) or knobs it ran with, compares them with a named threshold below, and, when it fires,
+proposes a config change (`Finding.changes`, applicable with TrainConfig.replace) and the notebook
+that teaches it. Rules that cannot apply where the run was measured (tensor cores, GPU memory,
+host-device syncs on a CPU) are never given: they read result.env, not this machine.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import TrainConfig
+from .measure import Spread, is_noise, resolve_device, verdict
+from .results import RunResult
+from .train import describe_changes, run
+
+# --------------------------------------------------------------------------- thresholds
+# Removing a share s of every step can speed training up by at most 1 / (1 - s) (Amdahl). The reference
+# runs in DESIGN.md vary by about +-15% between windows, so a share is worth naming only when even its
+# best case, 1 / (1 - s), clears that noise: s >= 0.15 gives 1.18x.
+DATA_WAIT_SHARE = 0.15  # data wait / step time at or above which the loader sets the pace
+OPTIMIZER_SHARE = 0.15  # optimizer.step() / step time (sampled in warm-up) at or above which its implementation matters
+# Eager PyTorch spends roughly 10-20 us of host time per op (Python, dispatcher, kernel launch) and a CNN
+# training step is of the order of a thousand ops (forward, backward, optimiser): 10-20 ms of host work.
+# A GPU step shorter than this is paced by the host, not the GPU (launch- or overhead-bound).
+SHORT_STEP_S = 0.015
+# On a CPU the host does both the per-op overhead and the math, so step time cannot tell them apart;
+# the batch is the signal instead: each op's fixed cost (dispatch, waking the intra-op thread pool) is
+# paid per micro-batch, and a batch this small gives the cores too little work per op to amortise it.
+CPU_SMALL_BATCH = 8
+# NVML utilisation: a share of samples this low, while the host also waits on data, means the GPU starves
+# between batches. Needs enough samples to be a pattern (the sampler reads every 50 ms).
+GPU_UTIL_LOW_PCT = 60.0
+GPU_UTIL_LOW_SHARE = 0.25
+GPU_UTIL_MIN_SAMPLES = 10
+# Utilisation swings count as data-bound evidence only with at least this much measured data wait: the
+# host runs ahead of an asynchronous GPU, so its wait understates the GPU's idle time, but low utilisation
+# with no data wait at all is launch overhead, not the loader.
+DATA_WAIT_SHARE_WITH_UTIL = DATA_WAIT_SHARE / 2
+# Peak memory of a CNN is mostly activations, which grow about linearly with the batch: under 40% of the
+# device, doubling the batch still leaves a 20% margin for allocator fragmentation and cuDNN workspaces.
+MEMORY_HEADROOM_SHARE = 0.40
+# Above 90% of the device, fragmentation alone can turn the next larger shape into an out-of-memory error.
+MEMORY_LIMIT_SHARE = 0.90
+# Tensor cores arrived with Volta (compute capability 7.0); bf16 needs Ampere (8.0).
+TENSOR_CORE_CC = 7.0
+BF16_CC = 8.0
+LOG_EVERY = 10  # a loss read every 10 steps: one host-device sync per 10 steps (the bench ladder's choice)
+BATCH_GROWTH = 4  # the overhead-bound remedy: 4x the batch (fixed costs shared by 4x the images)
+
+# Rank: measured bottlenecks first, in the order they hide each other (the data wall hides everything;
+# launch overhead hides what precision or the optimiser could give), then advice read from the config
+# and the device. A run that ran out of memory has nothing else worth reading, so that comes first.
+PRIORITY = ("out_of_memory", "data_bound", "overhead_bound", "optimizer_bound", "fp32_on_tensor_cores",
+            "layout_and_kernels", "host_sync_every_step", "memory_near_limit", "memory_headroom",
+            "loss_tensor_kept", "eval_with_autograd")
+
+NOTEBOOKS = {
+    "data": "01_data_loading", "amp": "02_mixed_precision", "kernels": "03_cudnn_benchmark_and_channels_last",
+    "batch": "04_batch_size", "hygiene": "05_no_grad_detach_item", "optimizer": "06_adamw_and_schedules",
+    "compile": "07_compile_and_export",
+}
+
+GPU_TYPES = ("cuda",)  # rules about tensor cores, GPU memory and host-device syncs need one of these
+CUSTOM_DATASETS = "Datasets passed to fastlab.run"  # RunResult.dataset["source"] of a run on torch Datasets
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One number (or knob) read from the result, and the rule it was held against."""
+
+    what: str
+    value: float | str
+    rule: str = ""  # e.g. ">= 15%": the threshold that made this count
+    unit: str = ""  # "%", "ms", "MiB", "GiB" or "" (how value is printed)
+
+    def shown(self) -> str:
+        v = self.value
+        if isinstance(v, str):
+            text = v
+        elif self.unit == "%":
+            text = f"{v:.0%}"
+        elif self.unit == "ms":
+            text = f"{v:.1f} ms"
+        elif self.unit in ("MiB", "GiB"):
+            text = f"{v:,.1f} {self.unit}"
+        else:
+            text = f"{v:g}"
+        return f"{self.what} = {text}" + (f" (rule: {self.rule})" if self.rule else "")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A named bottleneck, the evidence that triggered it, and the config change to try."""
+
+    key: str  # one of PRIORITY
+    bottleneck: str
+    evidence: tuple[Evidence, ...]
+    technique: str
+    notebooks: tuple[str, ...]
+    changes: dict[str, Any]  # apply with TrainConfig.from_dict(result.config).replace(**changes)
+    why: str
+    alternatives: tuple[dict[str, Any], ...] = ()
+    metric: str = "train"  # what verify compares: "train" (training images/s) or "eval" (held-out images/s)
+
+    def text(self) -> str:
+        lines = [f"{self.bottleneck}", *(f"  evidence: {e.shown()}" for e in self.evidence),
+                 f"  try: {self.technique}" + (f"  -> changes {describe_changes(self.changes)}" if self.changes else ""),
+                 f"  why: {self.why}", f"  notebook: {', '.join(self.notebooks)}"]
+        if self.alternatives:
+            lines.append("  or: " + "; ".join(describe_changes(a) for a in self.alternatives))
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        e = html.escape
+        items = "".join(f"<li>{e(x.shown())}</li>" for x in self.evidence)
+        change = f" <code>{e(describe_changes(self.changes))}</code>" if self.changes else ""
+        alt = ("<br>or: " + "; ".join(f"<code>{e(describe_changes(a))}</code>" for a in self.alternatives)
+               if self.alternatives else "")
+        return (f"<b>{e(self.bottleneck)}</b><ul>{items}</ul>try: {e(self.technique)}{change}{alt}"
+                f"<br><i>{e(self.why)}</i><br>notebook: {e(', '.join(self.notebooks))}")
+
+
+class Advice(list):
+    """The ranked findings of one result (a list of Finding), with the verification when one was run."""
+
+    def __init__(self, result: RunResult, findings: list[Finding]) -> None:
+        super().__init__(findings)
+        self.result = result
+        self.verification: Verification | None = None
+
+    def text(self) -> str:
+        return advice_text(self.result, self)
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:g}%"  # 0.15 -> "15%", 0.075 -> "7.5%": thresholds printed exactly
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and not math.isnan(x) and not math.isinf(x)
+
+
+def _step_seconds(r: RunResult) -> float:
+    """Mean wall time of a timed step, from the synchronised windows: images per step / images per second."""
+    t = r.throughput.median
+    return r.images_per_step / t if r.window_throughput and t > 0 else float("nan")
+
+
+def _only_different(cfg: dict[str, Any], proposed: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in proposed.items() if cfg.get(k) != v}
+
+
+def _util_low_share(r: RunResult) -> float:
+    if len(r.gpu_util) < GPU_UTIL_MIN_SAMPLES:
+        return float("nan")
+    return sum(1 for _, u in r.gpu_util if u < GPU_UTIL_LOW_PCT) / len(r.gpu_util)
+
+
+def _device_memory_mib(r: RunResult) -> float:
+    gb = r.env.get("gpu_memory_gb")
+    return float(gb) * 1024 if gb else float("nan")
+
+
+def _compute_capability(r: RunResult) -> float:
+    try:
+        return float(r.env.get("compute_capability") or "nan")
+    except ValueError:
+        return float("nan")
+
+
+def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if cfg.get("loader") == "device":
+        return None  # already device-resident: its "wait" is batch augmentation, no loader knob left to turn
+    wait = r.data_wait_fraction()
+    if not _finite(wait):
+        return None
+    low_util = _util_low_share(r) if gpu else float("nan")
+    evidence = [Evidence("data wait / step time", wait, f">= {_pct(DATA_WAIT_SHARE)}", "%")]
+    fires = wait >= DATA_WAIT_SHARE
+    if _finite(low_util):
+        evidence.append(Evidence(f"share of GPU utilisation samples under {GPU_UTIL_LOW_PCT:.0f}%", low_util,
+                                 f">= {_pct(GPU_UTIL_LOW_SHARE)} with data wait >= {_pct(DATA_WAIT_SHARE_WITH_UTIL)}",
+                                 "%"))
+        fires = fires or (low_util >= GPU_UTIL_LOW_SHARE and wait >= DATA_WAIT_SHARE_WITH_UTIL)
+    if not fires:
+        return None
+    cpus = int(r.env.get("cpu_count") or 1)
+    workers = cfg.get("num_workers", 0)
+    more_workers = min(max(2, cpus), 8) if workers == 0 else min(workers * 2, max(cpus, 2))
+    worker_change = {"num_workers": more_workers, "persistent_workers": True}
+    if gpu:
+        worker_change.update(pin_memory=True, non_blocking=True)
+    worker_change = _only_different(cfg, worker_change)
+    device_change = _only_different(cfg, dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
+                                              persistent_workers=False, prefetch_factor=None))
+    if r.dataset.get("source") == CUSTOM_DATASETS:
+        # torch Datasets cannot go device-resident (that needs uint8 arrays): more workers is what is left.
+        if more_workers <= workers:
+            return None
+        changes, alternatives = worker_change, ()
+        technique = f"more DataLoader workers ({more_workers})" + (" with pin_memory" if gpu else "")
+    else:
+        changes, alternatives = device_change, ((worker_change,) if more_workers > workers else ())
+        technique = "the device-resident loader (whole set on the device, augmented per batch as tensor ops)"
+    evidence.append(Evidence("loader, num_workers", f"{cfg.get('loader')}, {workers}"))
+    return Finding("data_bound", "data-bound: the model waits for its batches", tuple(evidence), technique,
+                   (NOTEBOOKS["data"],), changes,
+                   f"removing the wait could make steps up to {1 / (1 - min(wait, 0.99)):.2f}x faster "
+                   "(Amdahl: 1 / (1 - wait share))", alternatives)
+
+
+def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    wait = r.data_wait_fraction()
+    step = _step_seconds(r)
+    if not (_finite(wait) and _finite(step)) or wait >= DATA_WAIT_SHARE:
+        return None
+    batch = int(cfg.get("batch_size", 1))
+    accum = int(cfg.get("grad_accum_steps", 1))
+    compute = step * (1 - wait) / accum  # per micro-batch: launch costs are paid per forward/backward
+    evidence = [Evidence("data wait / step time", wait, f"< {_pct(DATA_WAIT_SHARE)}", "%")]
+    if gpu:
+        if compute >= SHORT_STEP_S:
+            return None
+        evidence.append(Evidence("compute time per micro-batch", compute * 1000, f"< {SHORT_STEP_S * 1000:g} ms", "ms"))
+        evidence.append(Evidence("batch_size", batch))
+    else:
+        if batch > CPU_SMALL_BATCH:
+            return None
+        evidence.append(Evidence("batch_size", batch, f"<= {CPU_SMALL_BATCH}"))
+        evidence.append(Evidence("compute time per micro-batch", compute * 1000, unit="ms"))
+    growth = BATCH_GROWTH
+    peak, total = r.peak_memory_mb, _device_memory_mib(r)
+    if gpu and _finite(total):
+        # Keep the estimated peak (activations ~ batch) under the near-limit line.
+        while growth > 1 and peak * growth >= MEMORY_LIMIT_SHARE * total:
+            growth //= 2
+    train_images = int(r.dataset.get("train_images") or cfg.get("train_images") or batch * growth)
+    new_batch = min(batch * growth, max(batch, train_images // 2))  # at least two batches per epoch
+    compile_change = {"compile": "reduce-overhead"} if gpu else {"compile": "default"}
+    compile_change = _only_different(cfg, compile_change)
+    if new_batch > batch:
+        changes: dict[str, Any] = {"batch_size": new_batch}
+        alternatives = (compile_change,) if compile_change else ()
+    elif compile_change:
+        changes, alternatives = compile_change, ()
+    else:
+        return None
+    technique = (f"a larger batch ({new_batch})" if "batch_size" in changes else "") + (
+        " or " if "batch_size" in changes and compile_change else "") + (
+        ("CUDA graphs: torch.compile(mode='reduce-overhead')" if gpu else "torch.compile (fewer, fused ops)")
+        if compile_change else "")
+    return Finding("overhead_bound", "launch/overhead-bound: small steps, each paying fixed per-op costs",
+                   tuple(evidence), technique, (NOTEBOOKS["batch"], NOTEBOOKS["compile"]), changes,
+                   "per-op costs (Python, dispatch, kernel launch) are paid per micro-batch, so more images per op "
+                   "or fewer, fused ops spread them thinner; a larger batch may need a retuned learning rate",
+                   alternatives)
+
+
+def _optimizer_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    share = r.optimizer_share()
+    impl = cfg.get("opt_impl", "default")
+    if not _finite(share) or share < OPTIMIZER_SHARE or impl == "fused":
+        return None
+    evidence = (Evidence("optimizer.step() / step time (sampled in warm-up)", share, f">= {_pct(OPTIMIZER_SHARE)}", "%"),
+                Evidence("optimizer, opt_impl", f"{cfg.get('optimizer')}, {impl}"))
+    alternatives = ({"opt_impl": "foreach"},) if impl in ("default", "for-loop") else ()
+    return Finding("optimizer_bound", "optimiser-bound: the parameter update is a large share of each step",
+                   evidence, "the fused optimiser (one kernel for the whole update; foreach: one per op over all "
+                   "tensors)", (NOTEBOOKS["optimizer"],), {"opt_impl": "fused"},
+                   f"a for-loop update runs a dozen small ops per parameter tensor; at most "
+                   f"{1 / (1 - min(share, 0.99)):.2f}x if the update cost nothing", alternatives)
+
+
+def _precision(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    cc = _compute_capability(r)
+    if not gpu or not _finite(cc) or cc < TENSOR_CORE_CC or cfg.get("amp") != "off":
+        return None
+    amp = "bf16" if cc >= BF16_CC else "fp16"
+    changes = _only_different(cfg, {"amp": amp, "channels_last": True})
+    evidence = (Evidence("amp", "off (fp32)", "off on a GPU with tensor cores"),
+                Evidence(f"compute capability of {r.env.get('device_name', '?')}", f"{cc:.1f}",
+                         f">= {TENSOR_CORE_CC:.1f}"))
+    return Finding("fp32_on_tensor_cores", "fp32 on a GPU with tensor cores", evidence,
+                   f"{amp} autocast" + (" (with GradScaler)" if amp == "fp16" else "")
+                   + (" and channels_last" if "channels_last" in changes else ""),
+                   (NOTEBOOKS["amp"], NOTEBOOKS["kernels"]), changes,
+                   "tensor cores run 16-bit matrix maths at several times the fp32 rate and halve memory traffic; "
+                   "they want NHWC (channels_last) layouts. Launch-bound steps see little of it.",
+                   ({"tf32": True},) if cc >= BF16_CC and not cfg.get("tf32") else ())
+
+
+def _layout_and_kernels(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    cc = _compute_capability(r)
+    if not gpu or cfg.get("amp") == "off":
+        return None  # in fp32 the precision finding already brings channels_last
+    proposed = {"cudnn_benchmark": True}
+    if _finite(cc) and cc >= TENSOR_CORE_CC:
+        proposed["channels_last"] = True
+    changes = _only_different(cfg, proposed)
+    if not changes:
+        return None
+    evidence = tuple(Evidence(k, str(cfg.get(k)), "False on CUDA") for k in changes)
+    return Finding("layout_and_kernels", "16-bit maths without the layout/algorithm settings that feed it",
+                   evidence, "channels_last and cudnn.benchmark", (NOTEBOOKS["kernels"],), changes,
+                   "channels_last avoids layout transposes around tensor-core convolutions; cudnn.benchmark times "
+                   "the algorithms once per input shape (fixed shapes only; it costs warm-up time and memory)")
+
+
+def _host_sync(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if not gpu or cfg.get("log_loss") != "item" or int(cfg.get("log_every", 1)) != 1:
+        return None
+    evidence = (Evidence("log_loss, log_every", f"item, {cfg.get('log_every')}", "loss.item() every step on CUDA"),)
+    step = _step_seconds(r)
+    if _finite(step):
+        evidence += (Evidence("step time", step * 1000, unit="ms"),)
+    return Finding("host_sync_every_step", "a host-device sync every step (loss.item())", evidence,
+                   f"read the loss every {LOG_EVERY} steps", (NOTEBOOKS["hygiene"],), {"log_every": LOG_EVERY},
+                   ".item() waits for the GPU to finish, so the host cannot queue the next step ahead; "
+                   "it matters most when steps are short")
+
+
+def _memory(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    oom = r.status == "failed" and "out of memory" in (r.error or "")
+    total = _device_memory_mib(r)
+    if not gpu or (not oom and (not _finite(total) or r.peak_memory_mb <= 0)):
+        return None
+    batch, accum = int(cfg.get("batch_size", 1)), int(cfg.get("grad_accum_steps", 1))
+    share = r.peak_memory_mb / total if _finite(total) else float("nan")
+    if oom or share >= MEMORY_LIMIT_SHARE:
+        if cfg.get("amp") == "off":
+            changes = {"amp": "bf16" if _compute_capability(r) >= BF16_CC else "fp16"}
+        elif batch >= 2:
+            changes = {"batch_size": batch // 2, "grad_accum_steps": accum * 2}  # same images per optimiser step
+        else:
+            changes = {}
+        evidence = ((Evidence("status", f"failed: {r.error}"),) if oom else
+                    (Evidence("peak memory / GPU memory", share, f">= {_pct(MEMORY_LIMIT_SHARE)}", "%"),
+                     Evidence("peak memory", r.peak_memory_mb, unit="MiB")))
+        key = "out_of_memory" if oom else "memory_near_limit"
+        title = "out of GPU memory" if oom else "close to the GPU's memory limit"
+        return Finding(key, title, evidence,
+                       "mixed precision, gradient accumulation (same images per step, smaller micro-batches), "
+                       "activation checkpointing", (NOTEBOOKS["amp"], NOTEBOOKS["batch"]), changes,
+                       "16-bit activations take half the memory; accumulation trades micro-batch size for steps; "
+                       "checkpointing recomputes activations instead of keeping them (a model change, not a knob)")
+    if share < MEMORY_HEADROOM_SHARE and r.ok:
+        return Finding("memory_headroom", "memory headroom left on the GPU",
+                       (Evidence("peak memory / GPU memory", share, f"< {_pct(MEMORY_HEADROOM_SHARE)}", "%"),
+                        Evidence("peak memory", r.peak_memory_mb, unit="MiB"),
+                        Evidence("GPU memory", total / 1024, unit="GiB")),
+                       f"a larger batch ({batch * 2})", (NOTEBOOKS["batch"],), {"batch_size": batch * 2},
+                       "more images per step amortise per-step costs while memory allows; "
+                       "it may need a retuned learning rate")
+    return None
+
+
+def _loss_tensor_kept(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if cfg.get("log_loss") != "tensor":
+        return None
+    evidence = [Evidence("log_loss", "tensor", "'tensor': total_loss += loss keeps each step's graph")]
+    if "kept_loss_tensors" in r.extras:
+        evidence.append(Evidence("loss tensors kept alive", r.extras["kept_loss_tensors"]))
+    if len(r.memory_trace_mb) >= 2:
+        evidence.append(Evidence("memory growth over the run", r.memory_trace_mb[-1] - r.memory_trace_mb[0],
+                                 unit="MiB"))
+    return Finding("loss_tensor_kept", "the logged loss keeps every step's graph alive", tuple(evidence),
+                   f"log loss.item() (every {LOG_EVERY} steps) or loss.detach()", (NOTEBOOKS["hygiene"],),
+                   _only_different(cfg, {"log_loss": "item", "log_every": LOG_EVERY}),
+                   "a loss tensor still attached to autograd holds its activations: memory grows with every step")
+
+
+def _eval_autograd(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if cfg.get("eval_mode") != "autograd":
+        return None
+    evidence = [Evidence("eval_mode", "autograd", "evaluation without no_grad / inference_mode")]
+    if r.eval_peak_memory_mb is not None:
+        evidence.append(Evidence("evaluation peak memory", r.eval_peak_memory_mb, unit="MiB"))
+    return Finding("eval_with_autograd", "validation records a graph it never uses", tuple(evidence),
+                   "torch.inference_mode() (or torch.no_grad()) around evaluation", (NOTEBOOKS["hygiene"],),
+                   {"eval_mode": "inference_mode"}, "without it every activation of the forward pass is kept "
+                   "for a backward pass that never comes: slower and larger evaluation", ({"eval_mode": "no_grad"},),
+                   metric="eval")
+
+
+RULES: tuple[Callable[[RunResult, dict[str, Any], bool], Finding | None], ...] = (
+    _data_bound, _overhead_bound, _optimizer_bound, _precision, _layout_and_kernels, _host_sync, _memory,
+    _loss_tensor_kept, _eval_autograd)
+
+
+def findings_for(result: RunResult) -> list[Finding]:
+    """Every rule that fires on `result`, ranked by PRIORITY."""
+    if not isinstance(result, RunResult):
+        raise TypeError(f"advise(result=...) takes a fastlab RunResult, got {type(result).__name__}")
+    gpu = result.env.get("device_type") in GPU_TYPES
+    found = [f for rule in RULES if (f := rule(result, result.config, gpu)) is not None]
+    if any(f.key == "overhead_bound" and "batch_size" in f.changes for f in found):
+        # the overhead remedy already grows the batch (within the memory the run left): one batch advice, not two
+        found = [f for f in found if f.key != "memory_headroom"]
+    return sorted(found, key=lambda f: PRIORITY.index(f.key))
+
+
+# --------------------------------------------------------------------------- verification
+
+Runner = Callable[..., RunResult]
+
+
+@dataclass
+class Verification:
+    """The top (or chosen) finding tried: fresh baseline runs and changed runs, measured in this session."""
+
+    finding: Finding
+    baseline: list[RunResult]
+    changed: list[RunResult]
+    metric: str  # "training images/s" or "held-out images/s"
+    before: Spread
+    after: Spread
+    outcome: str  # "gain", "no measurable gain", "slower", "inconclusive" or "failed"
+    sentence: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.after.median / self.before.median if self.before.median else float("nan")
+
+    def text(self) -> str:
+        head = f"Tried {describe_changes(self.finding.changes)} (for: {self.finding.bottleneck}): {self.outcome}."
+        return "\n".join([head, f"  {self.metric}: {self.sentence}", *(f"  {n}" for n in self.notes)])
+
+    def html(self) -> str:
+        e = html.escape
+        notes = "".join(f"<br>{e(n)}" for n in self.notes)
+        return (f"<b>Tried <code>{e(describe_changes(self.finding.changes))}</code>: {e(self.outcome)}</b><br>"
+                f"{e(self.metric)}: {e(self.sentence)}{notes}")
+
+
+def _pick(findings: list[Finding], finding: int | str | Finding | None) -> Finding | None:
+    if isinstance(finding, Finding):
+        return finding
+    if finding is None:
+        return next((f for f in findings if f.changes), None)
+    if isinstance(finding, bool) or not isinstance(finding, (int, str)):
+        raise TypeError(f"verify(finding=...) takes an index, a finding key or a Finding, got {finding!r}")
+    if isinstance(finding, int):
+        if not 0 <= finding < len(findings):
+            raise ValueError(f"verify(finding={finding}) is not allowed: this result has {len(findings)} finding(s), "
+                             f"indices 0..{len(findings) - 1}")
+        return findings[finding]
+    keys = [f.key for f in findings]
+    if finding not in keys:
+        raise ValueError(f"verify(finding={finding!r}) is not allowed: findings here are {keys or 'none'}")
+    return findings[keys.index(finding)]
+
+
+def _eval_rate(r: RunResult) -> float | None:
+    n = r.dataset.get("eval_images")
+    return n / r.eval_seconds if n and r.eval_seconds else None
+
+
+def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str,
+                                                                                               list[str]]:
+    notes: list[str] = []
+    # A time-limited run keeps its finished windows (comparable, with a note); a failed or stopped one is not.
+    broken = [r for r in base_runs + new_runs if r.status in ("failed", "interrupted") or not r.window_throughput]
+    notes += [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
+    if broken:
+        r = broken[0]
+        reason = r.error or ("no timed window finished" if r.ok else r.status)
+        nan = Spread.of([])
+        return "failed", nan, nan, f"{r.label}: {r.status} ({reason}); no comparison", notes
+    if finding.metric == "eval":
+        before = Spread.of([x for r in base_runs if (x := _eval_rate(r)) is not None])
+        after = Spread.of([x for r in new_runs if (x := _eval_rate(r)) is not None])
+        mem = [f"{r.label}: evaluation peak {r.eval_peak_memory_mb:,.0f} MiB" for r in base_runs[:1] + new_runs[:1]
+               if r.eval_peak_memory_mb is not None]
+        notes += mem
+        if min(before.n, after.n) < 2:
+            sentence = (f"{after.median:,.0f} vs {before.median:,.0f} held-out images/s, one evaluation pass each: "
+                        "no spread to tell a gain from noise (use repeats=3 or more)")
+            return "inconclusive", before, after, sentence, notes
+    else:
+        # Every timed window of every repeat: the spread covers both window noise and run-to-run noise.
+        before = Spread.of([w for r in base_runs for w in r.window_throughput])
+        after = Spread.of([w for r in new_runs for w in r.window_throughput])
+    sentence = verdict(before, after)
+    if is_noise(before, after):
+        return "no measurable gain", before, after, sentence, notes
+    return ("gain" if after.median > before.median else "slower"), before, after, sentence, notes
+
+
+def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1,
+           dataset: Any = None, model: Any = None, progress: bool = False, runner: Runner = run) -> Verification | None:
+    """Apply a finding's changes (default: the top finding that has any), run it, and report the effect.
+
+    The baseline is a fresh run of `result`'s own config in this session, not the stored result, so both
+    sides see the same machine load; with repeats > 1 the runs alternate (baseline, changed, baseline, ...)
+    so a drift in load falls on both. A difference inside the spread is reported as "no measurable gain".
+    dataset / model: pass what the original run was given (fastlab.run's dataset= and model=), if anything.
+    Returns None when no finding has a change to try.
+    """
+    findings = findings_for(result)
+    chosen = _pick(findings, finding)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"verify(repeats={repeats!r}) is not allowed: an integer >= 1")
+    if chosen is None:
+        return None
+    if not chosen.changes:
+        raise ValueError(f"finding {chosen.key!r} has no config change to try (its remedy is outside the knobs)")
+    if result.dataset.get("source") == CUSTOM_DATASETS and dataset is None:
+        raise ValueError("this result trained on torch Datasets passed to fastlab.run: pass the same pair as "
+                         "verify(dataset=(train, held_out)) so the re-runs train on them too")
+    base_cfg = TrainConfig.from_dict(result.config)
+    new_cfg = base_cfg.replace(**chosen.changes)
+    here = resolve_device(base_cfg.device).type
+    measured_on = result.env.get("device_type", here)
+    if here != measured_on:
+        raise ValueError(f"this result was measured on {measured_on} but would re-run here on {here}: verify on a "
+                         f"machine with {measured_on}, where the advice applies")
+    base_runs: list[RunResult] = []
+    new_runs: list[RunResult] = []
+    for i in range(repeats):
+        suffix = f" #{i + 1}" if repeats > 1 else ""
+        base_runs.append(runner(base_cfg, label=f"baseline (fresh){suffix}", dataset=dataset, model=model,
+                                progress=progress))
+        new_runs.append(runner(new_cfg, label=f"{describe_changes(chosen.changes)}{suffix}", dataset=dataset,
+                               model=model, progress=progress))
+    outcome, before, after, sentence, notes = _judge(chosen, base_runs, new_runs)
+    for r in new_runs[:1]:
+        notes += [f"no-op here: {k}: {v}" for k, v in r.no_ops.items()]
+    if any(r.synthetic for r in base_runs + new_runs):
+        notes.append("measured on SYNTHETIC data")
+    metric = "held-out images/s" if chosen.metric == "eval" else "training images/s"
+    return Verification(chosen, base_runs, new_runs, metric, before, after, outcome, sentence, notes)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advice:
+    """The ranked findings of `result`; with verify=True the top one is also tried (advice.verification).
+
+    verify_args go to fastlab.advise.verify (finding, repeats, dataset, model, progress).
+    """
+    advice = Advice(result, findings_for(result))
+    if verify:
+        advice.verification = _verify(result, **verify_args)
+    elif verify_args:
+        raise ValueError(f"advise() got {sorted(verify_args)}, which only apply with verify=True")
+    return advice
+
+
+_verify = verify
+advise.verify = verify  # type: ignore[attr-defined]  # fastlab.advise.verify(result), as the notebooks call it
+
+
+def advice_text(result: RunResult, findings: list[Finding] | None = None) -> str:
+    """The findings of one result as plain text (what `python -m fastlab advise` prints)."""
+    findings = findings_for(result) if findings is None else findings
+    lines = [f"{result.summary()}; on {result.env.get('device_name', '?')}"]
+    if not findings:
+        lines.append("  No bottleneck crossed its threshold: nothing to advise from this run.")
+    for i, f in enumerate(findings, 1):
+        lines.append(f"{i}. " + f.text().replace("\n", "\n   "))
+    verification = getattr(findings, "verification", None)
+    if verification is not None:
+        lines.append(verification.text())
+    return "\n".join(lines)
+
+
+def advice_html(result: RunResult) -> str:
+    """The findings of one result as HTML, for a Panel's advice area: Panel(..., describe=advice_html)."""
+    findings = findings_for(result)
+    if not findings:
+        return f"<b>Advice for {html.escape(result.label)}:</b> no bottleneck crossed its threshold."
+    items = "".join(f"<li>{f.html()}</li>" for f in findings)
+    return f"<b>Advice for {html.escape(result.label)}</b> (most important first):<ol>{items}</ol>"

@@ -1,0 +1,311 @@
+"""Notebook 04: throughput and memory against batch size, the largest batch that fits, and the learning rate.
+
+The out-of-memory-safe search probes with short fastlab.run calls: doubling until a probe does not fit,
+then bisection between the largest that fit and the smallest that did not. A probe "does not fit" when
+the run ends with status "failed" (fastlab.run's answer to a CUDA out-of-memory error, after which it
+has freed the cache) or when its measured peak memory is over a budget the caller sets.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..comparisons import comparison
+from ..config import TrainConfig
+from ..measure import resolve_device, verdict
+from ..results import RunResult
+from ..train import run, sweep
+
+# Batch sizes per profile: powers of two beside their neighbours (a power of two is said to suit the
+# hardware's tiles; the neighbours let a reader see whether it does here).
+SIZES: dict[str, tuple[int, ...]] = {
+    "smoke": (24, 32, 40),
+    "cpu": (48, 64, 80),
+    "gpu": (96, 128, 160, 250, 256),
+}
+
+# The larger batch of the learning-rate demo is this many times the profile's batch.
+LR_DEMO_FACTOR = 4
+
+# How the learning rate is commonly rescaled when the batch grows by a factor k:
+# "linear" (lr x k) is the rule for SGD (Goyal et al. 2017); "sqrt" (lr x sqrt(k)) is the usual rule
+# for Adam-family optimisers, whose update size does not grow with the gradient's scale.
+LR_RULES = ("linear", "sqrt", "none")
+DEFAULT_RULE = {"sgd": "linear", "adam": "sqrt", "adamw": "sqrt"}
+
+# The search never doubles past this without a budget; on a GPU with room to spare a tiny model would
+# otherwise probe ever larger batches (and ever larger synthetic sets) for a long time.
+SEARCH_CEILING = 65_536
+
+Runner = Callable[..., RunResult]
+
+
+def sizes_for(base: TrainConfig) -> list[int]:
+    """The batch sizes the sizes comparison sweeps for base's profile (its own batch and neighbours otherwise)."""
+    if base.profile in SIZES:
+        return list(SIZES[base.profile])
+    b = base.batch_size
+    return sorted({max(1, b * 3 // 4), b, b * 5 // 4})
+
+
+@comparison("04_batch_size:sizes")
+def sizes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """One run per batch size of sizes_for(base): throughput and peak memory."""
+    return sweep("batch_size", sizes_for(base), base, progress=progress)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def describe_sizes(results: list[RunResult]) -> str:
+    """Each batch size's throughput and peak memory; each non-power of two against the nearest power of two run."""
+    ok = [r for r in results if r.window_throughput]
+    powers = [r for r in ok if is_power_of_two(r.images_per_step)]
+    lines = []
+    for r in results:
+        if not r.window_throughput:
+            lines.append(f"batch {r.images_per_step}: no timed window ({r.status}: {r.error or 'stopped early'})")
+            continue
+        t = r.throughput
+        line = (f"batch {r.images_per_step}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}), "
+                f"peak memory {r.peak_memory_mb:,.0f} MiB")
+        if powers and not is_power_of_two(r.images_per_step):
+            near = min(powers, key=lambda p: abs(math.log2(p.images_per_step / r.images_per_step)))
+            line += f"; against batch {near.images_per_step}: {verdict(near.throughput, t)}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the largest batch that fits
+
+
+@dataclass
+class Probe:
+    """One short run of the search."""
+
+    batch_size: int
+    fits: bool
+    status: str
+    peak_memory_mb: float
+    reason: str  # why it did or did not fit
+
+
+@dataclass
+class BatchSearch:
+    """What find_max_batch found: the largest batch that fit, the smallest that did not, and the limit used."""
+
+    largest: int | None  # None when even the smallest probe did not fit
+    smallest_failing: int | None  # None when nothing failed (the search stopped at max_batch)
+    limit: str  # the limit the search used, in words
+    memory_kind: str = ""
+    probes: list[Probe] = field(default_factory=list)
+
+    def summary(self) -> str:
+        tried = ", ".join(f"{p.batch_size}{'' if p.fits else ' (too big)'}" for p in self.probes)
+        if self.largest is None:
+            head = "no batch size fits"
+        else:
+            head = f"largest batch that fits: {self.largest}"
+            if self.smallest_failing is not None:
+                head += f" (batch {self.smallest_failing} did not)"
+            else:
+                head += " (nothing tried failed: the search stopped at its max_batch)"
+        return f"{head}; limit: {self.limit}; probes in order: {tried}"
+
+
+def _positive_int(name: str, value: object, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"find_max_batch: {name}={value!r} is not allowed: an integer >= 1"
+                         + (" or None" if allow_none else ""))
+
+
+def _return_freed_host_memory() -> None:
+    """Ask glibc to hand freed heap memory back to the OS, so a probe's RSS peak is not the last probe's.
+
+    Without it, after a bigger probe the process keeps its freed memory resident and every later, smaller
+    probe would look as big. Linux with glibc only; elsewhere CPU probes simply err small.
+    """
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl): nothing to trim with
+            pass
+
+
+def probe_config(base: TrainConfig, batch_size: int, steps: int) -> TrainConfig:
+    """A short run at one batch size: one warm-up step, `steps` timed steps, a training set of one batch."""
+    return base.replace(batch_size=batch_size, steps=steps, warmup_steps=1, windows=1, train_images=batch_size,
+                        eval_images=1)
+
+
+def find_max_batch(base: TrainConfig, *, memory_budget_mb: float | None = None, max_batch: int | None = None,
+                   start: int | None = None, resolution: int = 8, probe_steps: int = 2, runner: Runner = run,
+                   progress: bool = False) -> BatchSearch:
+    """The largest batch_size whose short run fits, by doubling from `start` and then bisecting.
+
+    A probe fits when its run is not "failed" (out of memory on CUDA) and, with memory_budget_mb, when its
+    peak_memory_mb is at most the budget (CUDA: the allocator's peak, reset per run; CPU: process RSS, which
+    includes PyTorch itself and moves with whatever else the process does, so on a CPU the answer is
+    approximate; freed heap memory is handed back to the OS before each CPU probe). On a CPU there is no device memory to run out of, so a budget or a max_batch is required.
+    Bisection stops when the gap is at most `resolution` (probed sizes are kept to multiples of it).
+    """
+    if memory_budget_mb is not None and (isinstance(memory_budget_mb, bool) or
+                                         not isinstance(memory_budget_mb, (int, float)) or memory_budget_mb <= 0):
+        raise ValueError(f"find_max_batch: memory_budget_mb={memory_budget_mb!r} is not allowed: a number > 0 (MiB) "
+                         f"or None")
+    for name, value in (("max_batch", max_batch), ("start", start)):
+        _positive_int(name, value)
+    _positive_int("resolution", resolution, allow_none=False)
+    _positive_int("probe_steps", probe_steps, allow_none=False)
+    device = resolve_device(base.device)
+    if device.type != "cuda" and memory_budget_mb is None and max_batch is None:
+        raise ValueError(f"find_max_batch: on {device.type} nothing runs out of memory, so give memory_budget_mb "
+                         f"(MiB of peak process memory) or max_batch (the largest batch to try)")
+    limits = []
+    if device.type == "cuda":
+        limits.append("CUDA out of memory")
+    if memory_budget_mb is not None:
+        limits.append(f"a budget of {memory_budget_mb:,.0f} MiB on the run's peak memory")
+    ceiling = max_batch if max_batch is not None else SEARCH_CEILING
+    limits.append(f"max_batch={ceiling}" if max_batch is not None else f"a ceiling of {ceiling} (no max_batch given)")
+    search = BatchSearch(largest=None, smallest_failing=None, limit=" / ".join(limits))
+
+    def probe(batch: int) -> bool:
+        if device.type == "cpu":
+            _return_freed_host_memory()
+        result = runner(probe_config(base, batch, probe_steps), label=f"probe batch {batch}", progress=progress)
+        search.memory_kind = search.memory_kind or result.memory_kind
+        if result.status == "failed":
+            fits, reason = False, result.error or "failed"
+        elif result.status == "interrupted":
+            raise KeyboardInterrupt(f"find_max_batch: the probe at batch {batch} was interrupted")
+        elif memory_budget_mb is not None and result.peak_memory_mb > memory_budget_mb:
+            fits, reason = False, f"peak {result.peak_memory_mb:,.0f} MiB > budget {memory_budget_mb:,.0f} MiB"
+        else:
+            fits, reason = True, f"peak {result.peak_memory_mb:,.0f} MiB"
+        search.probes.append(Probe(batch, fits, result.status, result.peak_memory_mb, reason))
+        if fits:
+            search.largest = batch if search.largest is None else max(search.largest, batch)
+        else:
+            failing = search.smallest_failing
+            search.smallest_failing = batch if failing is None else min(failing, batch)
+        return fits
+
+    batch = min(start or base.batch_size, ceiling)
+    # Doubling: up until a probe does not fit or the ceiling is reached.
+    while probe(batch) and batch < ceiling:
+        batch = min(batch * 2, ceiling)
+    # The first probe did not fit: halve until one does (or batch 1 does not).
+    while search.largest is None and batch > 1:
+        batch //= 2
+        probe(batch)
+    # Bisection between the largest that fit and the smallest that did not.
+    while search.largest is not None and search.smallest_failing is not None:
+        lo, hi = search.largest, search.smallest_failing
+        if hi - lo <= resolution:
+            break
+        mid = (lo + hi) // 2
+        mid -= mid % resolution
+        if mid <= lo:
+            mid = lo + resolution
+        if mid >= hi:
+            break
+        probe(mid)
+    return search
+
+
+# What the notebook's search tries per profile. On a CPU the budget is the process's memory before the search
+# plus this headroom (MiB); on a GPU the limit is the device itself.
+SEARCH_SETTINGS: dict[str, dict[str, int]] = {
+    "smoke": {"max_batch": 256, "headroom_mb": 64},
+    "cpu": {"max_batch": 1024, "headroom_mb": 512},
+    "gpu": {"max_batch": 16_384, "headroom_mb": 0},
+}
+
+
+def notebook_search(base: TrainConfig, progress: bool = False) -> BatchSearch:
+    """find_max_batch with the profile's SEARCH_SETTINGS: on a CPU a budget of current RSS + headroom."""
+    settings = SEARCH_SETTINGS.get(base.profile, SEARCH_SETTINGS["cpu"])
+    budget = None
+    if resolve_device(base.device).type != "cuda":
+        import psutil
+
+        _return_freed_host_memory()
+        budget = psutil.Process().memory_info().rss / 2**20 + settings["headroom_mb"]
+    return find_max_batch(base, memory_budget_mb=budget, max_batch=settings["max_batch"], start=base.batch_size,
+                          progress=progress)
+
+
+# ------------------------------------------------------------------ the learning rate at a larger batch
+
+
+def scaled_lr(lr: float, from_batch: int, to_batch: int, rule: str = "linear") -> float:
+    """The learning rate for to_batch when `lr` suited from_batch: x k ("linear"), x sqrt(k) ("sqrt") or kept."""
+    if rule not in LR_RULES:
+        raise ValueError(f"scaled_lr: rule={rule!r} is not allowed: choose one of {', '.join(map(repr, LR_RULES))}")
+    for name, value in (("from_batch", from_batch), ("to_batch", to_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"scaled_lr: {name}={value!r} is not allowed: an integer >= 1")
+    k = to_batch / from_batch
+    return lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]
+
+
+def same_images(base: TrainConfig, batch_size: int) -> TrainConfig:
+    """base at another batch size, with the step count changed so that the run sees as many training images.
+
+    Both runs use one warm-up step (this demo is about the loss reached, not about speed), so that
+    (1 + steps) x batch_size is the same for both.
+    """
+    total_images = (base.warmup_steps + base.steps) * base.batch_size
+    total_steps = max(2, total_images // batch_size)
+    steps = total_steps - 1
+    return base.replace(batch_size=batch_size, warmup_steps=1, steps=steps, windows=min(base.windows, steps),
+                        train_images=max(base.train_images, batch_size))
+
+
+def lr_demo_configs(base: TrainConfig, factor: int = LR_DEMO_FACTOR, rule: str | None = None) -> list[tuple[str, TrainConfig]]:
+    """(label, config) for: the base batch; factor x the batch at the same lr; at the lr scaled by `rule`."""
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
+        raise ValueError(f"lr_demo_configs: factor={factor!r} is not allowed: an integer >= 2")
+    rule = rule or DEFAULT_RULE[base.optimizer]
+    small = base.batch_size
+    big = small * factor
+    new_lr = scaled_lr(base.lr, small, big, rule)
+    return [
+        (f"batch {small}, lr {base.lr:g}", same_images(base, small)),
+        (f"batch {big}, same lr {base.lr:g}", same_images(base, big)),
+        (f"batch {big}, lr {new_lr:g} ({rule} rule)", same_images(base, big).replace(lr=new_lr)),
+    ]
+
+
+@comparison("04_batch_size:lr_scaling")
+def lr_scaling(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """The same number of training images at the base batch, at a larger batch with the same lr, and scaled."""
+    return [run(cfg, label=label, progress=progress) for label, cfg in lr_demo_configs(base)]
+
+
+def final_loss(result: RunResult, last: int = 3) -> float:
+    """Mean training loss over the last `last` logged steps (one step's loss is noisy)."""
+    values = [v for _, v in result.losses[-last:]]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def describe_lr_demo(results: list[RunResult]) -> str:
+    """Images seen, optimiser steps, final training loss and held-out accuracy of each lr-demo run."""
+    lines = []
+    for r in results:
+        images = r.steps_done * r.images_per_step
+        acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else "n/a"
+        lines.append(f"{r.label}: {r.steps_done} optimiser steps, {images} training images, final loss "
+                     f"{final_loss(r):.3f} (mean of the last 3 logged), held-out accuracy {acc}")
+    return "\n".join(lines)
+

@@ -1,0 +1,272 @@
+"""Notebook 07: torch.compile modes against eager, the recompilation pitfall, and export for deployment.
+
+Compile time is kept apart from steady-state speed: the harness runs the compile inside its untimed
+warm-up steps (RunResult.warmup_seconds), and its timed windows are steady state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..comparisons import comparison
+from ..config import TrainConfig
+from ..data import DeviceLoader, load_images
+from ..measure import is_noise, resolve_device, synchronize, verdict
+from ..models import build_model
+from ..results import RunResult
+from ..train import run
+
+MODES_COMPARISON = "07_compile_and_export:modes"
+COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
+# A compile runs inside the warm-up, which counts against max_seconds; give it room so a slow compile
+# still reaches the timed (steady-state) windows. The cap stays: a hung compile still ends.
+COMPILE_ALLOWANCE_S = 600.0
+
+
+def modes_plan(base: TrainConfig) -> tuple[list[str], dict[str, str]]:
+    """Which compile modes this profile runs, and why each other one is not run."""
+    cuda = resolve_device(base.device).type == "cuda"
+    if base.profile == "smoke":
+        skipped = {
+            "max-autotune": "not run under the smoke profile: it benchmarks many kernel variants while compiling "
+                            "(minutes on a CPU); it runs under the cpu and gpu profiles",
+            "reduce-overhead": "not run under the smoke profile: it adds CUDA graphs to the default compile; "
+                               "it runs under the cpu profile (a recorded no-op there) and the gpu profile",
+        }
+        return ["off", "default"], skipped
+    note = {} if cuda else {"reduce-overhead": "runs, but CUDA graphs need a CUDA GPU: here it compiles like "
+                                               "default (the result records the no-op)"}
+    return list(COMPILE_MODES), note
+
+
+def mode_config(base: TrainConfig, mode: str) -> TrainConfig:
+    """base with compile=mode; a compiled run gets COMPILE_ALLOWANCE_S more of max_seconds for its compile."""
+    cfg = base.replace(compile=mode)
+    if mode != "off" and base.max_seconds:
+        cfg = cfg.replace(max_seconds=base.max_seconds + COMPILE_ALLOWANCE_S)
+    return cfg
+
+
+@comparison(MODES_COMPARISON)
+def modes(base: TrainConfig, progress: bool = True, eager_model: nn.Module | None = None) -> list[RunResult]:
+    """Eager, then each compile mode this profile runs (see modes_plan), same config otherwise.
+
+    eager_model: a module the eager run trains in place (the notebook exports it afterwards).
+    """
+    to_run, _ = modes_plan(base)
+    results = []
+    for mode in to_run:
+        label = "eager" if mode == "off" else f"compile {mode}"
+        model = eager_model if mode == "off" else None
+        results.append(run(mode_config(base, mode), label=label, model=model, progress=progress,
+                           comparison=MODES_COMPARISON))
+        if results[-1].status == "interrupted":
+            break
+    return results
+
+
+def step_ms(result: RunResult) -> float:
+    """Steady-state milliseconds per optimiser step: images per step / median images per second."""
+    return 1000 * result.images_per_step / result.throughput.median
+
+
+def compile_summary(results: list[RunResult]) -> str:
+    """Per compiled run: compile cost (extra warm-up over eager), steady-state verdict, and break-even steps.
+
+    compile cost      = warm-up seconds (compiled) - warm-up seconds (eager), same number of warm-up steps
+    break-even steps  = compile cost / (eager ms per step - compiled ms per step), when compiled is faster
+    """
+    if not results or results[0].config.get("compile") != "off":
+        raise ValueError("results[0] must be the eager run (compile='off') that the others are measured against")
+    eager = results[0]
+    lines = [f"eager: warm-up {eager.warmup_seconds:.1f} s for {eager.config['warmup_steps']} steps; "
+             f"steady state {step_ms(eager):.1f} ms per step"]
+    for r in results[1:]:
+        if not r.window_throughput:
+            lines.append(f"{r.label}: no steady-state window finished ({r.status}: {r.error})")
+            continue
+        cost = r.warmup_seconds - eager.warmup_seconds
+        line = (f"{r.label}: compile cost about {cost:.1f} s (warm-up {r.warmup_seconds:.1f} s vs eager's "
+                f"{eager.warmup_seconds:.1f} s); steady state: {verdict(eager.throughput, r.throughput)}")
+        saving = step_ms(eager) - step_ms(r)
+        if is_noise(eager.throughput, r.throughput):
+            line += "; the steady-state gain is inside the spread, so the compile does not pay back here"
+        elif saving > 0:
+            line += f"; pays back its compile after about {1000 * cost / saving:,.0f} steps"
+        else:
+            line += "; slower in steady state, so the compile never pays back at this size"
+        if r.no_ops:
+            line += "; no-op here: " + "; ".join(f"{k}: {v}" for k, v in r.no_ops.items())
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ recompilation
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (each recompile adds one; torch._dynamo.reset keeps the count,
+    so count the difference over a run)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def recompile_reasons() -> list[str]:
+    """The guard failures that triggered recompiles since the last torch._dynamo.reset(), first line of each."""
+    from torch._dynamo.utils import guard_failures
+
+    out = []
+    for failures in guard_failures.values():
+        for failure in failures:
+            text = str(getattr(failure, "reason", failure)).strip().splitlines()
+            if text and text[0] not in out:
+                out.append(text[0])
+    return out
+
+
+# eager: capture and guards only; aot_eager: also traces the backward; inductor: the real compiler.
+DEMO_BACKENDS = ("eager", "aot_eager", "inductor")
+RECOMPILE_VARIANTS = ("ragged last batch", "fix: drop_last", "fix: mark_dynamic", "fix: pad to full batch")
+
+
+@dataclass
+class RecompileResult:
+    variant: str
+    backend: str
+    graphs: int  # graphs compiled over the whole run; 1 means no recompile
+    batch_sizes: list[int] = field(default_factory=list)  # distinct batch sizes the model saw
+    compile_step_seconds: list[float] = field(default_factory=list)  # steps during which a graph was compiled
+    steady_step_seconds: list[float] = field(default_factory=list)  # steps that compiled nothing (full batches)
+    images_trained: int = 0
+    reasons: list[str] = field(default_factory=list)  # dynamo's guard failures that caused the recompiles
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.graphs - 1, 0)
+
+    def summary(self) -> str:
+        steady = statistics.median(self.steady_step_seconds) if self.steady_step_seconds else float("nan")
+        return (f"{self.variant:<24} graphs compiled {self.graphs} (recompiles {self.recompiles}); "
+                f"batch sizes seen {self.batch_sizes}; {sum(self.compile_step_seconds):.2f} s in the steps that "
+                f"compiled, steady step {1000 * steady:.1f} ms (median); {self.images_trained} images trained")
+
+
+def _batches(variant: str, loader: DeviceLoader, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(images, labels, real images in the batch) as the variant feeds them to the model."""
+    for x, y in loader:
+        n = len(y)
+        if variant == "fix: mark_dynamic":
+            torch._dynamo.mark_dynamic(x, 0)  # compile for any batch size up front: one graph
+        elif variant == "fix: pad to full batch" and n < batch_size:
+            x = torch.cat([x, x.new_zeros(batch_size - n, *x.shape[1:])])
+            y = torch.cat([y, y.new_zeros(batch_size - n)])
+        yield x, y, n
+
+
+def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", epochs: int = 2,
+                   full_batches: int = 3) -> RecompileResult:
+    """Train cfg.model with torch.compile(backend=...) over a set whose last batch is ragged, counting graphs.
+
+    The set holds full_batches full batches plus a third of one; "ragged last batch" feeds it as is (the
+    shape change at the end of each epoch triggers a recompile), the fixes drop it, mark the batch dimension
+    dynamic, or pad it to a full batch and mask the padding out of the loss. (Padding is exact for
+    inference; in training the zero rows also enter BatchNorm's batch statistics.)
+    backend="eager" makes dynamo capture and guard exactly as usual but skips code generation: the graph
+    count is the same as with inductor, at a fraction of the compile time.
+    """
+    if variant not in RECOMPILE_VARIANTS:
+        raise ValueError(f"variant={variant!r} is not allowed: choose one of {', '.join(map(repr, RECOMPILE_VARIANTS))}")
+    if backend not in DEMO_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not allowed: choose one of {', '.join(map(repr, DEMO_BACKENDS))}")
+    for name, value in (("epochs", epochs), ("full_batches", full_batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed: an integer >= 1")
+    dev = resolve_device(cfg.device)
+    bs = cfg.batch_size
+    n_images = bs * full_batches + max(bs // 3, 1)
+    images = load_images(cfg.dataset, max(cfg.train_images, n_images), cfg.eval_images,
+                         allow_download=cfg.profile != "smoke")
+    x_all, y_all = images.train_images[:n_images], images.train_labels[:n_images]
+    # train=True drops the ragged batch (and augments); train=False keeps it, in a fixed order.
+    loader = DeviceLoader(x_all, y_all, batch_size=bs, train=variant == "fix: drop_last", device=dev, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    net = build_model(cfg.model).to(dev).train()
+    opt = torch.optim.SGD(net.parameters(), lr=cfg.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss(reduction="none")
+    torch._dynamo.reset()  # a fresh cache and fresh counters: graphs counted are this run's
+    compiled = torch.compile(net, backend=backend)
+    result = RecompileResult(variant=variant, backend=backend, graphs=0)
+    sizes: set[int] = set()
+    start = graphs_compiled()
+    try:
+        for _ in range(epochs):
+            for x, y, n in _batches(variant, loader, bs):
+                before = graphs_compiled()
+                synchronize(dev)
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                per_image = loss_fn(compiled(x), y)
+                mask = (torch.arange(len(y), device=dev) < n).float()  # padded rows count for nothing
+                ((per_image * mask).sum() / n).backward()
+                opt.step()
+                synchronize(dev)
+                seconds = time.perf_counter() - t0
+                sizes.add(len(y))
+                result.images_trained += n
+                if graphs_compiled() > before:
+                    result.compile_step_seconds.append(seconds)
+                elif len(y) == bs:
+                    result.steady_step_seconds.append(seconds)
+        result.graphs = graphs_compiled() - start
+        result.reasons = recompile_reasons()
+    finally:
+        torch._dynamo.reset()
+    result.batch_sizes = sorted(sizes)
+    return result
+
+
+def recompile_backend(cfg: TrainConfig) -> tuple[str, str]:
+    """The backend for the recompile demo on this config, and why."""
+    where = "Triton" if resolve_device(cfg.device).type == "cuda" else "C++"
+    return "eager", (f"dynamo captures and guards as usual but generates no code: the same graph count, without "
+                     f"a {where} compile per graph (pass backend='inductor' to recompile_demo to time real ones)")
+
+
+# ------------------------------------------------------------------ export
+
+
+def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first batch of the held-out images, normalised like evaluation sees it, on the CPU."""
+    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke")
+    loader = DeviceLoader(images.eval_images, images.eval_labels, batch_size=cfg.batch_size, train=False, device="cpu")
+    return next(iter(loader))
+
+
+def plot_step_times(results: list[RunResult], title: str = ""):
+    """Wall time of every step, warm-up included, on a log scale: the compile is the spike at the start."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.6))
+    ax = fig.subplots()
+    for r in results:
+        ax.plot(range(1, len(r.step_seconds) + 1), [1000 * s for s in r.step_seconds], marker=".", label=r.label)
+    if results:
+        warm = int(results[0].config.get("warmup_steps", 0))
+        ax.axvspan(0.5, warm + 0.5, color="0.9", label="warm-up (untimed)")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms per step (log scale)")
+    ax.legend(fontsize=8)
+    names = {("SYNTHETIC data" if r.synthetic else r.dataset.get("name", "?")) for r in results}
+    devices = {r.env.get("device_name", "?") for r in results}
+    ax.set_title(f"{title + ' - ' if title else ''}compile time lands in the warm-up\n"
+                 f"{' / '.join(sorted(names))} on {' / '.join(sorted(devices))}", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,274 @@
+"""Notebook 11: data-parallel training (DDP) across processes, launched with torchrun from the notebook.
+
+The runs themselves happen in fastlab.distributed (the torchrun entry point and its launcher); this module
+holds what the notebook needs around them: how many processes to start here, the 1-vs-N comparison,
+scaling efficiency with its range, the gradient-accumulation pitfall, a crashed rank, and the plots.
+
+    speed-up           = N-process images/s / 1-process images/s   (global images, all ranks together)
+    scaling efficiency = speed-up / N   (1.0: N processes did N times the work of one)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..comparisons import comparison
+from ..config import TrainConfig, config_for
+from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, plan_batches, run_ddp
+from ..measure import Spread, is_noise, verdict
+from ..results import RunResult
+
+NAME = "11_multi_gpu_ddp:scaling"
+ACCUM_STEPS = 2  # micro-batches per optimiser step in the no_sync demo
+LAUNCH_TIMEOUT_S = 600.0  # bounds each torchrun launch; each run inside also has the profile's max_seconds
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where the notebook's DDP runs go: how many processes, on what, and why."""
+
+    nproc: int
+    config: TrainConfig
+    device: str  # "cuda" or "cpu"
+    note: str
+
+
+def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
+    """N = the GPUs here when there are two or more; otherwise 2 CPU processes (gloo), one core each.
+
+    With a single GPU there is nothing to scale across (NCCL will not put two ranks on one GPU), so the
+    demo falls back to CPU processes and, for the gpu profile, to the cpu profile's sizes.
+    """
+    import torch
+
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2):
+        raise ValueError(f"nproc={nproc!r} is not allowed: an integer >= 2 (the demo compares 1 process with nproc)")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if base.device != "cpu" and gpus >= 2:
+        n = nproc or gpus
+        if n > gpus:
+            raise ValueError(f"nproc={n} is not allowed here: this machine has {gpus} GPUs, one process each")
+        return Setup(n, base, "cuda", f"{n} processes, one per GPU, all-reducing gradients with nccl")
+    cfg = base
+    why = "no GPU here"
+    if gpus == 1 and base.device != "cpu":
+        why = "one GPU here (DDP needs one GPU per process)"
+        cfg = config_for("cpu", device="cpu") if base.profile == "gpu" else base.replace(device="cpu")
+    n = nproc or 2
+    return Setup(n, cfg, "cpu", f"{n} CPU processes with one thread each, all-reducing gradients with gloo ({why}); "
+                                f"the 1-process run also gets one thread, so the comparison is one core against {n}")
+
+
+def scaling_runs(setup: Setup, *, timeout_s: float = LAUNCH_TIMEOUT_S, quiet: bool = True,
+                 extra_jobs: tuple[DDPJob, ...] = ()) -> tuple[DDPRun, list[DDPRun]]:
+    """The same config on 1 process and on setup.nproc; extra jobs ride along in the N-process launch."""
+    one = run_ddp(setup.config, 1, label="1 process", timeout_s=timeout_s, quiet=quiet)
+    many = launch([DDPJob(setup.config, DDPOptions(), f"{setup.nproc} processes"), *extra_jobs], setup.nproc,
+                  timeout_s=timeout_s, quiet=quiet)
+    for run in [one, *many]:
+        run.result.extras["comparison"] = NAME
+    return one, many
+
+
+@comparison(NAME)
+def scaling(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """Global throughput of 1 process against N (one per GPU, or 2 CPU processes): [one, many]."""
+    setup = setup_for(base)
+    one, many = scaling_runs(setup, quiet=not progress)
+    return [one.result, many[0].result]
+
+
+# ------------------------------------------------------------------ what the numbers say
+
+
+def world_size(result: RunResult) -> int:
+    """The number of processes behind a result (1 for a plain fastlab.run result)."""
+    return int(result.extras.get("ddp", {}).get("world_size", 1))
+
+
+@dataclass(frozen=True)
+class Scaling:
+    processes: float  # how many times more processes the second run had
+    speedup: Spread  # median ratio; range from the worst to the best pairing of windows
+    efficiency: Spread  # speedup / processes
+    noise: bool  # the two throughputs' ranges overlap: no measurable change
+
+    def describe(self) -> str:
+        s, e = self.speedup, self.efficiency
+        text = (f"speed-up {s.median:.2f}x (range {s.low:.2f}-{s.high:.2f}) with {self.processes:g}x the processes: "
+                f"scaling efficiency {e.median:.0%} (range {e.low:.0%}-{e.high:.0%}; 100% = perfect)")
+        return text + ("; the difference is inside the spread: noise" if self.noise else "")
+
+
+def scaling_of(one: RunResult, many: RunResult) -> Scaling:
+    """Speed-up and scaling efficiency of `many` over `one`, from their global images/s."""
+    for name, r in (("one", one), ("many", many)):
+        if not r.window_throughput:
+            raise ValueError(f"{name}={r.label!r} has no timed window ({r.status}); cannot compute scaling")
+    k = world_size(many) / world_size(one)
+    a, b = one.throughput, many.throughput
+    speedup = Spread(b.median / a.median, b.low / a.high, b.high / a.low, min(a.n, b.n))
+    eff = Spread(speedup.median / k, speedup.low / k, speedup.high / k, speedup.n)
+    return Scaling(k, speedup, eff, is_noise(a, b))
+
+
+def median_step_ms(result: RunResult) -> float:
+    """Median wall time of a timed step (warm-up excluded), in ms; for DDP results, rank 0's steps."""
+    import statistics
+
+    warm = int(result.config.get("warmup_steps", 0))
+    steps = result.step_seconds[warm:]
+    return 1000 * statistics.median(steps) if steps else float("nan")
+
+
+def summary(one: RunResult, many: RunResult) -> str:
+    """What the notebook measured, in sentences, every figure from the two results."""
+    d = many.extras["ddp"]
+    n = d["world_size"]
+    lines = [one.summary(), many.summary(),
+             f"{n} processes against 1: {verdict(one.throughput, many.throughput)}",
+             scaling_of(one, many).describe()]
+    if d["options"]["batch"] == "per_rank":
+        t1, tn = median_step_ms(one), median_step_ms(many)
+        lines.append(f"each rank's step (same per-rank batch of {d['per_rank_batch']}): median {t1:.1f} ms alone, "
+                     f"{tn:.1f} ms with {n} ranks; the {tn - t1:+.1f} ms is the gradient all-reduce, waiting for "
+                     f"the slowest rank, and the ranks competing for shared hardware")
+    lines.append(f"all-reduced per optimiser step: {d['allreduce_mb_per_step']:.2f} MiB in "
+                 f"{d['allreduce_calls_per_step']:g} call(s) (the gradients are {d['gradient_mb']:.2f} MiB)")
+    lines.append(parameters_line(many))
+    return "\n".join(lines)
+
+
+def parameters_line(result: RunResult) -> str:
+    d = result.extras["ddp"]
+    p, b = d["parameters"], d["buffers"]
+    same = "bit-for-bit identical" if p["identical"] else f"NOT identical (max difference {p['max_abs_diff']:.3g})"
+    line = (f"after training, the {p['elements']:,} parameters are {same} on all {d['world_size']} ranks "
+            f"(they moved by up to {p['max_change_from_start']:.3g} from the start)")
+    if b["elements"]:
+        line += (f"; BatchNorm running statistics {'agree' if b['identical'] else 'differ'} across ranks "
+                 f"(max difference {b['max_abs_diff']:.3g})")
+    return line
+
+
+def accumulation_summary(results: list[RunResult]) -> str:
+    """The no_sync demo: all-reduces and their bytes per optimiser step, and the time, for each run."""
+    lines = []
+    for r in results:
+        d = r.extras["ddp"]
+        lines.append(f"{r.label}: {d['allreduce_calls_per_step']:g} all-reduce(s), {d['allreduce_mb_per_step']:.2f} MiB "
+                     f"per optimiser step; {r.throughput.median:,.0f} images/s (min {r.throughput.low:,.0f}, "
+                     f"max {r.throughput.high:,.0f})")
+    if len(results) == 2:
+        lines.append(f"without no_sync against with it: {verdict(results[0].throughput, results[1].throughput)}")
+    return "\n".join(lines)
+
+
+def accumulation_jobs(base: TrainConfig) -> tuple[DDPJob, DDPJob]:
+    """Gradient accumulation over ACCUM_STEPS micro-batches, with and without no_sync (half the steps each)."""
+    steps = max(base.windows, base.steps // 2)
+    cfg = base.replace(grad_accum_steps=ACCUM_STEPS, steps=steps)
+    return (DDPJob(cfg, DDPOptions(no_sync=True), f"accumulate {ACCUM_STEPS}, no_sync"),
+            DDPJob(cfg, DDPOptions(no_sync=False), f"accumulate {ACCUM_STEPS}, all-reduce every micro-batch"))
+
+
+@dataclass
+class Demo:
+    setup: Setup
+    one: DDPRun
+    many: DDPRun
+    accumulation: list[DDPRun]
+
+    @property
+    def results(self) -> list[RunResult]:
+        return [self.one.result, self.many.result]
+
+
+def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUNCH_TIMEOUT_S) -> Demo:
+    """The notebook's headless runs: 1 process, then N processes training the scaling job and the no_sync pair."""
+    setup = setup_for(base, nproc)
+    one, many = scaling_runs(setup, timeout_s=timeout_s, quiet=False, extra_jobs=accumulation_jobs(setup.config))
+    return Demo(setup, one, many[0], many[1:])
+
+
+@dataclass(frozen=True)
+class CrashReport:
+    error: DistributedRunError
+    seconds: float
+    timeout_s: float
+
+    def describe(self) -> str:
+        first = str(self.error).splitlines()[0]
+        return (f"the launcher raised DistributedRunError after {self.seconds:.1f} s (its timeout was "
+                f"{self.timeout_s:g} s):\n  {first}\n  failing rank: {self.error.rank}, torchrun's exit code: "
+                f"{self.error.exit_code}")
+
+
+def crash_demo(setup: Setup, *, crash_step: int = 1, timeout_s: float = 120.0) -> CrashReport:
+    """Make the last rank raise at crash_step of a short run; return what the launcher reported."""
+    cfg = setup.config.replace(warmup_steps=1, steps=2, windows=1)
+    t0 = time.perf_counter()
+    try:
+        run_ddp(cfg, setup.nproc, label="crash demo", crash_rank=setup.nproc - 1, crash_step=crash_step,
+                timeout_s=timeout_s)
+    except DistributedRunError as e:
+        return CrashReport(e, time.perf_counter() - t0, timeout_s)
+    raise RuntimeError("the crash demo finished without the deliberate crash: --crash-rank was not honoured")
+
+
+def describe_plan(config: TrainConfig, nproc: int, options: DDPOptions | None = None) -> str:
+    """The batch and learning-rate arithmetic of one DDP job, in words."""
+    return plan_batches(config, nproc, options or DDPOptions()).describe()
+
+
+def ddp_runner(nproc: int, options: DDPOptions | None = None, timeout_s: float = LAUNCH_TIMEOUT_S
+               ) -> Callable[..., RunResult]:
+    """A runner for fastlab.widgets.Panel: each Run launches nproc processes; Stop kills the launch."""
+
+    def runner(cfg: TrainConfig, *, label: str = "run", stop: Any = None, **_ignored: Any) -> RunResult:
+        return run_ddp(cfg, nproc, options=options or DDPOptions(), label=f"x{nproc} {label}", stop=stop, timeout_s=timeout_s).result
+
+    return runner
+
+
+# ------------------------------------------------------------------ the picture
+
+
+def plot_scaling(one: RunResult, many: RunResult, title: str = ""):
+    """Left: global images/s against processes, with the ideal (N x one process). Right: scaling efficiency."""
+    from ..plots import _data_note, _new_figure
+
+    fig, (ax, ax_e) = _new_figure(2, width=5.0)
+    runs = [one, many]
+    ns = [world_size(r) for r in runs]
+    med = [r.throughput.median for r in runs]
+    err = [[m - r.throughput.low for m, r in zip(med, runs)], [r.throughput.high - m for m, r in zip(med, runs)]]
+    ax.errorbar(ns, med, yerr=err, marker="o", capsize=4, label="measured (median, min-max)")
+    ideal = [med[0] * n / ns[0] for n in ns]
+    ax.plot(ns, ideal, ls="--", color="gray", label="ideal: N x one process")
+    ax.set_xticks(ns)
+    ax.set_xlabel("processes")
+    ax.set_ylabel("images/s, all ranks together")
+    ax.set_title("throughput against processes")
+    ax.legend(fontsize=8)
+    s = scaling_of(one, many)
+    e = s.efficiency
+    ax_e.bar([0], [100 * e.median], yerr=[[100 * (e.median - e.low)], [100 * (e.high - e.median)]], capsize=6,
+             color="tab:gray" if s.noise else "tab:blue")
+    ax_e.axhline(100, color="black", lw=0.8, ls="--")
+    ax_e.annotate(f"{e.median:.0%}" + (" (noise)" if s.noise else ""), (0, 100 * e.median),
+                  textcoords="offset points", xytext=(0, 14), ha="center", fontsize=9)
+    ax_e.set_xticks([0])
+    ax_e.set_xticklabels([f"{many.label} vs {one.label}"], fontsize=8)
+    ax_e.set_xlim(-1, 1)
+    ax_e.set_ylim(0, max(110, 100 * e.high * 1.15) if math.isfinite(e.high) else 110)
+    ax_e.set_ylabel("scaling efficiency, % (speed-up / N)")
+    ax_e.set_title("scaling efficiency")
+    fig.suptitle(f"{title + ' - ' if title else ''}{_data_note(runs)}", fontsize=10)
+    fig.tight_layout()
+    return fig
+

@@ -1,0 +1,247 @@
+"""Notebook 03: kernel selection and memory layout. cudnn.benchmark, channels_last, TF32.
+
+Comparisons registered here:
+  03_cudnn_benchmark_and_channels_last:cudnn_benchmark  autotuning off vs on (fixed shapes): speed, warm-up, memory
+  03_cudnn_benchmark_and_channels_last:channels_last    NCHW vs NHWC, in fp32 and in low precision
+  03_cudnn_benchmark_and_channels_last:tf32             TF32 matmuls/convolutions off vs on
+
+The training loop always feeds fixed 32x32 batches, so the pitfall of cudnn.benchmark (input shapes that
+change every step, each one autotuned again) has its own timing function here: time_shapes / shape_pitfall.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..comparisons import comparison
+from ..config import TrainConfig
+from ..measure import MemoryMeter, Spread, is_noise, now, resolve_device
+from ..models import build_model
+from ..results import RunResult
+from ..train import run
+from .data_loading import vs_baseline
+from .mixed_precision import low_precision
+
+NAME = "03_cudnn_benchmark_and_channels_last"
+FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timing runs at it
+VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned during warm-up; mean pixels ~ 32x32
+
+
+@comparison(f"{NAME}:cudnn_benchmark")
+def compare_cudnn_benchmark(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    return [run(base.replace(cudnn_benchmark=on), label=f"cudnn.benchmark {'on' if on else 'off'}",
+                progress=progress) for on in (False, True)]
+
+
+@comparison(f"{NAME}:channels_last")
+def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    low = low_precision(base.device)
+    configs = [(f"{'fp32' if amp == 'off' else amp}, {'channels_last' if cl else 'NCHW'}",
+                base.replace(amp=amp, channels_last=cl)) for amp in ("off", low) for cl in (False, True)]
+    return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+
+
+@comparison(f"{NAME}:tf32")
+def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    return [run(base.replace(amp="off", tf32=on), label=f"tf32 {'on' if on else 'off'}", progress=progress)
+            for on in (False, True)]
+
+
+# ---------------------------------------------------------------- reading the results
+
+
+def kernels_report(results: list[RunResult]) -> str:
+    """Per run: the summary, warm-up time (where autotuning lands), the verdict against the first, no-ops."""
+    if not results:
+        return "no results"
+    lines = []
+    for r in results:
+        lines.append(f"{r.summary()}; warm-up {r.warmup_seconds:.2f} s")
+        if r is not results[0]:
+            lines.append(f"    vs '{results[0].label}': {vs_baseline(results[0], r)}")
+        for knob, why in r.no_ops.items():
+            lines.append(f"    no-op here: {knob}: {why}")
+    return "\n".join(lines)
+
+
+def channels_last_gain(results: list[RunResult]) -> dict[str, str]:
+    """For each precision: channels_last against NCHW at that precision."""
+    out: dict[str, str] = {}
+    for amp in dict.fromkeys(r.config["amp"] for r in results):
+        nchw = [r for r in results if r.config["amp"] == amp and not r.config["channels_last"]]
+        nhwc = [r for r in results if r.config["amp"] == amp and r.config["channels_last"]]
+        if nchw and nhwc:
+            out["fp32" if amp == "off" else amp] = vs_baseline(nchw[0], nhwc[0])
+    return out
+
+
+def describe_kernels(result: RunResult) -> str:
+    """The panel's advice line."""
+    text = f"warm-up {result.warmup_seconds:.2f} s (autotuning, if any, happens there)"
+    if result.no_ops:
+        text += "; no-ops here: " + "; ".join(f"{k} ({v})" for k, v in result.no_ops.items())
+    return text
+
+
+# ---------------------------------------------------------------- the varying-shapes pitfall
+
+
+@dataclass
+class ShapeTiming:
+    """Forward+backward steps timed one by one (synchronised) on a sequence of input sizes."""
+
+    label: str
+    sizes: list[int]
+    benchmark: bool
+    device: str
+    warmup_seconds: float  # the untimed first steps, at FIXED_SIZE
+    step_seconds: list[float] = field(default_factory=list)
+    peak_memory_mb: float = 0.0
+    memory_kind: str = ""
+    no_op: str | None = None  # why cudnn.benchmark did nothing here, if it did nothing
+
+    @property
+    def step_ms(self) -> Spread:
+        return Spread.of([1000 * s for s in self.step_seconds])
+
+    def summary(self) -> str:
+        t = self.step_ms
+        text = (f"{self.label}: median step {t.median:.1f} ms (min {t.low:.1f}, max {t.high:.1f}, {t.n} steps), "
+                f"warm-up {self.warmup_seconds:.2f} s, peak memory {self.peak_memory_mb:,.0f} MiB")
+        return text + (f"; no-op: {self.no_op}" if self.no_op else "")
+
+
+def _check_sizes(sizes: list[int]) -> None:
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 16 for s in sizes):
+        raise ValueError(f"time_shapes(sizes={sizes!r}) is not allowed: a non-empty list of image sizes, "
+                         f"each an integer >= 16 (the nets pool the image three times)")
+
+
+def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "tiny", batch_size: int = 32,
+                warmup_steps: int = 2, device: torch.device | str = "auto", channels_last: bool = False,
+                label: str = "", seed: int = 0) -> ShapeTiming:
+    """Time forward+backward of `model` on random SYNTHETIC images of each size in turn.
+
+    The warm-up steps run at FIXED_SIZE and are reported apart. Every timed step is bracketed by a
+    synchronise (fastlab.measure.now), so on a GPU the time includes the work it queued and any autotuning.
+    cudnn.benchmark is set for the call and restored afterwards.
+    """
+    _check_sizes(sizes)
+    if not isinstance(benchmark, bool):
+        raise ValueError(f"time_shapes(benchmark={benchmark!r}) is not allowed: True or False")
+    for name, value, low in (("batch_size", batch_size, 1), ("warmup_steps", warmup_steps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"time_shapes({name}={value!r}) is not allowed: an integer >= {low}")
+    dev = resolve_device(device) if isinstance(device, str) else device
+    torch.manual_seed(seed)
+    net = (build_model(model) if isinstance(model, str) else model).to(dev)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    net = net.to(memory_format=fmt)
+    gen = torch.Generator().manual_seed(seed)
+    inputs = {s: torch.randn(batch_size, 3, s, s, generator=gen) for s in dict.fromkeys([FIXED_SIZE, *sizes])}
+    labels = torch.randint(0, 10, (batch_size,), generator=gen).to(dev)
+    result = ShapeTiming(label=label or f"sizes {sizes[0]}..., benchmark {'on' if benchmark else 'off'}",
+                         sizes=list(sizes), benchmark=benchmark, device=str(dev), warmup_seconds=0.0)
+    if benchmark and dev.type != "cuda":
+        result.no_op = f"cudnn.benchmark: cuDNN runs only on NVIDIA GPUs; this ran on {dev.type}"
+
+    def step(size: int) -> None:
+        x = inputs[size].to(dev).contiguous(memory_format=fmt)
+        net.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x), labels).backward()
+
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = benchmark
+    try:
+        t0 = now(dev)
+        for _ in range(warmup_steps):
+            step(FIXED_SIZE)
+        result.warmup_seconds = now(dev) - t0
+        meter = MemoryMeter(dev)  # reset here: the peak is that of the timed steps
+        result.memory_kind = meter.kind
+        for size in sizes:
+            t0 = now(dev)
+            step(size)
+            result.step_seconds.append(now(dev) - t0)
+            meter.sample()
+        result.peak_memory_mb = meter.peak()
+    finally:
+        torch.backends.cudnn.benchmark = saved
+    return result
+
+
+def varying_sizes(steps: int, seed: int = 0) -> list[int]:
+    """`steps` sizes from VARYING_SIZES in a shuffled order; a size repeats only after all others were used."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"varying_sizes(steps={steps!r}) is not allowed: an integer >= 1")
+    rng = random.Random(seed)
+    out: list[int] = []
+    while len(out) < steps:
+        block = list(VARYING_SIZES)
+        rng.shuffle(block)
+        out += block
+    return out[:steps]
+
+
+def mean_pixel_ratio(sizes: list[int]) -> float:
+    """Mean pixels per image of `sizes` over FIXED_SIZE's: how much more work the varying sizes do per step."""
+    _check_sizes(sizes)
+    return statistics.mean(s * s for s in sizes) / FIXED_SIZE**2
+
+
+def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[ShapeTiming]:
+    """Fixed vs varying input sizes, each with cudnn.benchmark off and on, with `base`'s model, batch and device."""
+    out = []
+    for benchmark in (False, True):
+        for name, sizes in (("fixed 32x32", [FIXED_SIZE] * steps), ("varying sizes", varying_sizes(steps))):
+            out.append(time_shapes(sizes, benchmark=benchmark, model=base.model, batch_size=base.batch_size,
+                                   device=base.device, label=f"{name}, benchmark {'on' if benchmark else 'off'}",
+                                   seed=base.seed))
+    return out
+
+
+def shape_report(timings: list[ShapeTiming]) -> str:
+    """The timings, then for each benchmark setting: varying sizes against fixed (median step time)."""
+    lines = [t.summary() for t in timings]
+    for benchmark in (False, True):
+        fixed = [t for t in timings if t.benchmark == benchmark and len(set(t.sizes)) == 1]
+        varying = [t for t in timings if t.benchmark == benchmark and len(set(t.sizes)) > 1]
+        if fixed and varying:
+            a, b = fixed[0].step_ms, varying[0].step_ms
+            word = "noise, inside the spread" if is_noise(a, b) else ("slower" if b.median > a.median else "faster")
+            lines.append(f"benchmark {'on' if benchmark else 'off'}: varying sizes take {b.median / a.median:.2f}x "
+                         f"the step time of fixed 32x32 ({word}); they carry "
+                         f"{mean_pixel_ratio(varying[0].sizes):.2f}x the pixels per image on average")
+    return "\n".join(lines)
+
+
+def plot_shape_timing(timings: list[ShapeTiming]):
+    """Each timed step's time per scenario (left) and the medians with min-max (right)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.6))
+    ax, ax_b = fig.subplots(1, 2)
+    for t in timings:
+        ax.plot(range(1, len(t.step_seconds) + 1), [1000 * s for s in t.step_seconds], marker=".", label=t.label)
+    ax.set_xlabel("timed step (warm-up excluded)")
+    ax.set_ylabel("ms (synchronised)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.set_title("forward+backward per step", fontsize=9)
+    meds = [t.step_ms for t in timings]
+    ax_b.bar(range(len(timings)), [m.median for m in meds],
+             yerr=[[m.median - m.low for m in meds], [m.high - m.median for m in meds]], capsize=4,
+             color=["tab:gray" if len(set(t.sizes)) == 1 else "tab:orange" for t in timings])
+    ax_b.set_xticks(range(len(timings)))
+    ax_b.set_xticklabels([t.label for t in timings], rotation=20, ha="right", fontsize=7)
+    ax_b.set_ylabel("ms per step (median, min-max)")
+    ax_b.set_title("median step time", fontsize=9)
+    devices = sorted({t.device for t in timings})
+    fig.suptitle(f"fixed vs varying input sizes - random SYNTHETIC images on {', '.join(devices)}", fontsize=10)
+    fig.tight_layout()
+    return fig

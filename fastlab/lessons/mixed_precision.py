@@ -1,0 +1,308 @@
+"""Notebook 02: mixed precision. fp32 vs fp16 (with GradScaler) vs bf16, and at which batch size it pays.
+
+Comparisons registered here:
+  02_mixed_precision:precision   fp32, fp16 + GradScaler, bf16 autocast on the same run
+  02_mixed_precision:batch_size  fp32 vs low precision at a small and at a large batch (launch-bound or not)
+
+Demos only this notebook needs: fp16 gradients underflowing to zero without loss scaling (gradient_underflow),
+and GradScaler's scale finding its level (scaler_history). Both use the current torch.amp API.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..comparisons import comparison
+from ..config import TrainConfig
+from ..measure import bf16_supported, resolve_device
+from ..plots import _data_note
+from ..results import RunResult
+from ..train import run
+from .data_loading import vs_baseline
+
+FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value rounds to exactly zero
+FP16_SMALLEST_NORMAL = float(torch.finfo(torch.float16).tiny)  # 2**-14: below it fp16 loses precision
+FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504: above it a value overflows to inf
+GRADSCALER_INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default init_scale
+
+
+def low_precision(device: torch.device | str = "auto") -> str:
+    """The autocast dtype to try on this device: bf16 where supported, else fp16."""
+    dev = resolve_device(device) if isinstance(device, str) else device
+    return "bf16" if bf16_supported(dev) else "fp16"
+
+
+def batch_sizes(base: TrainConfig) -> tuple[int, int]:
+    """(small, large) batch for the launch-bound comparison: a quarter of the profile's batch, and the batch."""
+    return max(1, base.batch_size // 4), base.batch_size
+
+
+@comparison("02_mixed_precision:precision")
+def compare_precision(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    labels = {"off": "fp32", "fp16": "fp16 + GradScaler", "bf16": "bf16"}
+    configs = [(labels[amp], base.replace(amp=amp)) for amp in ("off", "fp16", "bf16")]
+    return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+
+
+@comparison("02_mixed_precision:batch_size")
+def compare_batch_size(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    amp = low_precision(base.device)
+    configs = [(f"batch {b}, {'fp32' if a == 'off' else a}", base.replace(batch_size=b, amp=a))
+               for b in batch_sizes(base) for a in ("off", amp)]
+    return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+
+
+# ---------------------------------------------------------------- reading the results
+
+
+def final_loss(result: RunResult, last: int = 5) -> float:
+    """Mean of the last `last` logged training losses (one loss is too noisy to compare precisions)."""
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise ValueError(f"final_loss(last={last!r}) is not allowed: an integer >= 1")
+    values = [v for _, v in result.losses[-last:]]
+    return sum(values) / len(values) if values else math.nan
+
+
+def median_step_seconds(result: RunResult) -> float:
+    """Median step time of the timed steps, or of every step (warm-up included) when no timed step finished."""
+    warm = int(result.config.get("warmup_steps", 0))
+    steps = result.step_seconds[warm:] or result.step_seconds
+    return statistics.median(steps) if steps else math.nan
+
+
+def precision_report(results: list[RunResult]) -> str:
+    """Per run: throughput (or, for a time-limited run, its step time), peak memory, final loss, verdict."""
+    if not results:
+        return "no results"
+    base = results[0]
+    lines = []
+    for r in results:
+        lines.append(f"{r.summary()}; final loss {final_loss(r):.3f} (mean of the last 5 logged)")
+        if r is base:
+            continue
+        if r.window_throughput and base.window_throughput:
+            lines.append(f"    vs '{base.label}': {vs_baseline(base, r)}")
+        else:
+            ratio = median_step_seconds(r) / median_step_seconds(base)
+            lines.append(f"    vs '{base.label}': a median step took {median_step_seconds(r):.2f} s vs "
+                         f"{median_step_seconds(base):.2f} s ({ratio:.1f}x the time per step; {r.status})")
+        if r.no_ops:
+            lines.append("    no-ops: " + "; ".join(f"{k}: {v}" for k, v in r.no_ops.items()))
+    return "\n".join(lines)
+
+
+def gain_by_batch(results: list[RunResult]) -> dict[int, str]:
+    """For each batch size: the verdict of low precision against fp32 at that batch."""
+    out: dict[int, str] = {}
+    for batch in dict.fromkeys(int(r.config["batch_size"]) for r in results):
+        pair = [r for r in results if int(r.config["batch_size"]) == batch]
+        fp32 = [r for r in pair if r.config["amp"] == "off"]
+        low = [r for r in pair if r.config["amp"] != "off"]
+        if fp32 and low:
+            out[batch] = f"{low[0].config['amp']} vs fp32: {vs_baseline(fp32[0], low[0])}"
+    return out
+
+
+def describe_precision(result: RunResult) -> str:
+    """The panel's advice line."""
+    text = f"final loss {final_loss(result):.3f}"
+    if result.grad_scale:
+        text += f"; GradScaler scale went {result.grad_scale[0]:g} to {result.grad_scale[-1]:g}"
+    if result.status == "time_limited":
+        text += (f"; stopped at its time budget: a median step took {median_step_seconds(result):.2f} s "
+                 "(low-precision autocast without fast kernels for it is slower, not faster)")
+    return text
+
+
+# ---------------------------------------------------------------- why fp16 needs GradScaler
+
+
+@dataclass
+class UnderflowReport:
+    """Gradients of one nearly-fitted regression step: fp32 reference vs fp16 autocast, unscaled and scaled."""
+
+    loss_scale: float
+    device: str
+    output_grads: int  # gradient elements w.r.t. the network's (fp16) output
+    output_zero_unscaled: int  # ...that are exactly zero in fp16 without scaling, though not in fp32
+    output_zero_scaled: int  # ...the same, with the loss multiplied by loss_scale
+    param_grads: int
+    param_zero_unscaled: int
+    param_zero_scaled: int
+    log2_reference: list[float] = field(default_factory=list, repr=False)  # log2 |output grad| in fp32
+
+    def summary(self) -> str:
+        def share(k: int, n: int) -> str:
+            return f"{k:,} of {n:,} ({k / n:.1%})"
+
+        return "\n".join([
+            f"fp16 autocast on {self.device}, gradients that are exactly zero although the fp32 gradient is not:",
+            f"  w.r.t. the network output: without scaling {share(self.output_zero_unscaled, self.output_grads)}; "
+            f"with GradScaler at scale {self.loss_scale:g}: {share(self.output_zero_scaled, self.output_grads)}",
+            f"  parameter gradients:       without scaling {share(self.param_zero_unscaled, self.param_grads)}; "
+            f"with GradScaler at scale {self.loss_scale:g}: {share(self.param_zero_scaled, self.param_grads)}",
+        ])
+
+
+def _check_positive(name: str, value: float, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is not allowed: {'an integer' if integer else 'a finite number'} > 0")
+
+
+def _regression_problem(device: torch.device, batch: int, residual: float, seed: int):
+    """A small MLP and targets it already fits to within `residual`: late training, where gradients are tiny."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    x = torch.randn(batch, 32, generator=gen)
+    with torch.no_grad():
+        target = net(x) + residual * torch.randn(batch, 10, generator=gen)
+    return net.to(device), x.to(device), target.to(device)
+
+
+def _gradients(net: nn.Module, x: torch.Tensor, target: torch.Tensor, dtype: torch.dtype | None,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gradient w.r.t. the output as computed, parameter gradients after unscaling), via torch.amp.GradScaler."""
+    dev = x.device
+    scaler = torch.amp.GradScaler(dev.type, init_scale=scale, enabled=scale != 1.0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)  # only so that unscale_ can find the gradients
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        out = net(x)
+        out.retain_grad()
+        loss = nn.functional.mse_loss(out, target)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    params = torch.cat([p.grad.flatten() for p in net.parameters()])
+    return out.grad.detach().float().flatten(), params.detach()
+
+
+def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: float = 1e-3, batch: int = 2048,
+                       device: torch.device | str = "cpu", seed: int = 0) -> UnderflowReport:
+    """Count the gradients fp16 flushes to zero, without and with loss scaling (what GradScaler does).
+
+    The net nearly fits its targets (errors of about `residual`), and the loss is a mean over batch x 10
+    outputs, so each gradient element is about 2 x residual / (batch x 10): below fp16's smallest subnormal
+    for the defaults. Multiplying the loss by loss_scale moves them back into fp16's range.
+    """
+    _check_positive("gradient_underflow(loss_scale)", loss_scale)
+    _check_positive("gradient_underflow(residual)", residual)
+    _check_positive("gradient_underflow(batch)", batch, integer=True)
+    dev = resolve_device(device) if isinstance(device, str) else device
+    net, x, target = _regression_problem(dev, batch, residual, seed)
+    ref_out, ref_par = _gradients(net, x, target, None, 1.0)
+    un_out, un_par = _gradients(net, x, target, torch.float16, 1.0)
+    sc_out, sc_par = _gradients(net, x, target, torch.float16, loss_scale)
+    out_nonzero, par_nonzero = ref_out != 0, ref_par != 0
+    return UnderflowReport(
+        loss_scale=loss_scale, device=str(dev), output_grads=ref_out.numel(),
+        output_zero_unscaled=int(((un_out == 0) & out_nonzero).sum()),
+        output_zero_scaled=int(((sc_out == 0) & out_nonzero).sum()),
+        param_grads=ref_par.numel(),
+        param_zero_unscaled=int(((un_par == 0) & par_nonzero).sum()),
+        param_zero_scaled=int(((sc_par == 0) & par_nonzero).sum()),
+        log2_reference=torch.log2(ref_out[out_nonzero].abs()).cpu().tolist(),
+    )
+
+
+def plot_gradient_range(report: UnderflowReport):
+    """Histogram of the fp32 output gradients' magnitudes, unscaled and scaled, against fp16's range."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.6))
+    ax = fig.subplots()
+    shift = math.log2(report.loss_scale)
+    values = report.log2_reference
+    ax.hist(values, bins=60, alpha=0.6, label="gradient (fp32 reference)", color="tab:gray")
+    ax.hist([v + shift for v in values], bins=60, alpha=0.6, label=f"x loss scale {report.loss_scale:g}",
+            color="tab:blue")
+    for x, text, color in ((math.log2(FP16_SMALLEST_SUBNORMAL), "fp16 smallest subnormal", "tab:red"),
+                           (math.log2(FP16_SMALLEST_NORMAL), "fp16 smallest normal", "tab:orange"),
+                           (math.log2(FP16_MAX), "fp16 max", "black")):
+        ax.axvline(x, color=color, ls="--", lw=1, label=f"{text} (2^{x:.0f})")
+    ax.axvspan(min(values + [math.log2(FP16_SMALLEST_SUBNORMAL)]) - 2, math.log2(FP16_SMALLEST_SUBNORMAL) - 1,
+               color="tab:red", alpha=0.08, label="rounds to exactly 0 in fp16")
+    ax.set_xlabel("log2 |gradient w.r.t. the network output|")
+    ax.set_ylabel("elements")
+    ax.legend(fontsize=7)
+    ax.set_title(f"what fp16 can hold, and where the gradients are (random SYNTHETIC regression, {report.device})",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval: int = 3,
+                   device: torch.device | str = "cpu", seed: int = 0) -> list[tuple[int, float, bool]]:
+    """Train the small MLP with fp16 autocast and a GradScaler started too high; (step, scale, skipped) per step.
+
+    A scale too large makes the scaled gradients overflow to inf: GradScaler skips that optimiser step and
+    halves the scale. After growth_interval clean steps it doubles the scale again. (The training loop uses
+    torch's defaults: init_scale 2**16, growth_interval 2000.)
+    """
+    _check_positive("scaler_history(steps)", steps, integer=True)
+    _check_positive("scaler_history(init_scale)", init_scale)
+    _check_positive("scaler_history(growth_interval)", growth_interval, integer=True)
+    dev = resolve_device(device) if isinstance(device, str) else device
+    net, x, target = _regression_problem(dev, 256, residual=0.1, seed=seed)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=init_scale, growth_interval=growth_interval)
+    history = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=torch.float16):
+            loss = nn.functional.mse_loss(net(x), target)
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        history.append((step, before, scaler.get_scale() < before))  # the scale drops only on a skipped step
+    return history
+
+
+def plot_grad_scale(results: list[RunResult], history: list[tuple[int, float, bool]] | None = None):
+    """GradScaler's scale per logged step of each fp16 run, and (optionally) the scaler_history demo."""
+    from matplotlib.figure import Figure
+
+    fp16 = [r for r in results if r.grad_scale]
+    fig = Figure(figsize=(10 if history else 5.5, 3.4))
+    axes = fig.subplots(1, 2 if history else 1, squeeze=False)[0]
+    ax = axes[0]
+    for r in fp16:
+        every = int(r.config.get("log_every", 1))
+        ax.plot([every * (i + 1) for i in range(len(r.grad_scale))], r.grad_scale, marker=".", label=r.label)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("loss scale")
+    ax.set_title("GradScaler in the training runs\n" + (_data_note(fp16) if fp16 else "no fp16 run"), fontsize=9)
+    if fp16:
+        ax.legend(fontsize=7)
+    if history:
+        ax2 = axes[1]
+        ax2.plot([s for s, _, _ in history], [v for _, v, _ in history], marker=".", color="tab:blue")
+        skipped = [(s, v) for s, v, k in history if k]
+        ax2.scatter([s for s, _ in skipped], [v for _, v in skipped], color="tab:red", zorder=3,
+                    label="inf gradients: step skipped, scale halved")
+        ax2.set_yscale("log", base=2)
+        ax2.set_xlabel("step")
+        ax2.set_title("a scale started too high finds its level\n(small MLP, random SYNTHETIC data)", fontsize=9)
+        ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def deprecation_warnings() -> list[str]:
+    """What torch says when the old torch.cuda.amp names are used (each is a FutureWarning)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.amp.GradScaler(enabled=False)
+        with torch.cuda.amp.autocast(enabled=False):
+            pass
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]

@@ -1,0 +1,334 @@
+"""fastlab.advise: each rule fires first on a run built to trigger it, none on a balanced run, and verify
+reports a measured effect (or honestly none)."""
+
+import os
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import fastlab
+from fastlab import advise as adv_fn
+from fastlab.advise import (
+    CPU_SMALL_BATCH,
+    DATA_WAIT_SHARE,
+    MEMORY_HEADROOM_SHARE,
+    MEMORY_LIMIT_SHARE,
+    OPTIMIZER_SHARE,
+    SHORT_STEP_S,
+    advice_html,
+    advice_text,
+    findings_for,
+    verify,
+)
+from fastlab.bench import ladder
+from fastlab.config import config_for
+from fastlab.measure import is_noise
+from fastlab.results import RunResult, save_results
+
+# ----------------------------------------------------------------- real CPU runs
+
+
+class SlowDataset(Dataset):
+    """CIFAR-shaped random images that take `delay` seconds each to 'decode': a loader slowed on purpose."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 3, 32, 32, generator=gen)
+        self.y = torch.randint(0, 10, (n,), generator=gen)
+        self.delay = delay
+        self.synthetic = True
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.x[i], int(self.y[i])
+
+
+def linear_model() -> torch.nn.Module:
+    """Next to no compute, so the sleeping loader dominates even on a busy machine."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+
+
+def keys(findings):
+    return [f.key for f in findings]
+
+
+def test_a_slow_loader_is_data_bound_first_and_more_workers_help(quick):
+    data = (SlowDataset(128, 0.01), SlowDataset(32, 0.0))
+    cfg = quick.replace(batch_size=8, steps=6, windows=2, device="cpu")
+    r = fastlab.run(cfg, dataset=data, model=linear_model, progress=False)
+    findings = fastlab.advise(r)
+    assert keys(findings)[0] == "data_bound"
+    top = findings[0]
+    wait = top.evidence[0]
+    assert wait.value == pytest.approx(r.data_wait_fraction()) and wait.value >= DATA_WAIT_SHARE
+    assert f"{DATA_WAIT_SHARE:.0%}" in wait.rule and top.notebooks == ("01_data_loading",)
+    # torch Datasets cannot go device-resident: more workers is the change
+    assert top.changes["num_workers"] >= 2 and "loader" not in top.changes
+    with pytest.raises(ValueError, match="dataset="):
+        verify(r)
+    v = verify(r, dataset=data, model=linear_model)
+    assert v.changed[0].config["num_workers"] == top.changes["num_workers"]
+    assert v.baseline[0].config == r.config  # a fresh run of the original config, not the stored result
+    # sleeping workers overlap their waits: a clear gain, whatever the machine's load
+    assert v.outcome == "gain", v.text()
+
+
+def test_a_tiny_batch_with_no_data_wait_is_overhead_bound(quick):
+    r = fastlab.run(quick.replace(loader="device", batch_size=2, opt_impl="fused", device="cpu"), progress=False)
+    findings = findings_for(r)
+    assert keys(findings)[0] == "overhead_bound", advice_text(r)
+    top = findings[0]
+    assert top.changes["batch_size"] > 2 and "04_batch_size" in top.notebooks
+    assert any(e.value == 2 and str(CPU_SMALL_BATCH) in e.rule for e in top.evidence)
+    # CPU run: no GPU advice at all
+    assert not {"fp32_on_tensor_cores", "host_sync_every_step", "memory_headroom", "memory_near_limit"} & set(keys(findings))
+
+
+def test_validation_without_no_grad_is_named(quick):
+    r = fastlab.run(quick.replace(loader="device", batch_size=32, eval_mode="autograd", opt_impl="fused", device="cpu"),
+                    progress=False)
+    found = {f.key: f for f in findings_for(r)}
+    assert "eval_with_autograd" in found
+    f = found["eval_with_autograd"]
+    assert f.changes == {"eval_mode": "inference_mode"} and f.metric == "eval"
+    assert f.notebooks == ("05_no_grad_detach_item",)
+
+
+def test_a_balanced_cpu_run_gets_no_advice(quick):
+    r = fastlab.run(quick.replace(loader="device", batch_size=32, opt_impl="fused", device="cpu"), progress=False)
+    assert findings_for(r) == [], advice_text(r)
+    assert "nothing to advise" in advice_text(r)
+
+
+def test_following_the_advice_on_the_smoke_naive_rung_is_measured():
+    base = config_for("smoke", device="cpu")  # the CPU ladder, also on a machine with a GPU
+    naive = base.replace(**ladder(base)[0].changes)
+    r = fastlab.run(naive, label="naive", progress=False)
+    if not findings_for(r) and os.getloadavg()[0] > (os.cpu_count() or 1):
+        # Other processes slow the two-thread compute far more than the one-thread PIL loading, so on a
+        # saturated machine the naive rung's data wait can fall under the threshold; unloaded it is ~40%.
+        pytest.skip(f"machine saturated (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): the naive rung "
+                    f"measured data wait {r.data_wait_fraction():.0%}, under {DATA_WAIT_SHARE:.0%}")
+    advice = fastlab.advise(r, verify=True)
+    assert advice, f"nothing fired on the naive rung: data wait {r.data_wait_fraction():.0%}\n{advice_text(r)}"
+    assert advice[0].key == "data_bound" and advice[0].changes["loader"] == "device"
+    v = advice.verification
+    assert v is not None and v.finding == advice[0]
+    assert v.outcome in ("gain", "no measurable gain"), v.text()
+    # the words follow the numbers: "no measurable gain" exactly when the medians sit inside each other's ranges
+    assert (v.outcome == "no measurable gain") == is_noise(v.before, v.after)
+    assert v.before.n == naive.windows and v.after.n == naive.windows
+    assert "SYNTHETIC" in v.text()
+    assert v.text() in advice_text(r, advice)
+
+
+def test_a_panel_shows_advice_after_a_run(quick):
+    pytest.importorskip("ipywidgets")
+    from fastlab.widgets import Panel
+
+    panel = Panel(quick.replace(loader="device", eval_mode="autograd", device="cpu"), {"eval_mode": None},
+                  describe=advice_html)
+    assert panel.advice.value == ""
+    panel.run_button.click()
+    panel.wait(120)
+    assert len(panel.results) == 1
+    assert "05_no_grad_detach_item" in panel.advice.value and "<ol>" in panel.advice.value
+
+
+# ----------------------------------------------------------------- synthetic GPU results
+
+
+def gpu_result(cc="9.0", gpu_gb=80.0, step_s=0.030, wait=0.02, opt_share=0.03, peak_mb=40_000.0, util=(),
+               status="ok", error=None, **config_changes) -> RunResult:
+    """A plausible CUDA result: 5 timed windows at `step_s` per step, the given data-wait and optimiser shares."""
+    balanced = dict(loader="device", amp="bf16", channels_last=True, cudnn_benchmark=True, optimizer="adamw",
+                    opt_impl="fused", log_every=10, device="cuda")
+    cfg = config_for("gpu").replace(**{**balanced, **config_changes})
+    images = cfg.batch_size * cfg.grad_accum_steps
+    total = cfg.warmup_steps + cfg.steps
+    wins = [images / step_s * f for f in (0.98, 1.0, 1.01, 0.99, 1.02)] if status == "ok" else []
+    env = {"device_type": "cuda", "device_name": "NVIDIA Test GPU", "compute_capability": cc,
+           "gpu_memory_gb": gpu_gb, "cpu_count": 16, "torch": torch.__version__}
+    return RunResult(config=cfg.to_dict(), label="gpu run", status=status, error=error, steps_done=total,
+                     images_per_step=images, window_throughput=wins, step_seconds=[step_s] * total,
+                     data_wait_seconds=[step_s * wait] * total, peak_memory_mb=peak_mb,
+                     memory_kind="cuda_max_allocated", env=env,
+                     dataset={"name": "cifar10", "synthetic": False, "train_images": 50_000, "eval_images": 10_000},
+                     gpu_util=[(i * 0.05, u) for i, u in enumerate(util)],
+                     optimizer_step_seconds=[step_s * opt_share] * 3, sampled_step_seconds=[step_s] * 3)
+
+
+def test_a_balanced_gpu_result_gets_no_advice():
+    assert findings_for(gpu_result(util=[95.0] * 40)) == []
+
+
+def test_fp32_on_tensor_cores_fires_first_with_bf16_and_channels_last():
+    f = findings_for(gpu_result(amp="off", channels_last=False))
+    assert keys(f)[0] == "fp32_on_tensor_cores"
+    assert f[0].changes == {"amp": "bf16", "channels_last": True}
+    assert f[0].notebooks == ("02_mixed_precision", "03_cudnn_benchmark_and_channels_last")
+    # Volta/Turing: tensor cores but no bf16, so fp16 (with GradScaler)
+    assert findings_for(gpu_result(cc="7.5", amp="off"))[0].changes == {"amp": "fp16"}
+    # Pascal: no tensor cores, no precision advice
+    assert "fp32_on_tensor_cores" not in keys(findings_for(gpu_result(cc="6.1", amp="off")))
+
+
+def test_gpu_rules_never_fire_on_a_cpu_result():
+    r = gpu_result(amp="off", channels_last=False, cudnn_benchmark=False, log_every=1, peak_mb=100.0)
+    assert {"fp32_on_tensor_cores", "host_sync_every_step", "memory_headroom"} <= set(keys(findings_for(r)))
+    r.env = {"device_type": "cpu", "device_name": "CPU (16 cores)", "cpu_count": 16}
+    assert findings_for(r) == []
+
+
+def test_a_sync_every_step_on_cuda_is_named():
+    f = {x.key: x for x in findings_for(gpu_result(log_every=1))}
+    assert f["host_sync_every_step"].changes == {"log_every": 10}
+    assert "host_sync_every_step" not in keys(findings_for(gpu_result(log_every=1, log_loss="tensor")))
+
+
+def test_short_gpu_steps_are_overhead_bound_and_offer_cuda_graphs():
+    f = findings_for(gpu_result(step_s=SHORT_STEP_S / 3, batch_size=128, peak_mb=4_000.0))
+    assert keys(f)[0] == "overhead_bound"
+    assert f[0].changes == {"batch_size": 512} and {"compile": "reduce-overhead"} in f[0].alternatives
+    # a slow step is not overhead-bound, even at the same batch
+    assert "overhead_bound" not in keys(findings_for(gpu_result(step_s=SHORT_STEP_S * 3, batch_size=128)))
+    # no room to grow the batch: CUDA graphs become the change
+    near_full = findings_for(gpu_result(step_s=SHORT_STEP_S / 3, peak_mb=0.8 * 80 * 1024))
+    assert near_full[0].changes == {"compile": "reduce-overhead"}
+
+
+def test_utilisation_swings_count_as_data_bound_evidence_only_with_some_wait():
+    swinging = [95.0, 10.0] * 20
+    wait = DATA_WAIT_SHARE * 0.7  # under the wait threshold on its own
+    f = findings_for(gpu_result(loader="dataloader", wait=wait, util=swinging))
+    assert keys(f)[0] == "data_bound"
+    assert f[0].changes["loader"] == "device"
+    assert any("utilisation" in e.what and e.value == pytest.approx(0.5) for e in f[0].evidence)
+    assert "data_bound" not in keys(findings_for(gpu_result(loader="dataloader", wait=wait, util=[95.0] * 40)))
+    assert "data_bound" not in keys(findings_for(gpu_result(loader="dataloader", wait=0.0, util=swinging)))
+
+
+def test_memory_headroom_and_the_limit():
+    roomy = {x.key: x for x in findings_for(gpu_result(peak_mb=0.1 * 80 * 1024, batch_size=256))}
+    assert roomy["memory_headroom"].changes == {"batch_size": 512}
+    ev = roomy["memory_headroom"].evidence[0]
+    assert ev.value == pytest.approx(0.1) and f"{MEMORY_HEADROOM_SHARE:.0%}" in ev.rule
+    tight = findings_for(gpu_result(peak_mb=0.95 * 80 * 1024, batch_size=256))
+    assert keys(tight)[0] == "memory_near_limit" and f"{MEMORY_LIMIT_SHARE:.0%}" in tight[0].evidence[0].rule
+    # already bf16: accumulate gradients instead, keeping the images per optimiser step
+    assert tight[0].changes == {"batch_size": 128, "grad_accum_steps": 2}
+    fp32 = findings_for(gpu_result(peak_mb=0.95 * 80 * 1024, amp="off"))
+    assert {x.key: x for x in fp32}["memory_near_limit"].changes == {"amp": "bf16"}
+    oom = findings_for(gpu_result(status="failed", error="out of memory at batch_size=512 (CUDA out of memory)"))
+    assert keys(oom)[0] == "out_of_memory"
+    middle = findings_for(gpu_result(peak_mb=0.6 * 80 * 1024))
+    assert not {"memory_headroom", "memory_near_limit"} & set(keys(middle))
+
+
+def test_a_large_optimiser_share_asks_for_the_fused_update():
+    f = findings_for(gpu_result(opt_share=0.4, opt_impl="for-loop"))
+    assert keys(f)[0] == "optimizer_bound" and f[0].changes == {"opt_impl": "fused"}
+    assert f[0].evidence[0].value == pytest.approx(0.4) and f"{OPTIMIZER_SHARE:.0%}" in f[0].evidence[0].rule
+    assert "optimizer_bound" not in keys(findings_for(gpu_result(opt_share=0.4, opt_impl="fused")))
+    assert "optimizer_bound" not in keys(findings_for(gpu_result(opt_share=OPTIMIZER_SHARE / 2, opt_impl="for-loop")))
+
+
+def test_ranking_puts_the_data_wall_before_everything_it_hides():
+    r = gpu_result(loader="dataloader", wait=0.5, amp="off", opt_share=0.3, opt_impl="for-loop", log_every=1,
+                   eval_mode="autograd", peak_mb=4_000.0)
+    assert keys(findings_for(r)) == ["data_bound", "optimizer_bound", "fp32_on_tensor_cores",
+                                     "host_sync_every_step", "memory_headroom", "eval_with_autograd"]
+
+
+# ----------------------------------------------------------------- verify, with a stand-in runner
+
+
+def fake_runner(throughputs: dict[str, list[float]]):
+    """Returns results whose windows are given per label prefix ('baseline' or the change), recording calls."""
+    calls = []
+
+    def runner(cfg, *, label, dataset=None, model=None, progress=False):
+        calls.append((label, cfg))
+        r = RunResult(config=cfg.to_dict(), label=label, window_throughput=throughputs[label.split(" ")[0]],
+                      env={"device_type": "cpu"}, dataset={"synthetic": True, "eval_images": 64},
+                      eval_seconds=0.5)
+        return r
+
+    runner.calls = calls
+    return runner
+
+
+def cpu_naive_result():
+    r = gpu_result(loader="dataloader", wait=0.5)
+    r.env = {"device_type": "cpu", "device_name": "CPU", "cpu_count": 2}
+    r.config["device"] = "cpu"
+    return r
+
+
+@pytest.mark.parametrize("after, outcome", [([200, 210, 205], "gain"), ([101, 99, 100], "no measurable gain"),
+                                            ([50, 52, 51], "slower")])
+def test_verify_words_follow_the_spread(after, outcome):
+    runner = fake_runner({"baseline": [98, 100, 103], "loader=device": after})
+    v = verify(cpu_naive_result(), runner=runner, repeats=2)
+    assert v.outcome == outcome
+    labels = [label for label, _ in runner.calls]
+    assert labels[0].startswith("baseline") and labels[1].startswith("loader=device") and len(labels) == 4
+    assert runner.calls[1][1].loader == "device" and runner.calls[0][1].loader == "dataloader"
+    assert v.before.n == 6 and ("noise" in v.sentence) == (outcome == "no measurable gain")
+
+
+def test_verify_reports_a_failed_run_instead_of_a_ratio():
+    runner = fake_runner({"baseline": [98, 100, 103], "loader=device": []})
+    v = verify(cpu_naive_result(), runner=runner)
+    assert v.outcome == "failed" and "no timed window" in v.sentence
+
+
+def test_verify_an_eval_finding_with_one_pass_is_inconclusive():
+    r = cpu_naive_result()
+    r.config["eval_mode"] = "autograd"
+    runner = fake_runner({"baseline": [100], "eval_mode=inference_mode": [100]})
+    v = verify(r, "eval_with_autograd", runner=runner)
+    assert v.outcome == "inconclusive" and "repeats" in v.sentence
+
+
+def test_verify_rejects_bad_arguments_by_name():
+    r = cpu_naive_result()
+    with pytest.raises(ValueError, match="repeats=0"):
+        verify(r, repeats=0)
+    with pytest.raises(ValueError, match="finding='fast'.*data_bound"):
+        verify(r, "fast")
+    with pytest.raises(ValueError, match="finding=9"):
+        verify(r, 9)
+    with pytest.raises(TypeError, match="RunResult"):
+        fastlab.advise({"config": {}})
+    with pytest.raises(ValueError, match="verify=True"):
+        fastlab.advise(r, repeats=3)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="measured on cuda"):
+            verify(gpu_result(loader="dataloader", wait=0.5, device="auto"))
+
+
+def test_advise_is_also_reachable_as_the_package_function():
+    assert adv_fn is fastlab.advise and fastlab.advise.verify is verify
+
+
+# ----------------------------------------------------------------- the command line
+
+
+def test_cli_advise_prints_findings_for_every_run(tmp_path, capsys):
+    from fastlab.__main__ import main
+
+    path = save_results(tmp_path / "results.json",
+                        [gpu_result(amp="off"), gpu_result(loader="dataloader", wait=0.5)])
+    assert main(["advise", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("gpu run: ") == 2 and out.count("on NVIDIA Test GPU") == 2
+    assert "fp32 on a GPU with tensor cores" in out and "data-bound" in out and "rule: >= 15%" in out
+    assert main(["advise", str(tmp_path / "missing.json")]) == 2
+    assert "no results file" in capsys.readouterr().err

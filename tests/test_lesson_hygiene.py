@@ -1,0 +1,67 @@
+import pytest
+
+from fastlab.comparisons import all_comparisons
+from fastlab.lessons import hygiene as H
+from fastlab.results import RunResult
+
+
+def test_a_kept_loss_keeps_its_graph_only_without_backward():
+    leak = H.kept_graph_memory("loss", steps=3, backward=False, batch_size=4)
+    assert leak.saved_tensors > 0 and leak.saved_mb > 0 and leak.graph_nodes > 0
+    for keep in ("detach", "item"):
+        clean = H.kept_graph_memory(keep, steps=3, backward=False, batch_size=4)
+        assert clean.saved_tensors == 0 and clean.saved_mb == 0 and clean.graph_nodes == 0
+    after_backward = H.kept_graph_memory("loss", steps=3, backward=True, batch_size=4)
+    # backward() frees the saved activations; the graph's nodes stay reachable from the kept loss
+    assert after_backward.saved_tensors == 0 and after_backward.graph_nodes == leak.graph_nodes
+
+
+def test_kept_graph_grows_linearly_with_steps():
+    rows = H.growth_with_steps((1, 2, 4), batch_size=4)
+    mb = [g.saved_mb for g in rows]
+    # each step adds the same amount (the shared input batch is counted once)
+    assert mb[0] > 0 and mb[2] - mb[1] == pytest.approx(2 * (mb[1] - mb[0])) and mb[1] > mb[0]
+
+
+def test_demo_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="keep='tensor' is not allowed: choose one of 'loss', 'detach', 'item'"):
+        H.kept_graph_memory("tensor")
+    with pytest.raises(ValueError, match="steps=0"):
+        H.kept_graph_memory("loss", steps=0)
+
+
+def _fake_eval(mode, seconds, peak, end_of_training=100.0):
+    return RunResult(config={"eval_mode": mode}, dataset={"eval_images": 100}, eval_seconds=seconds,
+                     eval_peak_memory_mb=peak, memory_trace_mb=[90.0, end_of_training])
+
+
+def test_eval_summary_groups_repeats_and_calls_noise():
+    results = [_fake_eval("autograd", 1.0, 150), _fake_eval("no_grad", 0.5, 110),
+               _fake_eval("autograd", 1.1, 152), _fake_eval("no_grad", 0.55, 111)]
+    rows = H.summarize_eval(results)
+    assert [s.mode for s in rows] == ["autograd", "no_grad"]
+    assert rows[0].speed.n == 2 and rows[1].speed.median == pytest.approx((200 + 100 / 0.55) / 2)
+    assert rows[0].growth_mb.median == pytest.approx(51)
+    text = H.describe_eval(results)
+    assert "no_grad" in text and "faster" in text and "-40.5 MiB" in text
+    same = [_fake_eval("autograd", 1.0, 150), _fake_eval("no_grad", 0.98, 150.5),
+            _fake_eval("autograd", 1.05, 151), _fake_eval("no_grad", 1.03, 149)]
+    assert "speed 1.02x: noise" in H.describe_eval(same) and "memory rise noise" in H.describe_eval(same)
+
+
+def test_log_loss_description_compares_growth_with_jitter():
+    item = RunResult(config={"log_loss": "item"}, memory_trace_mb=[100, 101, 100, 101])
+    flat = RunResult(config={"log_loss": "tensor"}, memory_trace_mb=[100, 100.5, 101, 101.5])
+    grows = RunResult(config={"log_loss": "tensor"}, memory_trace_mb=[100, 150, 200, 250])
+    assert H.memory_growth_mb(grows) == 150 and H.step_jitter_mb(item) == 1
+    assert "noise" in H.describe_log_loss([item, flat])
+    assert "more than the step-to-step jitter" in H.describe_log_loss([item, grows])
+
+
+def test_eval_mode_comparison_runs(quick, monkeypatch):
+    monkeypatch.setitem(H.EVAL_REPEATS, "smoke", 1)
+    assert {"05_no_grad_detach_item:eval_mode", "05_no_grad_detach_item:log_loss",
+            "05_no_grad_detach_item:log_every"} <= set(all_comparisons())
+    results = H.eval_modes(quick, progress=False)
+    assert [r.config["eval_mode"] for r in results] == list(H.EVAL_MODES)
+    assert all(r.steps_done == 1 and r.eval_seconds > 0 for r in results)

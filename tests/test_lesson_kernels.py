@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from fastlab.comparisons import all_comparisons, run_comparison
+from fastlab.lessons import kernels as k
+from fastlab.results import RunResult
+
+
+def test_varying_sizes_never_repeat_before_all_were_used_and_skip_the_fixed_size():
+    sizes = k.varying_sizes(len(k.VARYING_SIZES) * 2, seed=3)
+    first, second = sizes[: len(k.VARYING_SIZES)], sizes[len(k.VARYING_SIZES):]
+    assert sorted(first) == sorted(k.VARYING_SIZES) == sorted(second)
+    assert k.FIXED_SIZE not in sizes
+    assert k.varying_sizes(5, seed=1) == k.varying_sizes(5, seed=1)
+    assert k.mean_pixel_ratio([32, 32]) == 1.0 and k.mean_pixel_ratio([64]) == 4.0
+
+
+def test_time_shapes_times_each_step_and_restores_the_flag():
+    before = torch.backends.cudnn.benchmark
+    t = k.time_shapes([16, 24, 16], benchmark=not before, batch_size=4, warmup_steps=1, device="cpu")
+    assert len(t.step_seconds) == 3 and all(s > 0 for s in t.step_seconds)
+    assert t.warmup_seconds > 0 and t.peak_memory_mb > 0
+    assert torch.backends.cudnn.benchmark == before
+    on = k.time_shapes([16], benchmark=True, batch_size=2, warmup_steps=0, device="cpu")
+    assert on.no_op and "cuDNN" in on.no_op  # recorded as a no-op on a CPU, not silently ignored
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(sizes=[8]), "sizes"), (dict(sizes=[]), "sizes"),
+                                           (dict(sizes=[32], batch_size=0), "batch_size"),
+                                           (dict(sizes=[32], benchmark="yes"), "benchmark")])
+def test_time_shapes_rejects_bad_arguments(kwargs, field):
+    kwargs.setdefault("benchmark", False)
+    with pytest.raises(ValueError, match=field):
+        k.time_shapes(**kwargs)
+
+
+def test_shape_report_compares_varying_with_fixed_per_setting():
+    fixed = k.ShapeTiming("fixed", [32] * 3, False, "cpu", 0.1, step_seconds=[0.010, 0.011, 0.012])
+    varying = k.ShapeTiming("varying", [24, 36, 40], False, "cpu", 0.1, step_seconds=[0.10, 0.11, 0.12])
+    text = k.shape_report([fixed, varying])
+    assert "benchmark off: varying sizes take 10.00x" in text and "slower" in text
+    assert "benchmark on" not in text.split("\n")[-1]
+
+
+def _run(amp, cl, ips):
+    return RunResult(config={"amp": amp, "channels_last": cl}, label=f"{amp} {cl}", window_throughput=ips)
+
+
+def test_channels_last_gain_per_precision():
+    gains = k.channels_last_gain([_run("off", False, [10, 11, 12]), _run("off", True, [10, 11, 12]),
+                                  _run("bf16", False, [10, 11, 12]), _run("bf16", True, [20, 21, 22])])
+    assert "noise" in gains["fp32"] and "faster" in gains["bf16"]
+
+
+def test_comparisons_record_gpu_knobs_as_no_ops_on_cpu(quick):
+    names = all_comparisons()
+    for what in ("cudnn_benchmark", "channels_last", "tf32"):
+        assert f"{k.NAME}:{what}" in names
+    off, on = run_comparison(f"{k.NAME}:tf32", quick, progress=False)
+    assert not off.no_ops.get("tf32")
+    if not torch.cuda.is_available():
+        assert "tf32" in on.no_ops
+    assert "no-op here: tf32" in k.kernels_report([off, on]) or torch.cuda.is_available()

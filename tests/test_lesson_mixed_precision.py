@@ -1,0 +1,84 @@
+import math
+
+import pytest
+import torch
+
+from fastlab.comparisons import all_comparisons
+from fastlab.lessons import mixed_precision as mp
+from fastlab.results import RunResult
+
+
+def test_fp16_flushes_small_gradients_and_the_scale_saves_them():
+    report = mp.gradient_underflow(batch=512, residual=2.5e-4)  # gradients as small as the defaults give
+    assert report.output_grads == 512 * 10
+    assert report.output_zero_unscaled > 0.05 * report.output_grads  # real underflow without scaling
+    assert report.output_zero_scaled < report.output_zero_unscaled / 10
+    assert report.param_zero_scaled <= report.param_zero_unscaled
+    # a loss scale of 1 is no scaling at all: the same zeros as the unscaled pass
+    same = mp.gradient_underflow(batch=512, loss_scale=1.0)
+    assert same.output_zero_scaled == same.output_zero_unscaled
+    # large errors give gradients fp16 can hold: nothing underflows
+    assert mp.gradient_underflow(batch=64, residual=1.0).output_zero_unscaled == 0
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(loss_scale=0), "loss_scale"), (dict(residual=-1), "residual"),
+                                           (dict(batch=0), "batch"), (dict(loss_scale=math.inf), "loss_scale")])
+def test_gradient_underflow_rejects_bad_arguments(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        mp.gradient_underflow(**kwargs)
+
+
+def test_scaler_history_backs_off_on_overflow_then_grows():
+    history = mp.scaler_history(steps=16, init_scale=2.0**30, growth_interval=3)
+    scales = [s for _, s, _ in history]
+    assert history[0][2] and scales[1] == scales[0] / 2  # too high: the first step overflows and is skipped
+    assert any(b > a for a, b in zip(scales, scales[1:]))  # after clean steps it grows again
+    assert all(skipped == (b < a) for (_, a, skipped), b in zip(history, scales[1:]))
+
+
+def _run(amp, batch, ips, losses=(), status="ok", steps=(1.0,)):
+    return RunResult(config={"amp": amp, "batch_size": batch, "warmup_steps": 0}, label=f"{amp}{batch}",
+                     status=status, window_throughput=list(ips), losses=list(losses), step_seconds=list(steps))
+
+
+def test_gain_by_batch_pairs_each_batch_with_its_fp32_run():
+    results = [_run("off", 8, [10, 11, 12]), _run("bf16", 8, [5, 6, 7]),
+               _run("off", 32, [10, 11, 12]), _run("bf16", 32, [20, 21, 22])]
+    gains = mp.gain_by_batch(results)
+    assert set(gains) == {8, 32}
+    assert "slower" in gains[8] and "faster" in gains[32]
+
+
+def test_final_loss_and_step_time_of_a_time_limited_run():
+    r = _run("bf16", 8, [], losses=[(i, float(i)) for i in range(10)], status="time_limited", steps=(3.0, 5.0, 4.0))
+    assert mp.final_loss(r, last=2) == pytest.approx(8.5)
+    assert mp.median_step_seconds(r) == 4.0
+    report = mp.precision_report([_run("off", 8, [10, 11], steps=(1.0, 1.0)), r])
+    assert "4.0x the time per step" in report and "time_limited" in report
+    with pytest.raises(ValueError, match="last"):
+        mp.final_loss(r, last=0)
+
+
+def test_batch_sizes_and_low_precision(smoke):
+    assert mp.batch_sizes(smoke) == (smoke.batch_size // 4, smoke.batch_size)
+    assert mp.low_precision("cpu") == "bf16"
+
+
+def test_the_deprecated_api_warns():
+    messages = mp.deprecation_warnings()
+    assert any("torch.amp.GradScaler" in m for m in messages) and any("torch.amp.autocast" in m for m in messages)
+
+
+def test_comparisons_registered():
+    names = all_comparisons()
+    assert "02_mixed_precision:precision" in names and "02_mixed_precision:batch_size" in names
+
+
+def test_plots_draw(quick):
+    report = mp.gradient_underflow(batch=64)
+    mp.plot_gradient_range(report)
+    fp16 = RunResult(config={"log_every": 1}, label="fp16", grad_scale=[65536.0, 32768.0],
+                     dataset={"synthetic": True}, env={"device_name": "cpu"})
+    fig = mp.plot_grad_scale([fp16], mp.scaler_history(steps=4))
+    assert len(fig.axes) == 2
+    assert torch.float16  # fp16 tensors exist on this CPU (the demo relies on it)
