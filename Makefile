@@ -1,10 +1,11 @@
 # The two commands: `make bench` (or `make lab`) and `make test`. Each bootstraps .venv itself.
+# `make dashboard` serves the all-knobs panel as an app for workshops.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab bench test lint overhead clean
+.PHONY: lab bench dashboard test lint overhead clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,13 +15,16 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)  ## JupyterLab on notebooks/
 	$(VENV)/bin/jupyter lab notebooks/
 
+dashboard: $(STAMP)  ## notebooks/dashboard.ipynb as an app (Voila): code hidden, widgets live; DASHBOARD_ARGS="--port=8867"
+	$(VENV)/bin/voila $(DASHBOARD_ARGS) notebooks/dashboard.ipynb
+
 bench: $(STAMP)  ## the technique ladder on this machine: results.json, bench.png, bench.md
 	$(PY) -m fastlab bench
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fastlab tests
 
-test: lint  ## ruff, unit tests, nbval over notebooks/ (smoke profile)
+test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval over notebooks/ (smoke profile)
 	FASTLAB_PROFILE=smoke MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
 
 overhead: $(STAMP)  ## the harness against a bare hand-written loop
