@@ -91,7 +91,7 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
     if result.status in ("failed", "time_limited") or not result.window_throughput:
         return f"{result.status}: {result.error or 'no timed window finished'}"
     ratio = result.throughput.median / below.throughput.median
-    if ratio < DROP_BELOW_RATIO:
+    if ratio < DROP_BELOW_RATIO and not is_noise(below.throughput, result.throughput):
         return f"{ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
     return None
 

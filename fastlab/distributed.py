@@ -479,13 +479,13 @@ def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int)
     from .data import CifarLikeDataset, DeviceLoader, load_images
     from .measure import MemoryMeter, now, synchronize
     from .models import build_model
-    from .train import _Run, _window_ends
+    from .train import TrainingRun, window_ends
 
     plan = plan_batches(job.config, ctx.world, job.options)
     cfg = job.config.replace(batch_size=plan.per_rank_batch, lr=plan.lr, device=str(ctx.device))
     dev = ctx.device
-    # _Run gives the same optimiser, scheduler, autocast and backend-flag handling (and no-op notes) as fastlab.run.
-    helper = _Run(cfg, f"rank {ctx.rank}", None, None, False, None, None)
+    # TrainingRun gives the same optimiser, scheduler, autocast and backend-flag handling (and no-op notes) as fastlab.run.
+    helper = TrainingRun(cfg, f"rank {ctx.rank}", None, None, False, None, None)
     res = helper.result
     res.images_per_step = plan.per_rank_batch * plan.grad_accum_steps
     no_ops = helper.no_ops
@@ -556,7 +556,7 @@ def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int)
         res.memory_kind = meter.kind
         loss_fn = nn.CrossEntropyLoss()
         non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
-        ends = _window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
+        ends = window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
         window_seconds: list[float] = []
         calls_timed = bytes_timed = 0
         model.train()
@@ -687,9 +687,9 @@ def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
 
 
 def _window_steps(warmup: int, steps: int, windows: int) -> list[int]:
-    from .train import _window_ends
+    from .train import window_ends
 
-    return list(_window_ends(warmup, steps, windows).values())
+    return list(window_ends(warmup, steps, windows).values())
 
 
 def _write_error(out: Path, rank: int) -> None:

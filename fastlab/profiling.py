@@ -152,7 +152,7 @@ def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_d
 
 def plot_profile_steps(profiles: list[ProfileResult], title: str = ""):
     """Per profiled step, side by side per run: waiting for data (orange) under compute (blue), in ms."""
-    from matplotlib.figure import Figure
+    from .plots import ShownFigure as Figure
 
     fig = Figure(figsize=(max(5.0, 3.2 * len(profiles)), 3.8))
     axes = fig.subplots(1, len(profiles), squeeze=False, sharey=True)[0]

@@ -57,7 +57,7 @@ def run(config: TrainConfig, *, label: str = "run", model: nn.Module | Callable[
     Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted; a run over
     config.max_seconds ends marked time_limited. Each keeps the steps it finished.
     """
-    result = _Run(config, label, model, dataset, progress, stop, on_step).execute()
+    result = TrainingRun(config, label, model, dataset, progress, stop, on_step).execute()
     if comparison:
         result.extras["comparison"] = comparison
     return result
@@ -96,7 +96,10 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-class _Run:
+class TrainingRun:
+    """One training run. `run()` is the way in; the _build_* methods and the backend-flag handling are
+    reused by the DDP worker and the optimiser micro-benchmark so that every knob means the same there."""
+
     def __init__(self, config: TrainConfig, label: str, model, dataset: ImageSet | None, progress: bool,
                  stop: threading.Event | None, on_step: StepCallback | None) -> None:
         self.cfg = config
@@ -279,7 +282,7 @@ class _Run:
         self.net.train()
         loss_fn = nn.CrossEntropyLoss()
         non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
-        window_ends = _window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
+        ends = window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
         kept_losses: list[torch.Tensor] = []  # loss tensors kept with their graphs (log_loss="tensor")
         logged: list[tuple[int, torch.Tensor]] = []
         bar = _progress_bar(total, res.label, self.progress)
@@ -331,7 +334,7 @@ class _Run:
                             logged.append((step, loss.detach() * cfg.grad_accum_steps))
                         if self.scaler.is_enabled():
                             res.grad_scale.append(float(self.scaler.get_scale()))
-                    if step + 1 == cfg.warmup_steps or step + 1 in window_ends:
+                    if step + 1 == cfg.warmup_steps or step + 1 in ends:
                         synchronize(dev)
                     t1 = time.perf_counter()
                     res.step_seconds.append(t1 - t0)
@@ -341,8 +344,8 @@ class _Run:
                     if step + 1 == cfg.warmup_steps:
                         res.warmup_seconds = t1 - t_start
                         window_start = t1
-                    elif step + 1 in window_ends:
-                        n_steps = window_ends[step + 1]
+                    elif step + 1 in ends:
+                        n_steps = ends[step + 1]
                         res.window_throughput.append(res.images_per_step * n_steps / (t1 - window_start))
                         res.timed_seconds += t1 - window_start
                         window_start = t1
@@ -394,7 +397,7 @@ class _Run:
         self.net.train()
 
 
-def _window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
+def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
     """Step count at the end of each timed window -> steps in that window (the last takes the remainder)."""
     size = steps // windows
     ends, start = {}, warmup

@@ -14,6 +14,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from .advise import advice_html
 from .config import CHOICES, TrainConfig, field_names
 from .plots import figure_png, plot_comparison
 from .results import RunResult
@@ -39,12 +40,14 @@ class Panel:
 
     knobs maps a field name to its options (None for a yes/no field or a field with fixed choices).
     results starts with any results to show beside new runs (for example the notebook's headless runs).
+    describe(result) returns HTML shown under the plot after each run; with advice=True, fastlab.advise's
+    findings for that run follow it.
     """
 
     def __init__(self, base: TrainConfig, knobs: dict[str, Sequence[Any] | None], *,
                  results: list[RunResult] | None = None, plot: PlotFn = plot_comparison,
                  runner: Callable[..., RunResult] = run, title: str = "",
-                 describe: Callable[[RunResult], str] | None = None) -> None:
+                 describe: Callable[[RunResult], str] | None = None, advice: bool = True) -> None:
         unknown = set(knobs) - field_names()
         if unknown:
             raise ValueError(f"TrainConfig has no field {sorted(unknown)[0]!r}; fields are: {', '.join(sorted(field_names()))}")
@@ -54,6 +57,7 @@ class Panel:
         self.runner = runner
         self.title = title
         self.describe = describe
+        self.show_advice = advice
         self.controls = {name: _control(name, getattr(base, name), opts) for name, opts in knobs.items()}
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.stop_button = W.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
@@ -128,8 +132,10 @@ class Panel:
             if result.no_ops:
                 text += "<br>No-ops here: " + "; ".join(f"{k}: {v}" for k, v in result.no_ops.items())
             self.status.value = text
-            if self.describe is not None:
-                self.advice.value = self.describe(result)
+            notes = [self.describe(result)] if self.describe is not None else []
+            if self.show_advice and result.status != "interrupted":
+                notes.append(advice_html(result))
+            self.advice.value = "<br>".join(n for n in notes if n)
         except Exception as e:  # shown in the panel: a thread's exception would otherwise vanish
             self.status.value = f"<b>Run failed:</b> {type(e).__name__}: {e}"
         finally:

@@ -132,13 +132,17 @@ def test_a_panel_shows_advice_after_a_run(quick):
     pytest.importorskip("ipywidgets")
     from fastlab.widgets import Panel
 
-    panel = Panel(quick.replace(loader="device", eval_mode="autograd", device="cpu"), {"eval_mode": None},
-                  describe=advice_html)
+    panel = Panel(quick.replace(loader="device", eval_mode="autograd", device="cpu"), {"eval_mode": None})
     assert panel.advice.value == ""
     panel.run_button.click()
     panel.wait(120)
     assert len(panel.results) == 1
+    assert panel.advice.value == advice_html(panel.results[0])  # every panel shows the advice by default
     assert "05_no_grad_detach_item" in panel.advice.value and "<ol>" in panel.advice.value
+    quiet = Panel(quick.replace(device="cpu"), {"eval_mode": None}, advice=False)
+    quiet.run_button.click()
+    quiet.wait(120)
+    assert quiet.advice.value == ""
 
 
 # ----------------------------------------------------------------- synthetic GPU results

@@ -6,7 +6,7 @@ from torch import nn
 
 import fastlab
 from fastlab.data import ImageSet, make_synthetic
-from fastlab.train import _window_ends
+from fastlab.train import window_ends
 
 
 def test_a_smoke_run_measures_everything(smoke):
@@ -148,7 +148,7 @@ def test_compare_and_sweep(quick):
 
 
 def test_windows_cover_every_timed_step():
-    ends = _window_ends(3, 20, 3)
+    ends = window_ends(3, 20, 3)
     assert sum(ends.values()) == 20 and max(ends) == 23 and min(ends) == 9
 
 

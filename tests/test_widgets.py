@@ -29,6 +29,7 @@ def test_run_adds_a_result_and_redraws(quick):
     assert "batch_size=8" in r.label and "amp=bf16" in r.label
     assert panel.image.value[:4] == b"\x89PNG"
     assert "images/s" in panel.status.value and not panel.run_button.disabled
+    assert "Advice for" in panel.advice.value  # fastlab.advise's findings for the latest run, under the plot
     first_png = panel.image.value
     panel.run_button.click()
     panel.wait(120)

@@ -251,7 +251,7 @@ def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 def plot_step_times(results: list[RunResult], title: str = ""):
     """Wall time of every step, warm-up included, on a log scale: the compile is the spike at the start."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(7, 3.6))
     ax = fig.subplots()

@@ -23,7 +23,7 @@ from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
 from ..measure import verdict
-from ..plots import _data_note
+from ..plots import data_note
 from ..results import RunResult
 from ..train import run
 
@@ -205,7 +205,7 @@ def describe_data_wait(result: RunResult) -> str:
 
 def plot_busy_trace(results: list[RunResult], title: str = ""):
     """One row per run: NVML GPU utilisation over time when sampled, else the 0%/100% busy trace of the steps."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(8, 1.7 * len(results) + 1.0))
     axes = fig.subplots(len(results), 1, squeeze=False)[:, 0]
@@ -228,6 +228,6 @@ def plot_busy_trace(results: list[RunResult], title: str = ""):
         ax.set_ylabel("% busy", fontsize=8)
         ax.set_title(f"{r.label} ({source}; data wait {share:.0%} of timed steps)", fontsize=8)
     axes[-1].set_xlabel("seconds since the run started")
-    fig.suptitle(f"{title + ' - ' if title else ''}busy or waiting, over time\n{_data_note(results)}", fontsize=10)
+    fig.suptitle(f"{title + ' - ' if title else ''}busy or waiting, over time\n{data_note(results)}", fontsize=10)
     fig.tight_layout()
     return fig

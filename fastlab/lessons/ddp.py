@@ -240,9 +240,9 @@ def ddp_runner(nproc: int, options: DDPOptions | None = None, timeout_s: float =
 
 def plot_scaling(one: RunResult, many: RunResult, title: str = ""):
     """Left: global images/s against processes, with the ideal (N x one process). Right: scaling efficiency."""
-    from ..plots import _data_note, _new_figure
+    from ..plots import data_note, new_figure
 
-    fig, (ax, ax_e) = _new_figure(2, width=5.0)
+    fig, (ax, ax_e) = new_figure(2, width=5.0)
     runs = [one, many]
     ns = [world_size(r) for r in runs]
     med = [r.throughput.median for r in runs]
@@ -268,7 +268,7 @@ def plot_scaling(one: RunResult, many: RunResult, title: str = ""):
     ax_e.set_ylim(0, max(110, 100 * e.high * 1.15) if math.isfinite(e.high) else 110)
     ax_e.set_ylabel("scaling efficiency, % (speed-up / N)")
     ax_e.set_title("scaling efficiency")
-    fig.suptitle(f"{title + ' - ' if title else ''}{_data_note(runs)}", fontsize=10)
+    fig.suptitle(f"{title + ' - ' if title else ''}{data_note(runs)}", fontsize=10)
     fig.tight_layout()
     return fig
 

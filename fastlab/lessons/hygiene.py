@@ -19,7 +19,7 @@ from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import Spread, is_noise, verdict
 from ..models import build_model
-from ..plots import _data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
+from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import run, sweep
 
@@ -96,7 +96,7 @@ def describe_eval(results: list[RunResult]) -> str:
 
 def plot_eval(results: list[RunResult]):
     """Evaluation speed (median, min-max over repeats) and memory rise during evaluation, per eval_mode."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     rows = summarize_eval(results)
     fig = Figure(figsize=(10, 3.6))
@@ -113,7 +113,7 @@ def plot_eval(results: list[RunResult]):
         ax.set_ylabel(ylabel, fontsize=8)
     ax_s.set_title("evaluation speed")
     ax_m.set_title("memory rise during evaluation")
-    fig.suptitle(f"evaluation with and without autograd - {_data_note(results)}", fontsize=10)
+    fig.suptitle(f"evaluation with and without autograd - {data_note(results)}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -263,7 +263,7 @@ def growth_with_steps(steps_list: tuple[int, ...] = (1, 2, 4, 8), keep: str = "l
 
 def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
     """Saved-activation MiB alive against steps, one line per keep choice (random inputs, not a dataset)."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()

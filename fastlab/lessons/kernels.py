@@ -222,7 +222,7 @@ def shape_report(timings: list[ShapeTiming]) -> str:
 
 def plot_shape_timing(timings: list[ShapeTiming]):
     """Each timed step's time per scenario (left) and the medians with min-max (right)."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(10, 3.6))
     ax, ax_b = fig.subplots(1, 2)

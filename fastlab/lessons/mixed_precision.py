@@ -20,7 +20,7 @@ from torch import nn
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import bf16_supported, resolve_device
-from ..plots import _data_note
+from ..plots import data_note
 from ..results import RunResult
 from ..train import run
 from .data_loading import vs_baseline
@@ -213,7 +213,7 @@ def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: floa
 
 def plot_gradient_range(report: UnderflowReport):
     """Histogram of the fp32 output gradients' magnitudes, unscaled and scaled, against fp16's range."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(8, 3.6))
     ax = fig.subplots()
@@ -267,7 +267,7 @@ def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval
 
 def plot_grad_scale(results: list[RunResult], history: list[tuple[int, float, bool]] | None = None):
     """GradScaler's scale per logged step of each fp16 run, and (optionally) the scaler_history demo."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fp16 = [r for r in results if r.grad_scale]
     fig = Figure(figsize=(10 if history else 5.5, 3.4))
@@ -279,7 +279,7 @@ def plot_grad_scale(results: list[RunResult], history: list[tuple[int, float, bo
     ax.set_yscale("log", base=2)
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("loss scale")
-    ax.set_title("GradScaler in the training runs\n" + (_data_note(fp16) if fp16 else "no fp16 run"), fontsize=9)
+    ax.set_title("GradScaler in the training runs\n" + (data_note(fp16) if fp16 else "no fp16 run"), fontsize=9)
     if fp16:
         ax.legend(fontsize=7)
     if history:

@@ -17,9 +17,9 @@ from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig
 from ..measure import Spread, is_noise, resolve_device, synchronize, verdict
 from ..models import build_model
-from ..plots import _data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
+from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
-from ..train import _Run, run, sweep
+from ..train import TrainingRun, run, sweep
 
 # Sensible settings per optimiser, as plain data.
 # - Adam's weight_decay is L2 added to the gradient, then divided by the adaptive scale: keep it small.
@@ -123,7 +123,7 @@ def describe_accuracy(results: list[RunResult]) -> str:
 
 def plot_accuracy_vs_time(results: list[RunResult], title: str = ""):
     """Held-out accuracy against training wall time, one marker per run, one colour per variant."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(6.5, 3.8))
     ax = fig.subplots()
@@ -134,7 +134,7 @@ def plot_accuracy_vs_time(results: list[RunResult], title: str = ""):
     ax.set_xlabel("training wall time, s (warm-up included, evaluation excluded)")
     ax.set_ylabel("held-out accuracy, %")
     ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}accuracy against time\n{_data_note(results)}", fontsize=10)
+    ax.set_title(f"{title + ' - ' if title else ''}accuracy against time\n{data_note(results)}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -183,7 +183,7 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(device)
-    builder = _Run(cfg, "optimizer step", None, None, False, None, None)
+    builder = TrainingRun(cfg, "optimizer step", None, None, False, None, None)
     opt = builder._build_optimizer(net)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     for p in net.parameters():
@@ -222,7 +222,7 @@ def describe_step_timings(timings: list[StepTiming]) -> str:
 
 def plot_step_timings(timings: list[StepTiming], device_name: str = ""):
     """Milliseconds per optimizer.step(): median bar with min-max whiskers, per implementation."""
-    from matplotlib.figure import Figure
+    from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()

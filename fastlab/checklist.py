@@ -1,0 +1,156 @@
+"""The checklist table: each technique, whether it applies here, what it did here and on the reference GPU.
+
+Every figure in the table is computed from ladder results (fastlab.bench.run_ladder). A technique's
+effect is the ratio of two medians:
+
+    effect = median images/s of the rung that added it / median images/s of the rung it was built on
+
+where "the rung it was built on" is the last rung below it that was kept (a rung dropped as a trap is
+not built on, exactly as run_ladder does). A ratio whose medians lie inside each other's spread is
+marked noise (fastlab.measure.is_noise). No pandas: the table is plain Markdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .measure import is_noise
+from .results import RunResult
+
+
+@dataclass(frozen=True)
+class Technique:
+    """One checklist line: the ladder rung that adds it, the knobs it sets, and any condition on that rung."""
+
+    name: str  # as in fastlab.environment_report.techniques_here()
+    rung: str
+    knobs: tuple[str, ...]
+    when: dict[str, Any] = field(default_factory=dict)  # the rung's config must have these values
+
+
+# The order of the checklist (the ladder's order), mapped onto the rungs of fastlab.bench.ladder.
+TECHNIQUES: tuple[Technique, ...] = (
+    Technique("DataLoader workers", "workers", ("num_workers",)),
+    Technique("pin_memory + non_blocking", "workers", ("pin_memory", "non_blocking")),
+    Technique("fp16 autocast + GradScaler", "amp", ("amp",), {"amp": "fp16"}),
+    Technique("bf16 autocast", "amp", ("amp",), {"amp": "bf16"}),
+    Technique("cudnn.benchmark", "cudnn", ("cudnn_benchmark",)),
+    Technique("channels_last", "channels_last", ("channels_last",)),
+    Technique("fused / foreach optimisers", "fused_adamw", ("opt_impl",)),
+    Technique("device-resident loader", "device_loader", ("loader",)),
+    Technique("larger batch", "large_batch", ("batch_size",)),
+    Technique("torch.compile", "all_on", ("compile",)),
+    Technique("TF32", "all_on", ("tf32",)),
+)
+
+NO_REFERENCE = "none bundled yet"
+
+
+@dataclass(frozen=True)
+class ChecklistRow:
+    technique: str
+    applies: str  # "yes" / "no", with the reason
+    here: str  # the measured effect on this machine
+    reference: dict[str, str]  # device name -> the measured effect there
+
+
+def _rung_index(results: Sequence[RunResult], rung: str) -> int | None:
+    for i, r in enumerate(results):
+        if r.extras.get("rung") == rung:
+            return i
+    return None
+
+
+def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
+    """The rung that results[index] was built on: the last one below it not dropped as a trap."""
+    for r in reversed(results[:index]):
+        if not r.extras.get("dropped"):
+            return r
+    return None
+
+
+def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None = None) -> str:
+    """What adding `technique` did on the ladder `results`, in words and a ratio computed from them."""
+    i = _rung_index(results, technique.rung)
+    if i is None:
+        why = (skipped or {}).get(technique.rung)
+        return f"not measured: {why}" if why else "not measured (its rung was not run)"
+    r = results[i]
+    for knob, wanted in technique.when.items():
+        if r.config.get(knob) != wanted:
+            return f"not on this ladder (its {technique.rung} rung used {knob}={r.config.get(knob)})"
+    no_ops = [r.no_ops[k] for k in technique.knobs if k in r.no_ops]
+    if no_ops and len(no_ops) == len(technique.knobs):
+        return f"no-op here: {no_ops[0]}"
+    if not r.window_throughput:
+        return f"{r.status}: {r.error or 'no timed window finished'}"
+    base = built_on(results, i)
+    if base is None or not base.window_throughput:
+        return "no baseline to compare with"
+    ratio = r.throughput.median / base.throughput.median
+    text = f"{ratio:.2f}x"
+    if is_noise(base.throughput, r.throughput):
+        text += " (noise)"
+    if r.extras.get("dropped"):
+        text += ": a trap here, dropped from the rungs above"
+    partners = [t.name for t in TECHNIQUES if t.rung == technique.rung and t is not technique and not t.when]
+    if partners and not technique.when:
+        text += f" (one step with {', '.join(partners)})"
+    return text
+
+
+def build_checklist(results: Sequence[RunResult], techniques_here: Sequence[tuple[str, bool, str]],
+                    reference: dict[str, list[RunResult]] | None = None,
+                    skipped: dict[str, str] | None = None) -> list[ChecklistRow]:
+    """One row per technique of the ladder.
+
+    techniques_here: (name, applies?, why) as from fastlab.environment_report.techniques_here().
+    reference: bundled ladder results by device name (fastlab.reference_for(...)); empty or None when none.
+    skipped: rung name -> why it was not run here.
+    """
+    if not results:
+        raise ValueError("results is empty: build_checklist needs the ladder's results (fastlab.bench.run_ladder)")
+    applies = {name: (ok, why) for name, ok, why in techniques_here}
+    rows = []
+    for t in TECHNIQUES:
+        ok, why = applies.get(t.name, (True, "applies on every device"))
+        rows.append(ChecklistRow(
+            technique=t.name,
+            applies=f"{'yes' if ok else 'no'}: {why}",
+            here=effect(results, t, skipped),
+            reference={device: effect(ref, t) for device, ref in (reference or {}).items()},
+        ))
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def checklist_markdown(rows: Sequence[ChecklistRow], results: Sequence[RunResult]) -> str:
+    """The rows as a Markdown table, with what each figure means below it."""
+    devices = sorted({d for row in rows for d in row.reference})
+    here = results[0].env.get("device_name", "this machine") if results else "this machine"
+    data = "SYNTHETIC data" if results and results[0].synthetic else (results[0].dataset.get("name", "?") if results
+                                                                       else "?")
+    heads = ["technique", "applies here?", f"measured effect here ({here}, {data})"]
+    heads += [f"effect on {d}" for d in devices] or ["effect on the reference GPU"]
+    lines = ["| " + " | ".join(_cell(h) for h in heads) + " |", "|" + " --- |" * len(heads)]
+    for row in rows:
+        ref = [row.reference.get(d, "not measured") for d in devices] or [NO_REFERENCE]
+        lines.append("| " + " | ".join(_cell(c) for c in [row.technique, row.applies, row.here, *ref]) + " |")
+    lines += ["", "Effect = median images/s of the rung that added the technique / median images/s of the rung it "
+              "was built on (the last rung below it that was kept). 'noise': the two medians lie inside each other's "
+              "min-max range. A rung dropped as a trap is measured and shown, then left out of the rungs above it."]
+    if not devices:
+        lines += ["", "No reference results from a real GPU are bundled yet: the last column fills in when they are."]
+    return "\n".join(lines) + "\n"
+
+
+def show_checklist(rows: Sequence[ChecklistRow], results: Sequence[RunResult]) -> Any:
+    """The table as an IPython Markdown object (IPython is imported here only, so fastlab needs no Jupyter)."""
+    from IPython.display import Markdown
+
+    return Markdown(checklist_markdown(rows, results))

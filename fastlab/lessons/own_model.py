@@ -1,0 +1,361 @@
+"""10_your_own_model: the harness on a model and a dataset the reader brings.
+
+fastlab.run(config, model=..., dataset=...) takes a module (or a function that builds one) and either a
+fastlab.ImageSet or a pair (train, held_out) of map-style torch Datasets. This module holds what the
+notebook needs around that: a torchvision model that is not ResNet-18, a Dataset class defined in a module
+(so DataLoader workers started with the spawn method can unpickle it), a converter from any Dataset of
+images to an ImageSet (so the device loader works), a check for spawn safety, and "what to try first".
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..comparisons import comparison
+from ..config import TrainConfig
+from ..data import ImageSet
+from ..measure import bf16_supported, is_noise, resolve_device, verdict
+from ..results import RunResult
+from ..train import run
+
+NAME = "10_your_own_model:first_steps"
+IMAGE_SHAPE = (32, 32, 3)  # what fastlab's device loader crops and normalises (CIFAR-shaped, HxWxC)
+# A baseline that waits on data for at least this share of its step time is data-bound: whatever speeds up
+# the model cannot help until the data path is fixed, so the advice puts the data path first.
+DATA_BOUND_SHARE = 0.25
+
+ModelArg = nn.Module | Callable[[], nn.Module]
+DatasetArg = ImageSet | tuple[Dataset, Dataset]
+
+
+def demo_model(num_classes: int = 10) -> nn.Module:
+    """torchvision's MobileNetV3-Small, untrained (weights=None: nothing is downloaded)."""
+    import torchvision
+
+    return torchvision.models.mobilenet_v3_small(weights=None, num_classes=num_classes)
+
+
+class StripesDataset(Dataset):
+    """A SYNTHETIC stand-in for "your own data": striped 32x32 RGB images, made one at a time from their index.
+
+    Class = stripe direction (5 directions) x colour family (warm / cool); frequency, phase, tint and noise
+    vary per image. Yields (float32 tensor 3x32x32 in [0, 1], int label), as a Dataset with ToTensor would.
+    Defined in a module, not in the notebook: DataLoader workers started with spawn must import it by name.
+    """
+
+    synthetic = True  # read by fastlab.run and to_imageset: results and plots say SYNTHETIC
+    num_classes = 10
+
+    def __init__(self, n: int, split: str = "train", seed: int = 0) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"StripesDataset n={n!r} is not allowed: an integer >= 1")
+        if split not in ("train", "held_out"):
+            raise ValueError(f"StripesDataset split={split!r} is not allowed: choose 'train' or 'held_out'")
+        self.n = n
+        self.split = split
+        self.seed = seed
+        ar = torch.arange(32, dtype=torch.float32) - 15.5
+        self._yy, self._xx = torch.meshgrid(ar, ar, indexing="ij")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for StripesDataset of {self.n} images")
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + (0 if self.split == "train" else 500_000) + index)
+        label = int(torch.randint(0, self.num_classes, (1,), generator=g))
+        r = torch.rand(6, generator=g)
+        angle = (label % 5) * math.pi / 5 + (r[0] - 0.5) * 0.3
+        freq = 0.35 + 0.4 * r[1]
+        wave = 0.5 + 0.5 * torch.sin(freq * (self._xx * math.cos(angle) + self._yy * math.sin(angle)) + 6.283 * r[2])
+        warm = torch.tensor([0.9, 0.5, 0.2]) if label < 5 else torch.tensor([0.2, 0.5, 0.9])
+        colour = (warm + 0.2 * (r[3:6] - 0.5)).clamp(0, 1)
+        img = wave[None] * colour[:, None, None] + 0.12 * torch.randn(3, 32, 32, generator=g)
+        return img.clamp(0, 1), label
+
+
+# Under the smoke profile only, fewer steps: MobileNetV3-Small costs several times the tiny net's time per image
+# on a CPU, and the notebook runs it about six times. The cpu and gpu profiles keep their sizes.
+SMOKE_CHANGES: dict[str, int] = {"steps": 12, "warmup_steps": 2, "windows": 3}
+
+
+def notebook_config(profile: str | None = None, **changes: Any) -> tuple[TrainConfig, str]:
+    """The notebook's config (the active profile's, shortened under smoke) and a sentence saying what changed."""
+    from ..config import config_for
+
+    cfg = config_for(profile)
+    note = f"profile {cfg.profile}: its own sizes"
+    if cfg.profile == "smoke":
+        cfg = cfg.replace(**SMOKE_CHANGES)
+        note = (f"profile smoke: shortened to {', '.join(f'{k}={v}' for k, v in SMOKE_CHANGES.items())} because "
+                "MobileNetV3-Small is several times slower per image than the tiny net on a CPU")
+    return cfg.replace(**changes), note
+
+
+def demo_datasets(config: TrainConfig, seed: int = 0) -> tuple[StripesDataset, StripesDataset]:
+    """(train, held_out) StripesDatasets of the sizes in config (train_images, eval_images)."""
+    return (StripesDataset(config.train_images, "train", seed),
+            StripesDataset(config.eval_images, "held_out", seed))
+
+
+# ---------------------------------------------------------------- Dataset -> ImageSet
+
+
+def _image_to_uint8(img: Any, where: str) -> np.ndarray:
+    """One image (CHW tensor, HWC array, or RGB PIL image) as uint8 HxWx3; a clear error otherwise."""
+    if hasattr(img, "mode") and hasattr(img, "size") and not isinstance(img, (np.ndarray, torch.Tensor)):
+        if img.mode != "RGB":
+            raise ValueError(f"{where}: a PIL image in mode {img.mode!r}; to_imageset needs RGB images (3 channels)")
+        arr = np.asarray(img)
+    elif isinstance(img, torch.Tensor):
+        t = img.detach().cpu()
+        arr = (t.permute(1, 2, 0) if t.ndim == 3 and t.shape[0] == 3 else t).numpy()
+    elif isinstance(img, np.ndarray):
+        arr = img.transpose(1, 2, 0) if img.ndim == 3 and img.shape[0] == 3 and img.shape[-1] != 3 else img
+    else:
+        raise ValueError(f"{where}: an image of type {type(img).__name__}; to_imageset needs a torch tensor (CxHxW), "
+                         "a numpy array (HxWxC) or an RGB PIL image")
+    if tuple(arr.shape) != IMAGE_SHAPE:
+        raise ValueError(f"{where}: an image of shape {tuple(arr.shape)}; fastlab's device loader takes 3x32x32 RGB "
+                         "images (resize them first, e.g. torchvision.transforms.Resize((32, 32)))")
+    if arr.dtype == np.uint8:
+        return arr
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"{where}: images of dtype {arr.dtype}; to_imageset takes uint8 (0-255) or float in [0, 1]")
+    low, high = float(arr.min()), float(arr.max())
+    if low < -1e-6 or high > 1 + 1e-6:
+        raise ValueError(f"{where}: float values from {low:.3g} to {high:.3g}; to_imageset takes float images in "
+                         "[0, 1] (ToTensor's output). Remove Normalize from the Dataset's transform: the device loader "
+                         "normalises whole batches itself")
+    return (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
+
+
+def _label(value: Any, where: str) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{where}: label {value!r}; to_imageset needs integer class labels >= 0")
+    return int(value)
+
+
+def _arrays(ds: Dataset, arg: str) -> tuple[np.ndarray, np.ndarray]:
+    n = len(ds)
+    if n < 1:
+        raise ValueError(f"to_imageset {arg}: the dataset is empty")
+    images = np.empty((n, *IMAGE_SHAPE), dtype=np.uint8)
+    labels = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        item = ds[i]
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError(f"to_imageset {arg}[{i}]: got {type(item).__name__}; the Dataset must yield "
+                             "(image, label) pairs")
+        images[i] = _image_to_uint8(item[0], f"to_imageset {arg}[{i}]")
+        labels[i] = _label(item[1], f"to_imageset {arg}[{i}]")
+    return images, labels
+
+
+def imageset_mb(train: Dataset, held_out: Dataset) -> float:
+    """MiB the two datasets take as uint8 32x32x3 arrays (what the device loader holds on the device)."""
+    return (len(train) + len(held_out)) * math.prod(IMAGE_SHAPE) / 2**20
+
+
+def to_imageset(train: Dataset, held_out: Dataset, *, max_mb: float = 2048.0, name: str | None = None) -> ImageSet:
+    """Any map-style Datasets of (image, label) as a fastlab.ImageSet, when they fit in max_mb MiB of uint8.
+
+    Images: CxHxW tensors, HxWxC arrays or RGB PIL images, 32x32, uint8 or float in [0, 1] (not normalised).
+    A dataset with `synthetic = True` becomes an ImageSet named "synthetic", so every result and plot says so.
+    With an ImageSet, fastlab.run can use loader="device" (the whole set on the device, augmented per batch).
+    """
+    if isinstance(max_mb, bool) or not isinstance(max_mb, (int, float)) or not max_mb > 0:
+        raise ValueError(f"to_imageset max_mb={max_mb!r} is not allowed: a number of MiB > 0")
+    for arg, ds in (("train", train), ("held_out", held_out)):
+        if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+            raise ValueError(f"to_imageset {arg}={type(ds).__name__} is not allowed: a map-style torch Dataset "
+                             "(with __len__ and __getitem__)")
+    need = imageset_mb(train, held_out)
+    if need > max_mb:
+        raise ValueError(f"to_imageset: the images take {need:,.0f} MiB as uint8, over max_mb={max_mb:g}. Raise "
+                         "max_mb if they fit in host and device memory, or keep loader='dataloader' with the Datasets")
+    tx, ty = _arrays(train, "train")
+    ex, ey = _arrays(held_out, "held_out")
+    synthetic = bool(getattr(train, "synthetic", False))
+    label = "synthetic" if synthetic else (name or type(train).__name__)
+    source = (f"{type(train).__name__} ({len(train)}) / {type(held_out).__name__} ({len(held_out)}), "
+              "converted by to_imageset" + (" (generated: SYNTHETIC)" if synthetic else ""))
+    return ImageSet(tx, ty, ex, ey, label, source)
+
+
+# ---------------------------------------------------------------- spawn safety
+
+
+def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
+    """Can a DataLoader worker started with spawn (macOS and Windows default) rebuild this dataset? And why.
+
+    A spawned worker is a fresh Python process: it unpickles the dataset, which imports its class by module
+    and name. A class defined in a notebook lives in __main__, which in the worker is not the notebook.
+    """
+    cls = type(dataset)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__ == "__main__":
+        return False, (f"{cls.__qualname__} is defined in __main__ (this notebook or script): a worker started "
+                       "with spawn cannot import it. Move the class into a .py module and import it from there, "
+                       "or use num_workers=0")
+    if "<locals>" in cls.__qualname__:
+        return False, f"{where} is defined inside a function: pickle cannot find it by name. Define it at module level"
+    try:
+        found: Any = importlib.import_module(cls.__module__)
+        for part in cls.__qualname__.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        return False, f"{where} cannot be imported by name ({e})"
+    if found is not cls:
+        return False, f"{where} imports as a different object than this dataset's class (was it redefined?)"
+    try:
+        pickle.dumps(dataset)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        return False, f"{where} is importable, but this instance cannot be pickled ({e}); a lambda in a transform?"
+    return True, f"{where} is importable by name and pickles: workers started with spawn can rebuild it"
+
+
+def worker_start_method() -> str:
+    """How DataLoader workers start here, without fixing the start method as a side effect."""
+    import multiprocessing
+    import sys
+
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen:
+        return chosen
+    # Python's defaults: fork on Linux before 3.14 (forkserver from 3.14), spawn on macOS and Windows
+    return "fork" if sys.platform.startswith("linux") and sys.version_info < (3, 14) else (
+        "forkserver" if sys.platform.startswith("linux") else "spawn")
+
+
+# ---------------------------------------------------------------- what to try first
+
+
+def _builder(model: ModelArg) -> Callable[[], nn.Module]:
+    """A function building a fresh model per run: a module passed twice would carry on from trained weights."""
+    if isinstance(model, nn.Module):
+        start = copy.deepcopy(model)
+        return lambda: copy.deepcopy(start)
+    if callable(model):
+        return model
+    raise ValueError(f"model={type(model).__name__} is not allowed: an nn.Module or a function returning one")
+
+
+def candidates(base: TrainConfig, dataset: DatasetArg, max_mb: float = 2048.0
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, str], ImageSet | None]:
+    """The first techniques worth trying on this machine: (name -> changes, name -> why not tried, an ImageSet
+    for the device loader or None)."""
+    device = resolve_device(base.device)
+    tried: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    if base.loader == "dataloader" and base.num_workers == 0:
+        workers = min(os.cpu_count() or 1, 8 if device.type == "cuda" else 2)
+        safe, why = (True, "") if isinstance(dataset, ImageSet) else spawn_safety(dataset[0])
+        if safe or worker_start_method() == "fork":
+            tried["DataLoader workers"] = dict(num_workers=workers, persistent_workers=True,
+                                               pin_memory=device.type == "cuda")
+        else:
+            skipped["DataLoader workers"] = why
+    tried["channels_last"] = dict(channels_last=True)
+    images = dataset if isinstance(dataset, ImageSet) else None
+    if images is None:
+        try:
+            images = to_imageset(*dataset, max_mb=max_mb)
+        except ValueError as e:
+            skipped["device-resident loader"] = str(e)
+    if images is not None and base.loader != "device":
+        tried["device-resident loader"] = dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
+                                               persistent_workers=False, prefetch_factor=None)
+    if device.type == "cuda":
+        amp = "bf16" if bf16_supported(device) else "fp16"
+        tried[f"{amp} autocast"] = dict(amp=amp)
+    else:
+        skipped["mixed precision"] = (f"tried here only on a CUDA GPU (tensor cores); this machine runs on "
+                                      f"{device.type}: see the ladder in 09 for what autocast does here")
+    return tried, skipped, images
+
+
+def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, progress: bool = True,
+                max_mb: float = 2048.0) -> list[RunResult]:
+    """Your model and data as they are, then each first technique alone on top of that, back to back.
+
+    Returns [baseline, one result per technique tried]; each result's extras["technique"] names it, and the
+    baseline's extras["skipped_techniques"] says which were not tried here and why.
+    """
+    if not (isinstance(dataset, ImageSet) or (isinstance(dataset, tuple) and len(dataset) == 2)):
+        raise ValueError(f"dataset={type(dataset).__name__} is not allowed: a fastlab.ImageSet or a pair "
+                         "(train, held_out) of torch Datasets")
+    build = _builder(model)
+    tried, skipped, images = candidates(base, dataset, max_mb)
+    baseline = run(base, label="your model as is", model=build, dataset=dataset, progress=progress)
+    baseline.extras.update(technique="baseline", skipped_techniques=skipped)
+    results = [baseline]
+    for name, changes in tried.items():
+        data = images if changes.get("loader") == "device" else dataset
+        r = run(base.replace(**changes), label=f"+ {name}", model=build, dataset=data, progress=progress)
+        r.extras["technique"] = name
+        results.append(r)
+        if r.status == "interrupted":
+            break
+    return results
+
+
+@comparison(NAME)
+def first_steps_demo(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """first_steps on the notebook's demo: MobileNetV3-Small on the StripesDataset (SYNTHETIC)."""
+    return first_steps(base, model=demo_model, dataset=demo_datasets(base), progress=progress)
+
+
+def advice(results: list[RunResult]) -> list[str]:
+    """What to try first on this model and machine, in order, each line computed from first_steps' results."""
+    if not results or not results[0].window_throughput:
+        return ["The baseline did not finish a timed window: fix that first (see its status and error)."]
+    base = results[0]
+    out = []
+    wait = base.data_wait_fraction()
+    if not math.isnan(wait) and wait >= DATA_BOUND_SHARE:
+        out.append(f"Your step waits for data {wait:.0%} of the time (at least {DATA_BOUND_SHARE:.0%}): fix the data "
+                   "path before the model; faster kernels cannot help a step that is waiting.")
+    if not base.ok:
+        out.append(f"The baseline ended {base.status} ({base.error}): its figures rest on {len(base.window_throughput)} "
+                   "timed window(s), so read the verdicts below as rough; raise max_seconds for firmer ones.")
+    gains, same, worse, unmeasured = [], [], [], []
+    for r in results[1:]:
+        name = r.extras.get("technique", r.label)
+        if r.status == "failed":
+            worse.append((0.0, f"{name}: failed here ({r.error}); leave it off"))
+            continue
+        if not r.window_throughput:
+            unmeasured.append(f"{name}: not measured, {r.status} before a timed window finished ({r.error}); "
+                              "rerun with a larger max_seconds")
+            continue
+        ratio = r.throughput.median / base.throughput.median
+        said = verdict(base.throughput, r.throughput)
+        if is_noise(base.throughput, r.throughput):
+            same.append((ratio, f"{name}: no measurable difference here ({said}); it may still pay on a GPU"))
+        elif ratio > 1:
+            gains.append((ratio, f"{name}: try it first ({said})"))
+        else:
+            worse.append((ratio, f"{name}: slower here ({said}); leave it off on this machine"))
+    for group in (gains, same, worse):
+        out += [text for _, text in sorted(group, key=lambda pair: -pair[0])]
+    out += unmeasured
+    out += [f"{name}: not tried here: {why}" for name, why in base.extras.get("skipped_techniques", {}).items()]
+    if gains:
+        out.append("Then stack the ones that paid and measure the stack (notebook 09): effects do not simply "
+                   "multiply.")
+    return [f"{i}. {line}" for i, line in enumerate(out, 1)]

@@ -1,0 +1,157 @@
+"""The checklist table (fastlab.checklist) and notebook 09's ladder logic (fastlab.lessons.all_together)."""
+
+import pytest
+
+import fastlab
+from fastlab.checklist import TECHNIQUES, build_checklist, built_on, checklist_markdown
+from fastlab.environment_report import techniques_here
+from fastlab.lessons import all_together as at
+
+APPLIES_ALL = [(t.name, True, "here") for t in TECHNIQUES]
+
+
+def rung(name, speeds, dropped=None, no_ops=None, **config):
+    r = fastlab.RunResult(config={"amp": "off", **config}, label=name, window_throughput=list(speeds),
+                          no_ops=dict(no_ops or {}), dataset={"name": "synthetic", "synthetic": True},
+                          env={"device_name": "CPU (test)"}, peak_memory_mb=100.0)
+    r.extras["rung"] = name
+    if dropped:
+        r.extras["dropped"] = dropped
+    return r
+
+
+def ladder_results():
+    return [
+        rung("naive", [100, 100, 100]),
+        rung("workers", [200, 200, 200], no_ops={"pin_memory": "no GPU", "non_blocking": "no GPU"}),
+        rung("amp", [50, 50, 50], dropped="0.25x the rung below it", amp="bf16"),
+        rung("channels_last", [300, 300, 300], amp="off"),
+    ]
+
+
+def rows_by_name(rows):
+    return {row.technique: row for row in rows}
+
+
+def test_each_effect_is_measured_against_the_last_kept_rung():
+    results = ladder_results()
+    assert built_on(results, 3) is results[1]  # the dropped amp rung is not built on
+    rows = rows_by_name(build_checklist(results, APPLIES_ALL, skipped={"all_on": "skipped under smoke"}))
+    assert rows["channels_last"].here == "1.50x"  # 300 / 200, not 300 / 50
+    assert rows["DataLoader workers"].here == "2.00x (one step with pin_memory + non_blocking)"
+    assert rows["pin_memory + non_blocking"].here == "no-op here: no GPU"
+    assert rows["bf16 autocast"].here.startswith("0.25x: a trap here, dropped")
+    assert rows["fp16 autocast + GradScaler"].here == "not on this ladder (its amp rung used amp=bf16)"
+    assert rows["torch.compile"].here == "not measured: skipped under smoke"
+    assert rows["cudnn.benchmark"].here == "not measured (its rung was not run)"
+
+
+def test_noise_and_failure_are_named():
+    results = [rung("naive", [100, 110, 120]), rung("channels_last", [105, 112, 118])]
+    failed = rung("cudnn", [])
+    failed.status, failed.error = "failed", "out of memory at batch_size=9"
+    rows = rows_by_name(build_checklist(results + [failed], APPLIES_ALL))
+    assert rows["channels_last"].here == "1.02x (noise)"
+    assert rows["cudnn.benchmark"].here == "failed: out of memory at batch_size=9"
+
+
+def test_applies_column_and_reference_columns():
+    here = [("cudnn.benchmark", False, "cuDNN is not used on cpu")]
+    reference = {"NVIDIA H200": [rung("naive", [1000] * 3), rung("workers", [3000] * 3),
+                                 rung("channels_last", [4500] * 3)]}
+    rows = rows_by_name(build_checklist(ladder_results(), here, reference=reference))
+    assert rows["cudnn.benchmark"].applies == "no: cuDNN is not used on cpu"
+    assert rows["larger batch"].applies.startswith("yes")
+    assert rows["channels_last"].reference == {"NVIDIA H200": "1.50x"}
+    assert rows["DataLoader workers"].reference["NVIDIA H200"].startswith("3.00x")
+    table = checklist_markdown(list(rows.values()), ladder_results())
+    assert "| effect on NVIDIA H200 |" in table and "none bundled yet" not in table
+    assert "SYNTHETIC data" in table and "CPU (test)" in table
+
+
+def test_markdown_without_reference_has_one_row_per_technique():
+    rows = build_checklist(ladder_results(), APPLIES_ALL)
+    rows[0] = rows[0].__class__(rows[0].technique, "yes: a | b", rows[0].here, {})
+    table = checklist_markdown(rows, ladder_results())
+    body = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(body) == len(TECHNIQUES)
+    assert all(line.endswith("| none bundled yet |") for line in body)
+    assert "yes: a \\| b" in table  # a pipe inside a cell cannot break the table
+    with pytest.raises(ValueError, match="results is empty"):
+        build_checklist([], APPLIES_ALL)
+
+
+def test_every_checklist_technique_is_known_to_the_environment_report():
+    names = {name for name, _, _ in techniques_here()}
+    missing = [t.name for t in TECHNIQUES if t.name not in names and t.name != "larger batch"]
+    assert missing == []
+    rung_names = set(fastlab.bench.RUNG_NAMES)
+    assert {t.rung for t in TECHNIQUES} <= rung_names
+
+
+# ---------------------------------------------------------------- notebook 09's ladder logic
+
+
+def test_smoke_skips_only_the_compile_rung(smoke):
+    assert [r.name for r in at.rungs_for(smoke)][-1] == "large_batch"
+    assert "smoke" in at.skipped_rungs(smoke)["all_on"]
+    cpu = fastlab.config_for("cpu", device="cpu")
+    assert at.skipped_rungs(cpu) == {} and at.rungs_for(cpu)[-1].name == "all_on"
+
+
+def test_top_of_the_ladder_skips_dropped_rungs_and_summary_is_computed():
+    results = ladder_results()
+    results.append(rung("device_loader", [], dropped="failed: out of memory"))
+    assert at.top_index(results) == 3
+    assert at.total_speedup(results) == pytest.approx(3.0)
+    text = "\n".join(at.summary_lines(results))
+    assert "channels_last: 3.00x naive; over the rung it was built on: 1.50x (faster)" in text
+    assert "dropped from the rungs above: 0.25x the rung below it" in text
+    assert "top of the ladder (channels_last): 3.00x (faster)" in text
+    with pytest.raises(ValueError, match="no rung"):
+        at.top_index([rung("naive", [])])
+
+
+def test_beside_reference_with_and_without_bundled_results():
+    mine = ladder_results()
+    none = at.beside_reference(mine, reference={})
+    assert "3.00x the naive rung" in none[0] and "No reference results" in none[1]
+    ref = [rung("naive", [1000] * 3, model="resnet18"), rung("channels_last", [12000] * 3, model="resnet18")]
+    for r in ref:
+        r.env["date"] = "2026-01-01"
+    lines = at.beside_reference(mine, reference={"NVIDIA H200": ref})
+    assert len(lines) == 2 and "NVIDIA H200" in lines[1] and "12.00x its naive rung" in lines[1]
+
+
+def test_a_dropped_rung_is_retested_on_top(quick):
+    rungs = at.select_rungs(at.ladder(quick), only=["channels_last"])
+    naive = fastlab.run(quick.replace(**rungs[0].changes), label="naive", progress=False)
+    naive.extras["rung"] = "naive"
+    cl = rung("channels_last", [1.0], dropped="a trap", channels_last=True)
+    retests = at.retest_dropped([naive, cl], rungs, progress=False)
+    assert len(retests) == 1
+    title, (top, changed) = retests[0]
+    assert title == "+channels_last" and top.config["channels_last"] is False and changed.config["channels_last"]
+    assert "+channels_last on top of the ladder:" in at.retest_lines(retests)[0]
+    assert at.retest_lines([]) == ["No rung was dropped on this machine: nothing to retest on top of the ladder."]
+    with pytest.raises(ValueError, match="limit=-1"):
+        at.retest_dropped([naive], rungs, limit=-1)
+
+
+def test_both_notebook_comparisons_are_registered():
+    from fastlab.comparisons import REGISTRY
+    from fastlab.lessons import own_model
+
+    assert REGISTRY["09_all_together:ladder"] is at.run_all_together
+    assert REGISTRY["10_your_own_model:first_steps"] is own_model.first_steps_demo
+
+
+def test_reference_ladders_fall_back_to_a_bundled_bench_ladder(monkeypatch):
+    bench = [rung("naive", [1000] * 3), rung("workers", [2000] * 3)]
+    other = fastlab.RunResult(config={}, label="not a rung")
+    monkeypatch.setattr(at, "reference_for", lambda name: {})
+    monkeypatch.setattr(at, "load_reference", lambda: {"NVIDIA H200": [other, *bench], "A100": [bench[1]]})
+    assert at.reference_ladders() == {"NVIDIA H200": bench}  # a set not starting at naive is no ladder
+    tagged = {"L4": [rung("naive", [10] * 3)]}
+    monkeypatch.setattr(at, "reference_for", lambda name: tagged if name == at.NAME else {})
+    assert at.reference_ladders() is tagged
