@@ -82,9 +82,9 @@ class TrainConfig:
     train_images: int = 50_000  # training-set size (synthetic size, or a cap on CIFAR-10)
     eval_images: int = 2_000  # held-out images for the accuracy figure
     seed: int = 0
-    max_seconds: float = 0.0  # wall-time budget of the training part of a run (0 = none); a run that
-    #   exceeds it stops with status "time_limited", keeping its steps (a knob that is very slow here
-    #   then costs a bounded time, and the result says so instead of hanging the notebook)
+    max_seconds: float = 0.0  # wall-time budget of the timed steps, warm-up (and so compile) excluded; 0 = none.
+    #   A run over it stops with status "time_limited", keeping its steps: a knob that is very slow on this
+    #   machine then costs a bounded time, and the result says so instead of stalling the notebook.
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" or "mps"
     profile: str = "custom"  # which preset this came from (recorded with every result)
     notes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -171,8 +171,8 @@ PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
     "smoke": dict(model="tiny", dataset="synthetic", batch_size=32, steps=20, warmup_steps=3, windows=4,
                   train_images=640, eval_images=256, lr=3e-3, max_seconds=60.0),
     # A laptop: the compact net, a comparison of two runs in about a minute.
-    "cpu": dict(model="compact", batch_size=64, steps=30, warmup_steps=3, windows=5,
-                train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=30.0),
+    "cpu": dict(model="compact", batch_size=64, steps=25, warmup_steps=3, windows=5,
+                train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=45.0),
     # A real GPU: real sizes, enough steps for stable timing.
     "gpu": dict(model="resnet18", batch_size=512, steps=200, warmup_steps=30, windows=5,
                 train_images=50_000, eval_images=10_000, lr=2e-3),

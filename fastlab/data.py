@@ -58,7 +58,7 @@ class ImageSet:
 
 
 def make_synthetic(n: int, split: str = "train", seed: int = SYNTHETIC_SEED, noise: float = 1.0,
-                   signal: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+                   signal: float = 0.25) -> tuple[np.ndarray, np.ndarray]:
     """A CIFAR-shaped (32x32x3 uint8, 10 classes) set that a CNN can learn, but not at a glance.
 
     Each class owns a smooth random colour pattern. An image is its class pattern, shifted and

@@ -54,8 +54,9 @@ def run(config: TrainConfig, *, label: str = "run", model: nn.Module | Callable[
     comparison: the name of the comparison this run belongs to (matched against bundled reference results).
     stop: set it (from another thread) to end the run early; the result is marked interrupted.
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
-    Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted; a run over
-    config.max_seconds ends marked time_limited. Each keeps the steps it finished.
+    Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted; a run whose
+    timed steps (warm-up excluded) take over config.max_seconds ends marked time_limited. Each keeps the
+    steps it finished.
     """
     result = TrainingRun(config, label, model, dataset, progress, stop, on_step).execute()
     if comparison:
@@ -352,7 +353,8 @@ class TrainingRun:
                     bar.update(1)
                     if self.on_step is not None:
                         self.on_step(step + 1, total)
-                    if cfg.max_seconds and t1 - t_start > cfg.max_seconds and step + 1 < total:
+                    timed_so_far = t1 - window_start + res.timed_seconds if step + 1 > cfg.warmup_steps else 0.0
+                    if cfg.max_seconds and timed_so_far > cfg.max_seconds and step + 1 < total:
                         raise _OverBudget
         finally:
             bar.close()
