@@ -1,4 +1,4 @@
-"""python -m fastlab bench | env | run | report | download"""
+"""python -m fastlab bench | env | run | report | advise | download"""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .results import save_results
     from .train import run
 
-    changes = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(TrainConfig)}
-               and v is not None}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}  # --profile picks the preset
+    changes = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     cfg = config_for(args.profile, **changes)
     result = run(cfg, label="cli run")
     print(result.summary())

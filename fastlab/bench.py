@@ -174,24 +174,26 @@ def markdown_table(results: list[RunResult]) -> str:
     data = "SYNTHETIC data" if results[0].synthetic else f"real {results[0].dataset.get('name', '?')}"
     lines = [f"fastlab bench on {env.get('device_name')}, torch {env.get('torch')}, profile "
              f"{env.get('profile')}, model {results[0].config.get('model')}, {data}, {env.get('date')}", "",
-             "| rung | images/s median (min-max) | vs naive | vs previous rung | peak memory MiB | data wait | "
+             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | data wait | "
              "held-out acc. | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = results[0]
-    for i, r in enumerate(results):
+    below: RunResult | None = None  # the last rung carried up: what each rung is built on
+    for r in results:
         t = r.throughput
         if r.status == "failed" or not r.window_throughput:
             dropped = " (dropped from the rungs above)" if r.extras.get("dropped") else ""
             lines.append(f"| {r.label}{dropped} | {r.status}: {r.error or 'no timed window finished'} | | | | | | |")
             continue
         vs_base = f"{t.median / base.throughput.median:.2f}x" if base.window_throughput else ""
-        prev = results[i - 1] if i else None
-        if prev is None or not prev.window_throughput:
+        if below is None or not below.window_throughput:
             vs_prev = ""
-        elif is_noise(prev.throughput, t):
-            vs_prev = f"{t.median / prev.throughput.median:.2f}x (noise)"
+        elif is_noise(below.throughput, t):
+            vs_prev = f"{t.median / below.throughput.median:.2f}x (noise)"
         else:
-            vs_prev = f"{t.median / prev.throughput.median:.2f}x"
+            vs_prev = f"{t.median / below.throughput.median:.2f}x"
+        if not r.extras.get("dropped"):
+            below = r
         acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else ""
         no_ops = ", ".join(r.no_ops)
         status = "" if r.ok else f" ({r.status})"

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import fastlab
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,6 +26,14 @@ def test_env_prints_the_environment_and_what_applies():
 def test_bad_knob_is_a_clear_error():
     out = cli("run", "--batch-size", "0")
     assert out.returncode == 2 and "TrainConfig.batch_size=0" in out.stderr
+
+
+def test_run_takes_a_profile_and_any_knob(tmp_path):
+    out = cli("run", "--profile", "smoke", "--steps", "4", "--windows", "2", "--batch-size", "16", "--out",
+              str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    (result,) = fastlab.load_results(tmp_path / "r.json")
+    assert (result.config["profile"], result.config["steps"], result.config["batch_size"]) == ("smoke", 4, 16)
 
 
 def test_bench_writes_three_files_and_names_the_folder(tmp_path):
