@@ -72,6 +72,9 @@ def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[st
     for given in (only or []) + (skip or []):
         if given not in names:
             raise ValueError(f"unknown rung {given!r}; rungs are: {', '.join(r.name for r in rungs)}")
+    both = set(only or []) & set(skip or [])
+    if both:
+        raise ValueError(f"rung(s) {sorted(both)} given to both --only and --skip; name each in one of them")
     keep = [r for r in rungs if (not only or r.name in only or r.name == "naive") and r.name not in (skip or [])]
     if not keep or keep[0].name != "naive":
         raise ValueError("the naive rung is the baseline every speed-up is measured against; it cannot be skipped")

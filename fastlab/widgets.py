@@ -21,6 +21,8 @@ from .results import RunResult
 from .train import describe_changes, run
 
 PlotFn = Callable[[list[RunResult]], Any]
+# ipywidgets reads a Dropdown value of None as "nothing selected" and shows it blank, so None travels as this.
+NONE_CHOICE = "None (torch's default)"
 
 
 def _control(name: str, value: Any, options: Sequence[Any] | None) -> W.Widget:
@@ -32,6 +34,8 @@ def _control(name: str, value: Any, options: Sequence[Any] | None) -> W.Widget:
         raise ValueError(f"knob {name!r} needs a list of options (it is not a yes/no or a fixed-choice field)")
     if value not in opts:
         opts = [value] + opts
+    opts = [NONE_CHOICE if o is None else o for o in opts]
+    value = NONE_CHOICE if value is None else value
     return W.Dropdown(options=[(str(o), o) for o in opts], value=value, description=name, style=style)
 
 
@@ -84,7 +88,8 @@ class Panel:
         display(self.widget)
 
     def current_config(self) -> TrainConfig:
-        return self.base.replace(**{name: c.value for name, c in self.controls.items()})
+        return self.base.replace(**{name: None if c.value == NONE_CHOICE else c.value
+                                    for name, c in self.controls.items()})
 
     @property
     def running(self) -> bool:

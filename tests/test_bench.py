@@ -14,6 +14,8 @@ def test_ladder_is_cumulative_and_selectable(smoke):
     assert "amp" not in [r.name for r in select_rungs(rungs, skip=["amp"])]
     with pytest.raises(ValueError, match="unknown rung 'turbo'"):
         select_rungs(rungs, only=["turbo"])
+    with pytest.raises(ValueError, match="both --only and --skip"):
+        select_rungs(rungs, only=["amp"], skip=["amp"])
     with pytest.raises(ValueError, match="naive rung"):
         select_rungs(rungs, skip=["naive"])
 

@@ -46,6 +46,15 @@ def test_bench_writes_three_files_and_names_the_folder(tmp_path):
     assert redraw.returncode == 0 and "+device-resident data" in redraw.stdout
 
 
+def test_bench_profile_and_model_reach_the_results(tmp_path):
+    out = cli("bench", "--profile", "smoke", "--model", "compact", "--only", "device_loader", "--skip", "all_on",
+              "--out", str(tmp_path / "b"))
+    assert out.returncode == 0, out.stderr
+    results = fastlab.load_results(tmp_path / "b" / "results.json")
+    assert [r.extras["rung"] for r in results] == ["naive", "device_loader"]
+    assert {(r.config["profile"], r.config["model"]) for r in results} == {("smoke", "compact")}
+
+
 def test_bench_rejects_unknown_rungs(tmp_path):
     out = cli("bench", "--skip", "turbo", "--out", str(tmp_path))
     assert out.returncode == 2 and "unknown rung 'turbo'" in out.stderr

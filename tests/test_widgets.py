@@ -51,6 +51,8 @@ def test_stop_ends_the_run_interrupted_with_partial_steps(quick):
 
 def test_bad_knob_values_are_reported_not_raised(quick):
     panel = Panel(quick, {"num_workers": [0, 2], "prefetch_factor": [None, 4]})
+    assert panel.controls["prefetch_factor"].label.startswith("None")  # shown, not blank
+    assert panel.current_config().prefetch_factor is None
     panel.controls["prefetch_factor"].value = 4
     panel.start()
     assert not panel.running and "prefetch_factor=4" in panel.status.value and panel.results == []
