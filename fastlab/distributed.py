@@ -606,8 +606,9 @@ def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int)
                 res.timed_seconds += t1 - window_start
                 window_start = t1
             if boundary and cfg.max_seconds and step + 1 < total:
-                # every rank must stop at the same step, or the others wait forever in the next all-reduce
-                over = torch.tensor([float(t1 - t_start > cfg.max_seconds)], device=dev)
+                # every rank must stop at the same step, or the others wait forever in the next all-reduce;
+                # the budget counts timed steps only (warm-up and compile excluded), as in fastlab.run
+                over = torch.tensor([float(res.timed_seconds > cfg.max_seconds)], device=dev)
                 dist.all_reduce(over, op=dist.ReduceOp.MAX)
                 if over.item():
                     res.status = "time_limited"
