@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab bench dashboard test lint overhead clean
+.PHONY: lab bench dashboard test lint overhead gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval
 
 overhead: $(STAMP)  ## the harness against a bare hand-written loop
 	$(PY) tests/benchmark_overhead.py
+
+# On a CUDA machine: every CUDA-only path checked with assertions, then both ladders (under 8 minutes on an H200).
+# Needs only torch from the checkout (PYTHONPATH=.); prints one line and exits 0 where there is no CUDA GPU.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	PYTHONPATH=. $(GPU_PY) -m fastlab.gpu_check
 
 clean:
 	rm -rf $(VENV) bench-results

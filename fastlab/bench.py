@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, config_for
-from .measure import bf16_supported, is_noise, resolve_device
+from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
+from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, time_to_accuracy
 from .results import RunResult, load_document, save_results
 from .train import run
 
@@ -32,35 +33,45 @@ class Rung:
 
 
 def ladder(base: TrainConfig) -> list[Rung]:
-    """The rungs for this machine. Changes are cumulative: each rung keeps those before it."""
+    """The rungs for this machine. Changes are cumulative: each rung keeps those before it.
+
+    The naive rung is what a newcomer's plain PyTorch loop does: torch's own defaults (conv TF32 on, the
+    optimiser implementation torch picks, full-precision fp32 matmuls), loading in the training process.
+    Each rung above it adds one technique, named in its title.
+    """
     device = resolve_device(base.device)
     small, large = LADDER_BATCH.get(base.profile, (base.batch_size, base.batch_size * 2))
     if base.profile == "gpu" and base.model == "compact":
         small, large = LADDER_BATCH_COMPACT_GPU
-    workers = min(os.cpu_count() or 1, 8 if device.type == "cuda" else 2)
-    amp = "bf16" if bf16_supported(device) else "fp16"
+    workers = min(usable_cpu_count(), 8 if device.type == "cuda" else 2)
+    amp = preferred_amp(device)
+    stock = TrainConfig()
     return [
         Rung("naive", "naive", dict(loader="dataloader", num_workers=0, pin_memory=False, non_blocking=False,
-                                    persistent_workers=False, prefetch_factor=None, amp="off", tf32=False,
-                                    cudnn_benchmark=False, channels_last=False, compile="off", batch_size=small,
-                                    optimizer="adam", opt_impl="for-loop", log_every=1),
-             "fp32, loading in the training process, Adam, a small batch, loss read every step"),
-        Rung("workers", "+workers, pin_memory", dict(num_workers=workers, pin_memory=True, non_blocking=True,
-                                                     persistent_workers=True),
-             f"{workers} worker processes decode and augment in parallel; pinned memory makes copies async"),
-        Rung("amp", f"+{amp} autocast", dict(amp=amp), "lower precision halves memory traffic and uses tensor cores"),
+                                    persistent_workers=False, prefetch_factor=None, amp="off", tf32=stock.tf32,
+                                    matmul_precision=stock.matmul_precision, cudnn_benchmark=False,
+                                    channels_last=False, compile="off", batch_size=small, optimizer="adam",
+                                    opt_impl="default", weight_decay=stock.weight_decay),
+             "stock PyTorch: fp32 (torch's TF32 defaults), loading in the training process, Adam, a small batch"),
+        Rung("workers", f"+{workers} workers, pin_memory", dict(num_workers=workers, pin_memory=True,
+                                                               non_blocking=True, persistent_workers=True),
+             f"the DataLoader settings: {workers} worker processes decode and augment in parallel; pinned memory "
+             f"makes copies async"),
+        Rung("amp", f"+{amp} autocast", dict(amp=amp),
+             "lower precision halves memory traffic and uses tensor cores" +
+             ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)")),
         Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), "cuDNN times its algorithms per shape"),
         Rung("channels_last", "+channels_last", dict(channels_last=True), "NHWC is the layout tensor cores want"),
-        Rung("fused_adamw", "+fused AdamW", dict(optimizer="adamw", opt_impl="fused", weight_decay=0.05),
-             "one kernel updates every parameter; decoupled weight decay"),
+        Rung("fused_adamw", "+AdamW (fused step, weight decay 0.05)",
+             dict(optimizer="adamw", opt_impl="fused", weight_decay=0.05),
+             "the checklist's optimiser, said together: decoupled weight decay (AdamW, 0.05) and its fused step"),
         Rung("device_loader", "+device-resident data",
-             dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False,
-                  log_every=10),
-             "the whole set on the device, augmented per batch as tensor ops; loss read every 10 steps"),
+             dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False),
+             "the whole set on the device, augmented per batch as tensor ops"),
         Rung("large_batch", f"+batch {large}", dict(batch_size=large), "fewer, larger kernels per image"),
-        Rung("all_on", "all on (+compile, tf32)",
-             dict(compile="reduce-overhead" if device.type == "cuda" else "default", tf32=True),
-             "torch.compile fuses kernels; reduce-overhead replays CUDA graphs"),
+        Rung("all_on", "+torch.compile (all on)",
+             dict(compile="reduce-overhead" if device.type == "cuda" else "default"),
+             "torch.compile fuses kernels" + ("; reduce-overhead replays CUDA graphs" if device.type == "cuda" else "")),
     ]
 
 
@@ -81,8 +92,8 @@ def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[st
     return keep
 
 
-# A rung that makes this machine more than this much slower than the rung below it (or fails, or runs out
-# of its time budget) is a trap here, not a step up: it is shown, then left out of the rungs above it.
+# A rung that makes this machine more than this much slower than the rung below it (or fails, diverges, or runs
+# out of its time budget) is a trap here, not a step up: it is shown, then left out of the rungs above it.
 # Smaller slowdowns are kept, since techniques combine (bf16 pays once channels_last and a large batch join it).
 DROP_BELOW_RATIO = 0.5
 
@@ -91,7 +102,7 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
     """Why a rung's change should not be carried up the ladder, or None to keep it."""
     if below is None:
         return None
-    if result.status in ("failed", "time_limited") or not result.window_throughput:
+    if result.status in ("failed", "time_limited", "diverged") or not result.window_throughput:
         return f"{result.status}: {result.error or 'no timed window finished'}"
     ratio = result.throughput.median / below.throughput.median
     if ratio < DROP_BELOW_RATIO and not is_noise(below.throughput, result.throughput):
@@ -99,19 +110,20 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
     return None
 
 
-def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True) -> list[RunResult]:
+def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
+               on_result: Callable[[RunResult], None] | None = None,
+               max_seconds: Callable[[], float] | None = None) -> list[RunResult]:
     """Run the rungs cumulatively; a rung that is a trap here (see drop_reason) is not carried up.
-    Stops early (keeping what ran) when a run is interrupted."""
+    Stops early (keeping what ran) when a run is interrupted. on_result(result) is called after each rung
+    (to save as it goes); max_seconds(), when given, is each rung's time budget (the time left)."""
     results: list[RunResult] = []
     kept: dict[str, Any] = {}
     below: RunResult | None = None
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(rungs), desc="bench ladder", unit="rung")
+    bar = _rung_bar(len(rungs), "bench ladder", progress)
     for rung in rungs:
         cfg = base.replace(**{**kept, **rung.changes})
+        if max_seconds is not None:
+            cfg = cfg.replace(max_seconds=max(max_seconds(), 1.0))
         result = run(cfg, label=rung.title, progress=progress)
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
@@ -122,6 +134,8 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True) -> l
             kept.update(rung.changes)
             below = result
         results.append(result)
+        if on_result is not None:
+            on_result(result)
         if bar is not None:
             bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s")
             bar.update(1)
@@ -132,22 +146,88 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True) -> l
     return results
 
 
+def _rung_bar(total: int, desc: str, progress: bool):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rung")
+
+
+def tta_drop_reason(tta: TimeToAccuracy) -> str | None:
+    """A rung whose seeds never reach the target (or diverge) is not carried up the time-to-accuracy ladder."""
+    diverged = [r for r in tta.runs if r.status == "diverged"]
+    if diverged:
+        return f"diverged in {len(diverged)} of {len(tta.runs)} seeds ({diverged[0].error})"
+    if tta.reached == 0:
+        return f"target {tta.target:.0%} not reached in any seed"
+    return None
+
+
+def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
+                   progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None
+                   ) -> list[TimeToAccuracy]:
+    """The ladder on time-to-accuracy: each rung trained over `seeds` until the profile's target accuracy."""
+    out: list[TimeToAccuracy] = []
+    kept: dict[str, Any] = {}
+    bar = _rung_bar(len(rungs), "time-to-accuracy ladder", progress)
+    for rung in rungs:
+        cfg = base.replace(**{**kept, **rung.changes})
+        tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress)
+        reason = tta_drop_reason(tta)
+        for r in tta.runs:
+            r.extras.update(rung=rung.name, why=rung.why, metric="time-to-accuracy")
+            if reason:
+                r.extras["dropped"] = reason
+        if not reason:
+            kept.update(rung.changes)
+        out.append(tta)
+        if on_result is not None:
+            on_result(tta.runs)
+        if bar is not None:
+            bar.update(1)
+        if any(r.status == "interrupted" for r in tta.runs):
+            break
+    if bar is not None:
+        bar.close()
+    return out
+
+
 def default_out_dir() -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("bench-results") / stamp
 
 
+METRICS = ("throughput", "time-to-accuracy")
+
+
 def bench(out_dir: str | Path | None = None, profile: str | None = None, model: str | None = None,
-          only: list[str] | None = None, skip: list[str] | None = None, progress: bool = True) -> Path:
-    """Run the ladder, write results.json, bench.png and bench.md into out_dir; returns out_dir."""
+          only: list[str] | None = None, skip: list[str] | None = None, progress: bool = True,
+          metric: str = "throughput", seeds: int = len(DEFAULT_SEEDS)) -> Path:
+    """Run the ladder, write results.json, bench.png and bench.md into out_dir; returns out_dir.
+    results.json is rewritten after every rung, so a run cut short keeps what it measured."""
+    if metric not in METRICS:
+        raise ValueError(f"metric={metric!r} is not allowed: choose one of {', '.join(map(repr, METRICS))}")
     base = config_for(profile)
     if model:
         base = base.replace(model=model)
     rungs = select_rungs(ladder(base), only, skip)
     out = Path(out_dir) if out_dir else default_out_dir()
-    results = run_ladder(base, rungs, progress=progress)
-    save_results(out / "results.json", results, meta={"kind": "bench", "profile": base.profile, "model": base.model})
-    write_report(out / "results.json")
+    path = out / "results.json"
+    meta = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
+    done: list[RunResult] = []
+
+    def save(new: RunResult | list[RunResult]) -> None:
+        done.extend(new if isinstance(new, list) else [new])
+        save_results(path, done, meta=meta)
+
+    if metric == "throughput":
+        run_ladder(base, rungs, progress=progress, on_result=save)
+    else:
+        run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save)
+    if not done:
+        save_results(path, done, meta=meta)
+    write_report(path)
     return out
 
 
@@ -163,10 +243,89 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
     doc = load_document(results_path)
     results = [RunResult.from_dict(r) for r in doc["results"]]
     png = results_path.parent / "bench.png"
-    png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
     md = results_path.parent / "bench.md"
-    md.write_text(markdown_table(results))
+    if doc.get("meta", {}).get("metric") == "time-to-accuracy":
+        ttas = tta_groups(results)
+        png.write_bytes(figure_png(plot_tta_ladder(ttas), dpi=110))
+        md.write_text(tta_markdown_table(ttas))
+    else:
+        png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
+        md.write_text(markdown_table(results))
     return png, md
+
+
+def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
+    """The runs of a time-to-accuracy results file, grouped back by rung (in order)."""
+    groups: dict[str, TimeToAccuracy] = {}
+    for r in results:
+        key = r.extras.get("rung") or r.extras.get("variant") or r.label
+        if key not in groups:
+            groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
+        groups[key].runs.append(r)
+    return list(groups.values())
+
+
+def tta_markdown_table(ttas: list[TimeToAccuracy]) -> str:
+    """The time-to-accuracy ladder as a Markdown table, computed from the runs."""
+    if not ttas or not ttas[0].runs:
+        return "No results.\n"
+    first = ttas[0].runs[0]
+    env = first.env
+    data = "SYNTHETIC data" if first.synthetic else f"real {first.dataset.get('name', '?')}"
+    lines = [f"fastlab time-to-accuracy ladder on {env.get('device_name')}, torch {env.get('torch')}, profile "
+             f"{env.get('profile')}, model {first.config.get('model')}, {data}, target {ttas[0].target:.0%} held-out "
+             f"accuracy, {len(ttas[0].runs)} seeds per rung, {env.get('date')}", "",
+             "| rung | training s to target, median (min-max) | reached | vs naive | median steps | best accuracy "
+             "median (min-max) | images/s median | no-ops here |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = ttas[0].seconds
+    for t in ttas:
+        s, b = t.seconds, t.best_accuracy
+        dropped = t.runs[0].extras.get("dropped")
+        name = t.label + (f" (dropped: {dropped})" if dropped else "")
+        speed = Spread.of([r.throughput.median for r in t.runs if r.window_throughput])
+        no_ops = ", ".join(sorted({k for r in t.runs for k in r.no_ops}))
+        if t.reached:
+            vs = f"{base.median / s.median:.2f}x" if base.n and s.median else ""
+            if base.n and is_noise(base, s):
+                vs += " (noise)"
+            time_cell, steps = f"{s.median:.1f} ({s.low:.1f}-{s.high:.1f})", f"{t.steps.median:.0f}"
+        else:
+            time_cell, vs, steps = "not reached", "", ""
+        lines.append(f"| {name} | {time_cell} | {t.reached}/{len(t.runs)} | {vs} | {steps} | {b.median:.1%} "
+                     f"({b.low:.1%}-{b.high:.1%}) | {speed.median:,.0f} | {no_ops} |")
+    lines += ["", "Training seconds to target: wall time of every training step (warm-up and compilation included) up "
+              "to the evaluation checkpoint that first reached the target; evaluation time excluded. Median, min and "
+              "max over the seeds that reached it; 'vs naive' = naive's median / the rung's median; 'noise': a "
+              "median inside the other's range. Each rung keeps the changes of the rungs below it that reached "
+              "the target without diverging."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy"):
+    """Bars of training seconds to target per rung (median, min-max whiskers); not reached and diverged marked."""
+    from .plots import new_figure
+
+    fig, (ax,) = new_figure(1, width=8.0, height=4.8)
+    names = [t.label for t in ttas]
+    for i, t in enumerate(ttas):
+        if t.reached:
+            s = t.seconds
+            ax.bar(i, s.median, color="tab:blue" if not t.runs[0].extras.get("dropped") else "tab:gray")
+            ax.errorbar(i, s.median, yerr=[[s.median - s.low], [s.high - s.median]], color="black", capsize=4)
+            ax.text(i, s.high, f"{t.reached}/{len(t.runs)}", ha="center", va="bottom", fontsize=8)
+        else:
+            why = "diverged" if any(r.status == "diverged" for r in t.runs) else "not reached"
+            ax.text(i, 0, why, ha="center", va="bottom", rotation=90, color="tab:red", fontsize=9)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("training seconds to target (lower is better)")
+    first = ttas[0].runs[0] if ttas and ttas[0].runs else None
+    if first is not None:
+        data = "SYNTHETIC data" if first.synthetic else first.dataset.get("name", "?")
+        title = f"{title}: {ttas[0].target:.0%} held-out accuracy, {first.env.get('device_name')}, {data}"
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def markdown_table(results: list[RunResult]) -> str:
@@ -178,7 +337,7 @@ def markdown_table(results: list[RunResult]) -> str:
     lines = [f"fastlab bench on {env.get('device_name')}, torch {env.get('torch')}, profile "
              f"{env.get('profile')}, model {results[0].config.get('model')}, {data}, {env.get('date')}", "",
              "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | data wait | "
-             "held-out acc. | no-ops here |",
+             "held-out acc. (one run) | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = results[0]
     below: RunResult | None = None  # the last rung carried up: what each rung is built on
@@ -199,7 +358,7 @@ def markdown_table(results: list[RunResult]) -> str:
             below = r
         acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else ""
         no_ops = ", ".join(r.no_ops)
-        status = "" if r.ok else f" ({r.status})"
+        status = "" if r.ok else f" ({r.status}{': speed not credited' if r.status == 'diverged' else ''})"
         if r.extras.get("dropped"):
             status += " (dropped from the rungs above)"
         wait = r.data_wait_fraction()
@@ -213,5 +372,7 @@ def markdown_table(results: list[RunResult]) -> str:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "
               "over the timed windows (warm-up excluded). 'noise': the median of one rung lies inside the other's "
-              "min-max range. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + "."]
+              "min-max range. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
+              "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "
+              "time-to-accuracy` measures the outcome over seeds). A diverged rung's speed is shown, never credited."]
     return "\n".join(lines) + "\n"

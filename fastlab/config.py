@@ -11,13 +11,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-PROFILES = ("smoke", "cpu", "gpu")
+PROFILES = ("smoke", "cpu", "gpu", "mps")
 
 # Allowed values of the fields that take one of a fixed set of strings.
 CHOICES: dict[str, tuple[str, ...]] = {
     "loader": ("dataloader", "device"),
     "amp": ("off", "fp16", "bf16"),
-    "compile": ("off", "default", "max-autotune", "reduce-overhead"),
+    "compile": ("off", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
+    "matmul_precision": ("highest", "high", "medium"),
     "optimizer": ("sgd", "adam", "adamw"),
     "opt_impl": ("default", "for-loop", "foreach", "fused"),
     "scheduler": ("none", "cosine", "onecycle"),
@@ -53,11 +54,15 @@ class TrainConfig:
     prefetch_factor: int | None = None  # batches each worker loads ahead; None = torch's default (needs num_workers > 0)
     # --- precision ---
     amp: str = "off"  # autocast dtype: "fp16" (with GradScaler) or "bf16"
-    tf32: bool = False  # TensorFloat-32 matmuls/convs on Ampere+ GPUs
+    tf32: bool = True  # cuDNN convolutions may use TensorFloat-32 on Ampere+ GPUs (torch.backends.cudnn.allow_tf32):
+    #   torch's own default is True, so the baseline keeps it; False is the stricter fp32, a named choice
+    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: "highest" (torch's default: full fp32
+    #   matmuls), "high" (TF32 matmuls on Ampere+), "medium" (bf16 inside fp32 matmuls)
     # --- kernels ---
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms per input shape and keep the fastest
     channels_last: bool = False  # NHWC memory format for model and inputs (tensor cores prefer it)
-    compile: str = "off"  # torch.compile mode
+    compile: str = "off"  # torch.compile mode; "reduce-overhead" and "max-autotune" add CUDA graphs on a GPU,
+    #   "max-autotune-no-cudagraphs" autotunes kernels without them
     # --- shape ---
     batch_size: int = 128  # images per micro-batch
     grad_accum_steps: int = 1  # micro-batches per optimiser step; images per step = batch_size * grad_accum_steps
@@ -174,13 +179,20 @@ PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
     "cpu": dict(model="compact", batch_size=64, steps=25, warmup_steps=3, windows=5,
                 train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=45.0),
     # A real GPU: real sizes, enough steps for stable timing.
-    "gpu": dict(model="resnet18", batch_size=512, steps=200, warmup_steps=30, windows=5,
-                train_images=50_000, eval_images=10_000, lr=2e-3),
+    # The device-resident loader: a GPU lesson measures the GPU, not PIL decoding in the training process
+    # (the data-loading lesson and the ladder's first rungs choose the DataLoader themselves). The loss is read
+    # every 10 steps: each read is a host-device sync. Sized to fit a 15 GB GPU (Colab's T4).
+    "gpu": dict(model="resnet18", loader="device", log_every=10, batch_size=512, steps=200, warmup_steps=30,
+                windows=5, train_images=50_000, eval_images=10_000, lr=2e-3),
+    # An Apple GPU (a laptop's: PyTorch's mps device): between cpu and gpu in size. The compact net, not ResNet-18,
+    # the DataLoader (the device loader is untested on mps), and a time budget: a laptop GPU varies widely.
+    "mps": dict(model="compact", batch_size=128, steps=60, warmup_steps=5, windows=5,
+                train_images=20_000, eval_images=2_000, lr=2e-3, max_seconds=90.0),
 }
 
 
 def active_profile() -> str:
-    """FASTLAB_PROFILE if set, else "gpu" when CUDA is available, else "cpu"."""
+    """FASTLAB_PROFILE if set, else "gpu" when CUDA is available, "mps" on an Apple GPU, else "cpu"."""
     name = os.environ.get("FASTLAB_PROFILE", "").strip()
     if name:
         if name not in PROFILES:
@@ -188,7 +200,11 @@ def active_profile() -> str:
         return name
     import torch
 
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    from .measure import mps_available
+
+    if torch.cuda.is_available():
+        return "gpu"
+    return "mps" if mps_available() else "cpu"
 
 
 def config_for(profile: str | None = None, **changes: Any) -> TrainConfig:
@@ -202,3 +218,24 @@ def config_for(profile: str | None = None, **changes: Any) -> TrainConfig:
     elif os.environ.get("FASTLAB_DATA"):
         data["dataset"] = os.environ["FASTLAB_DATA"]
     return TrainConfig(**data).replace(**changes)
+
+
+# Time-to-accuracy per profile: the held-out accuracy to reach, on the synthetic set and on real CIFAR-10, and
+# how often to evaluate and for how long to try. Each synthetic target is one the profile's naive configuration
+# reaches within max_steps (measured: README, "Time to accuracy").
+TIME_TO_ACCURACY: dict[str, dict[str, Any]] = {
+    "smoke": dict(synthetic=0.50, cifar10=0.40, eval_every=5, max_steps=120),
+    "cpu": dict(synthetic=0.60, cifar10=0.50, eval_every=10, max_steps=150),
+    "gpu": dict(synthetic=0.90, cifar10=0.90, eval_every=50, max_steps=5_000),
+    "custom": dict(synthetic=0.60, cifar10=0.60, eval_every=10, max_steps=200),
+}
+
+
+def tta_settings(config: TrainConfig) -> dict[str, Any]:
+    return TIME_TO_ACCURACY[config.profile]
+
+
+def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
+    """The profile's time-to-accuracy target for the synthetic set or for real CIFAR-10."""
+    return tta_settings(config)["synthetic" if synthetic else "cifar10"]
+

@@ -153,18 +153,26 @@ def read_cifar10(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return train_x, train_y, eval_x, eval_y
 
 
+# A failed download is tried once per process: offline, every later run would wait out the timeout again.
+_download_failures: dict[str, str] = {}
+
+
 def download_cifar10(root: Path, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> None:
-    """Download CIFAR-10 with torchvision into root; raises DatasetError when offline."""
+    """Download CIFAR-10 with torchvision into root; raises DatasetError when offline (at once, after one try)."""
     import torchvision
 
+    if str(root) in _download_failures:
+        raise DatasetError(_download_failures[str(root)])
     root.mkdir(parents=True, exist_ok=True)
     old = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout_s)
     try:
         torchvision.datasets.CIFAR10(str(root), train=True, download=True)
     except Exception as e:  # network errors come in many types; all mean "not downloaded"
-        raise DatasetError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}). "
-                           f"Fix: go online and run `python -m fastlab download`, or set FASTLAB_DATA=synthetic") from e
+        message = (f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}). "
+                   f"Fix: go online and run `python -m fastlab download`, or set FASTLAB_DATA=synthetic")
+        _download_failures[str(root)] = message
+        raise DatasetError(message) from e
     finally:
         socket.setdefaulttimeout(old)
 

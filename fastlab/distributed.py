@@ -476,21 +476,21 @@ def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int)
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
+    from . import builders
     from .data import CifarLikeDataset, DeviceLoader, load_images
-    from .measure import MemoryMeter, now, synchronize
+    from .measure import MemoryMeter, environment, now, synchronize
     from .models import build_model
-    from .train import TrainingRun, window_ends
+    from .train import window_ends
 
     plan = plan_batches(job.config, ctx.world, job.options)
     cfg = job.config.replace(batch_size=plan.per_rank_batch, lr=plan.lr, device=str(ctx.device))
     dev = ctx.device
-    # TrainingRun gives the same optimiser, scheduler, autocast and backend-flag handling (and no-op notes) as fastlab.run.
-    helper = TrainingRun(cfg, f"rank {ctx.rank}", None, None, False, None, None)
-    res = helper.result
-    res.images_per_step = plan.per_rank_batch * plan.grad_accum_steps
-    no_ops = helper.no_ops
-    saved_flags = helper._apply_backend_flags()
-    try:
+    # fastlab.builders gives the same optimiser, scheduler, autocast and backend-flag handling (and no-op notes)
+    # as fastlab.run.
+    res = RunResult(config=cfg.to_dict(), label=f"rank {ctx.rank}", env=environment(dev, cfg.profile),
+                    images_per_step=plan.per_rank_batch * plan.grad_accum_steps)
+    no_ops = res.no_ops
+    with builders.backend_flags(cfg, dev, no_ops):
         # Rank 0 fetches the data first (it may download); the others then load what rank 0 got.
         names = [None]
         if ctx.rank == 0:
@@ -544,11 +544,11 @@ def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int)
                     bucket_cap_mb=job.options.bucket_cap_mb)
         comm = _CommCounter()
         model.register_comm_hook(None, comm.hook())
-        opt = helper._build_optimizer(model)
+        opt = builders.build_optimizer(cfg, model.parameters(), no_ops)
         total = cfg.warmup_steps + cfg.steps
-        sched = helper._build_scheduler(opt, total)
-        compiled = helper._compile(model)
-        amp_dtype = helper._amp_dtype()
+        sched = builders.build_scheduler(cfg, opt, total)
+        compiled = builders.compile_model(cfg, model, dev, no_ops)
+        amp_dtype = builders.amp_dtype(cfg, dev, no_ops)
         scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype == torch.float16)
         start_params = _flat(list(net.parameters())).cpu()
 
@@ -634,8 +634,6 @@ def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int)
             "parameters": params, "buffers": buffers, "sync_batchnorm_used": sync_bn,
         }
         return res
-    finally:
-        helper._restore_backend_flags(saved_flags)
 
 
 def _evaluate(net: Any, images: Any, cfg: TrainConfig, dev: Any, res: RunResult, amp_dtype: Any) -> None:
@@ -708,7 +706,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m torch.distributed.run ... -m fastlab.distributed",
                                 description="One rank of a DDP run (start it with torchrun).")
     p.add_argument("--jobs", help="a JSON file of DDPJob dicts (what fastlab.distributed.launch writes)")
-    p.add_argument("--out", required=True, help="folder for job<i>.json results (rank 0 writes them)")
+    p.add_argument("--out", default="ddp-results",
+                   help="folder for job<i>.json results (rank 0 writes them; default: ddp-results)")
     p.add_argument("--profile", choices=PROFILES, help="without --jobs: the profile to train (default: the active one)")
     p.add_argument("--label", default="", help="without --jobs: the result's label")
     p.add_argument("--batch", choices=BATCH_MODES, default="per_rank", help="DDPOptions.batch")

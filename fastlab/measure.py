@@ -12,14 +12,23 @@ from dataclasses import dataclass
 import torch
 
 
+def mps_available() -> bool:
+    """Whether this machine has an Apple GPU torch can use (PyTorch's `mps` device)."""
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
 def resolve_device(name: str = "auto") -> torch.device:
+    """"auto": CUDA if available, else an Apple GPU (mps), else the CPU; a named device must exist here."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
+        if mps_available():
+            return torch.device("mps")
         return torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"TrainConfig.device={name!r} is not allowed here: CUDA is not available; use 'cpu' or 'auto'")
-    if name == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+    if name == "mps" and not mps_available():
         raise ValueError("TrainConfig.device='mps' is not allowed here: MPS is not available; use 'cpu' or 'auto'")
     return torch.device(name)
 
@@ -39,34 +48,48 @@ def now(device: torch.device) -> float:
 
 
 class MemoryMeter:
-    """Peak memory of a run: the CUDA caching allocator's peak (reset per run), else process RSS."""
+    """Peak memory of a run: the CUDA caching allocator's peak (reset per run); on an Apple GPU the largest
+    sample of torch.mps.current_allocated_memory() (mps keeps no peak counter); else process RSS."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self.kind = "cuda_max_allocated" if self.cuda else "process_rss"
+        self.mps = device.type == "mps"
+        # The kind says what the number is: plots and tables print it beside the figure.
+        self.kind = ("cuda_max_allocated" if self.cuda else
+                     "mps_allocated_peak_of_samples" if self.mps else "process_rss")
         self._process = None
-        if not self.cuda:
+        if not (self.cuda or self.mps):
             import psutil
 
             self._process = psutil.Process()
         self.peak_mb = 0.0
+        self.driver_peak_mb = 0.0  # mps only: Metal driver's allocation (the allocator's cache included)
         self.reset()
 
     def reset(self) -> None:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.peak_mb = self.current_mb()
+        self.driver_peak_mb = self.driver_mb()
 
     def current_mb(self) -> float:
-        """Memory in use now, in MiB (allocated tensors on CUDA; resident set on CPU). Never syncs."""
+        """Memory in use now, in MiB (allocated tensors on CUDA and mps; resident set on CPU). Never syncs."""
         if self.cuda:
             return torch.cuda.memory_allocated(self.device) / 2**20
+        if self.mps:
+            return torch.mps.current_allocated_memory() / 2**20
         return self._process.memory_info().rss / 2**20
+
+    def driver_mb(self) -> float:
+        """mps: all memory the Metal driver holds for this process, in MiB (0 elsewhere)."""
+        return torch.mps.driver_allocated_memory() / 2**20 if self.mps else 0.0
 
     def sample(self) -> float:
         mb = self.current_mb()
         self.peak_mb = max(self.peak_mb, mb)
+        if self.mps:
+            self.driver_peak_mb = max(self.driver_peak_mb, self.driver_mb())
         return mb
 
     def peak(self) -> float:
@@ -119,6 +142,7 @@ def environment(device: torch.device | None = None, profile: str = "custom") -> 
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpu_count(),
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device_type": device.type,
@@ -145,39 +169,95 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
-        return "Apple MPS"
+        return f"Apple GPU (mps, {_mac_chip()})"
     return f"CPU ({os.cpu_count()} cores, {platform.machine()})"
 
 
+def _mac_chip() -> str:
+    """The Mac's chip ("Apple M2 Pro"), or the machine architecture where it cannot be read."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                             timeout=2).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or platform.machine()
+
+
 def bf16_supported(device: torch.device) -> bool:
+    """Native bf16 only. torch.cuda.is_bf16_supported() also answers True where bf16 is emulated (compute
+    capability below 8.0: T4, V100), which is slower than fp16 there, so the capability decides."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.get_device_capability(device) >= (8, 0)
     return device.type == "cpu"
+
+
+def preferred_amp(device: torch.device) -> str:
+    """The autocast dtype a run on this device should use: bf16 where it is native, else fp16 with GradScaler."""
+    return "bf16" if bf16_supported(device) else "fp16"
+
+
+def usable_cpu_count() -> int:
+    """Cores this process may run on: a container's or a job's share, not the host's total (os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def has_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 7
 
 
+def nvml_device_key(index: int, visible: str | None) -> tuple[str, int | str]:
+    """How to find CUDA device `index` (as torch numbers it) in NVML, which ignores CUDA_VISIBLE_DEVICES.
+
+    Returns ("index", n) for an NVML index or ("uuid", "GPU-..."/"MIG-...") when the visible list names UUIDs.
+    """
+    if not visible or not visible.strip():
+        return ("index", index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index >= len(entries):
+        raise ValueError(f"CUDA device {index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+    entry = entries[index]
+    if entry.isdigit():
+        return ("index", int(entry))
+    return ("uuid", entry)
+
+
 class GpuUtilSampler:
-    """GPU utilisation sampled through NVML in a background thread; inert when NVML is absent."""
+    """GPU utilisation sampled through NVML in a background thread.
+
+    The NVML device is the one torch runs on (CUDA_VISIBLE_DEVICES mapped, see nvml_device_key). One query
+    is made up front: where NVML is missing or the GPU cannot report utilisation (MIG slices), nothing is
+    sampled and `unavailable` says why.
+    """
 
     def __init__(self, device: torch.device, interval_s: float = 0.05) -> None:
         self.samples: list[tuple[float, float]] = []
         self.interval_s = interval_s
+        self.unavailable: str | None = None
         self._handle = None
         self._thread = None
         self._stop = None
         if device.type != "cuda":
+            self.unavailable = f"utilisation is sampled on CUDA GPUs only; this run is on {device.type}"
             return
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            self._nvml = pynvml
-        except Exception:  # NVML missing or no driver: utilisation is simply not sampled
-            self._handle = None
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            how, key = nvml_device_key(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if how == "uuid":
+                handle = pynvml.nvmlDeviceGetHandleByUUID(key)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(key)
+            pynvml.nvmlDeviceGetUtilizationRates(handle)  # the probe: raises where it is not supported
+            self._handle, self._nvml = handle, pynvml
+        except Exception as e:  # NVML missing, no driver, or a MIG slice: say so instead of dying in a thread
+            self.unavailable = f"utilisation not available: {type(e).__name__}: {e}"
 
     @property
     def available(self) -> bool:
@@ -192,7 +272,11 @@ class GpuUtilSampler:
 
             def loop() -> None:
                 while not self._stop.is_set():
-                    util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+                    try:
+                        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+                    except Exception as e:  # stop sampling, keep what arrived, and say why
+                        self.unavailable = f"utilisation sampling stopped: {type(e).__name__}: {e}"
+                        return
                     self.samples.append((time.perf_counter() - t0, float(util)))
                     self._stop.wait(self.interval_s)
 

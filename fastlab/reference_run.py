@@ -42,31 +42,46 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     results: list[RunResult] = []
 
+    def left() -> float:
+        return args.budget_s - (time.monotonic() - start)
+
     def save(what: str) -> None:
         save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
         print(f"[{time.monotonic() - start:6.0f} s] {what}: {len(results)} results saved to {path}", flush=True)
 
+    def keep(new: list[RunResult], what: str) -> None:
+        # a comparison that could not use the GPU (DDP with one GPU falls back to CPU ranks) is not GPU reference
+        gpu = [r for r in new if r.env.get("device_type") == "cuda"]
+        if len(gpu) < len(new):
+            print(f"{what}: {len(new) - len(gpu)} result(s) measured off the GPU were not kept", flush=True)
+        results.extend(gpu)
+        save(what)
+
     if not args.no_ladder:
         for model in ("resnet18", "compact"):
-            if time.monotonic() - start > args.budget_s:
+            if left() <= 0:
                 break
             base = config_for("gpu", model=model)
-            for r in run_ladder(base, ladder(base), progress=False):
+
+            def rung_done(r: RunResult, model: str = model) -> None:
                 r.extras["comparison"] = f"bench:ladder:{model}"
-                results.append(r)
-            save(f"ladder {model}")
+                keep([r], f"ladder {model}: {r.extras.get('rung')}")
+
+            try:  # each run gets what is left of the budget as its max_seconds
+                run_ladder(base, ladder(base), progress=False, on_result=rung_done, max_seconds=left)
+            except Exception as e:  # a broken rung must not lose the rungs already saved
+                print(f"ladder {model}: stopped ({type(e).__name__}: {e})", flush=True)
     for name in all_comparisons():
         if args.only and not re.search(args.only, name):
             continue
-        if time.monotonic() - start > args.budget_s:
+        if left() <= 0:
             print(f"budget spent: {name} and the comparisons after it were not run", flush=True)
             break
         try:
-            results += run_comparison(name, config_for("gpu"), progress=False)
+            base = config_for("gpu", max_seconds=max(left(), 1.0))
+            keep(run_comparison(name, base, progress=False), name)
         except Exception as e:  # one broken comparison must not lose the others' results
             print(f"{name}: failed ({type(e).__name__}: {e})", flush=True)
-            continue
-        save(name)
     return 0
 
 

@@ -20,8 +20,10 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 class RunResult:
     config: dict[str, Any]
     label: str = "run"
-    status: str = "ok"  # "ok", "failed", "interrupted" or "time_limited"
+    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited" or "diverged"
     error: str | None = None
+    diverged_step: int | None = None  # first step whose loss (or grad scale, or parameters) was non-finite
+    last_finite_loss: float | None = None  # the last finite training loss read before it diverged
     steps_done: int = 0  # optimiser steps finished, warm-up included
     images_per_step: int = 0
     window_throughput: list[float] = field(default_factory=list)  # images/s of each timed window
@@ -49,6 +51,11 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def credited(self) -> bool:
+        """Whether its speed may be credited: a run that failed, stopped early or stopped learning is not fast."""
         return self.status == "ok"
 
     @property
@@ -92,6 +99,8 @@ class RunResult:
             parts.append(f"INTERRUPTED after {self.steps_done} steps")
         if self.status == "time_limited":
             parts.append(f"TIME LIMITED: {self.error}")
+        if self.status == "diverged":
+            parts.insert(1, f"DIVERGED: {self.error} (speed not credited)")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,12 +125,26 @@ def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[s
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, allow_nan=True)
             f.flush()
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a result is shared like any output
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask can only set it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore at once
+    os.umask(mask)
+    return mask
 
 
 def load_document(path: str | os.PathLike) -> dict[str, Any]:

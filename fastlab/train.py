@@ -7,29 +7,40 @@ warm-up and at the end of every timed window, so queued GPU work is always count
 
     throughput of a window = images per step x steps in the window / window wall time
     images per step        = batch_size x grad_accum_steps
+
+Every run starts from fresh state and executes the same way: in a new thread (cuDNN keeps its convolution
+plans per thread, whatever cudnn.benchmark says later; and on a CPU a run in another thread times
+differently from one in the kernel's main thread, so a notebook cell and a widget panel both use a new
+one), one run at a time per process, with the allocator's cache emptied and torch.compile's caches reset.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
+from . import builders
+from .builders import Data, ModelArg
 from .config import TrainConfig
-from .data import DeviceLoader, ImageSet, dataset_loader, forever, load_images, make_dataloader
-from .measure import GpuUtilSampler, MemoryMeter, bf16_supported, environment, now, resolve_device, synchronize
-from .models import build_model
+from .data import DeviceLoader, ImageSet, dataset_loader, forever
+from .measure import GpuUtilSampler, MemoryMeter, environment, now, resolve_device, synchronize
 from .results import RunResult
 
 StepCallback = Callable[[int, int], None]
+DatasetArg = Data | None
+
+# Below fp16's smallest subnormal a GradScaler scale means every recent step overflowed: the run has diverged.
+MIN_GRAD_SCALE = 2.0**-24
 
 
 class _Stopped(Exception):
@@ -40,12 +51,76 @@ class _OverBudget(Exception):
     """Raised inside the loop when the run has used up config.max_seconds."""
 
 
-DatasetArg = ImageSet | tuple[Dataset, Dataset] | None
+class _Diverged(Exception):
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(what)
+        self.step, self.what = step, what
 
 
-def run(config: TrainConfig, *, label: str = "run", model: nn.Module | Callable[[], nn.Module] | None = None,
-        dataset: DatasetArg = None, progress: bool = True, stop: threading.Event | None = None,
-        on_step: StepCallback | None = None, comparison: str | None = None) -> RunResult:
+class _Reached(Exception):
+    """Raised at an evaluation checkpoint when held-out accuracy reached the target."""
+
+
+# ------------------------------------------------------------------ one run at a time, each in a fresh thread
+
+_RUN_LOCK = threading.Lock()
+_active_label: list[str] = []
+
+
+def active_run() -> str | None:
+    """The label of the run in progress in this process, or None when none is."""
+    return _active_label[0] if _active_label else None
+
+
+def run_in_fresh_thread(fn: Callable[..., Any], *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in a new thread; the caller waits. Ctrl-C while waiting sets `stop` (which fn must
+    watch) and still waits for fn to return, so its partial result is kept. fn's exception is re-raised."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller's thread below
+            box["error"] = e
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name="fastlab-run", daemon=True)
+    thread.start()
+    # An Event, not Thread.join: a KeyboardInterrupt inside join() can leave the thread marked finished early.
+    while not done.is_set():
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            if stop is None:
+                raise
+            stop.set()
+    thread.join()
+    if "error" in box:
+        raise box.pop("error")
+    return box["value"]
+
+
+@contextlib.contextmanager
+def _exclusive(label: str) -> Iterator[None]:
+    """Serialise runs in this process: two runs at once would each time the other's contention."""
+    while not _RUN_LOCK.acquire(timeout=0.1):  # a timeout keeps Ctrl-C working while waiting
+        pass
+    _active_label.append(label)
+    try:
+        yield
+    finally:
+        _active_label.clear()
+        _RUN_LOCK.release()
+
+
+# ------------------------------------------------------------------ the public harness
+
+
+def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, dataset: DatasetArg = None,
+        progress: bool = True, stop: threading.Event | None = None, on_step: StepCallback | None = None,
+        comparison: str | None = None) -> RunResult:
     """Train with `config` and return what was measured.
 
     model: a module (or a function that builds one) to train instead of `config.model`.
@@ -55,10 +130,15 @@ def run(config: TrainConfig, *, label: str = "run", model: nn.Module | Callable[
     stop: set it (from another thread) to end the run early; the result is marked interrupted.
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
     Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted; a run whose
-    timed steps (warm-up excluded) take over config.max_seconds ends marked time_limited. Each keeps the
-    steps it finished.
+    timed steps (warm-up excluded) take over config.max_seconds ends marked time_limited; a run whose loss,
+    gradient scale or parameters become non-finite ends marked diverged. Each keeps the steps it finished.
     """
-    result = TrainingRun(config, label, model, dataset, progress, stop, on_step).execute()
+    return _run(TrainingRun(config, label, model, dataset, progress, stop, on_step), comparison)
+
+
+def _run(training: TrainingRun, comparison: str | None = None) -> RunResult:
+    with _exclusive(training.result.label):
+        result = run_in_fresh_thread(training.execute, stop=training.halt)
     if comparison:
         result.extras["comparison"] = comparison
     return result
@@ -90,313 +170,18 @@ def describe_changes(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in changes.items()) or "baseline"
 
 
+# cuBLAS and cuDNN report a failed allocation in their own words; each is an out-of-memory all the same.
+OOM_MARKERS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return True
     text = str(error)
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(error, RuntimeError) and any(m in text for m in OOM_MARKERS)
 
 
-class TrainingRun:
-    """One training run. `run()` is the way in; the _build_* methods and the backend-flag handling are
-    reused by the DDP worker and the optimiser micro-benchmark so that every knob means the same there."""
-
-    def __init__(self, config: TrainConfig, label: str, model, dataset: ImageSet | None, progress: bool,
-                 stop: threading.Event | None, on_step: StepCallback | None) -> None:
-        self.cfg = config
-        self.device = resolve_device(config.device)
-        self.model_arg = model
-        self.dataset_arg = dataset
-        self.progress = progress
-        self.stop = stop
-        self.on_step = on_step
-        self.result = RunResult(config=config.to_dict(), label=label,
-                                env=environment(self.device, config.profile),
-                                images_per_step=config.batch_size * config.grad_accum_steps)
-        self.no_ops = self.result.no_ops
-
-    # ------------------------------------------------------------ setup
-
-    def _apply_backend_flags(self) -> dict[str, bool]:
-        cfg, dev = self.cfg, self.device
-        saved = {"benchmark": torch.backends.cudnn.benchmark,
-                 "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-                 "cudnn_tf32": torch.backends.cudnn.allow_tf32}
-        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-        torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-        torch.backends.cudnn.allow_tf32 = cfg.tf32
-        if dev.type != "cuda":
-            if cfg.cudnn_benchmark:
-                self.no_ops["cudnn_benchmark"] = f"cuDNN runs only on NVIDIA GPUs; this run is on {dev.type}"
-            if cfg.tf32:
-                self.no_ops["tf32"] = f"TF32 is a mode of NVIDIA Ampere-or-newer GPUs; this run is on {dev.type}"
-        elif cfg.tf32 and torch.cuda.get_device_capability(dev)[0] < 8:
-            self.no_ops["tf32"] = "TF32 needs an Ampere-or-newer GPU (compute capability 8.0+)"
-        return saved
-
-    @staticmethod
-    def _restore_backend_flags(saved: dict[str, bool]) -> None:
-        torch.backends.cudnn.benchmark = saved["benchmark"]
-        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
-        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
-
-    def _load_data(self) -> ImageSet | tuple[Dataset, Dataset]:
-        cfg = self.cfg
-        if isinstance(self.dataset_arg, tuple):
-            train, held_out = self.dataset_arg
-            if cfg.loader == "device":
-                raise ValueError("TrainConfig.loader='device' needs the images as arrays: pass a fastlab.ImageSet, "
-                                 "or use loader='dataloader' with torch Datasets")
-            self.result.dataset = {"name": type(train).__name__, "synthetic": bool(getattr(train, "synthetic", False)),
-                                   "source": "Datasets passed to fastlab.run", "train_images": len(train),
-                                   "eval_images": len(held_out)}
-            return self.dataset_arg
-        images = self.dataset_arg or load_images(cfg.dataset, cfg.train_images, cfg.eval_images,
-                                                 allow_download=cfg.profile != "smoke")
-        self.result.dataset = {"name": images.name, "synthetic": images.synthetic, "source": images.source,
-                               "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}
-        return images
-
-    def _train_batches(self, images: ImageSet | tuple[Dataset, Dataset]):
-        cfg, dev = self.cfg, self.device
-        if dev.type != "cuda":
-            if cfg.pin_memory:
-                self.no_ops["pin_memory"] = f"pinned host memory only speeds copies to a CUDA GPU; this run is on {dev.type}"
-            if cfg.non_blocking:
-                self.no_ops["non_blocking"] = f"asynchronous copies need a CUDA GPU; this run is on {dev.type}"
-        elif cfg.non_blocking and not cfg.pin_memory and cfg.loader == "dataloader":
-            self.no_ops["non_blocking"] = "a copy from pageable (unpinned) memory is synchronous; set pin_memory=True"
-        if cfg.loader == "device":
-            for knob in ("pin_memory", "non_blocking"):
-                if getattr(cfg, knob):
-                    self.no_ops[knob] = "the device loader keeps the data on the device: there is no copy to speed up"
-            return DeviceLoader(images.train_images, images.train_labels, batch_size=cfg.batch_size, train=True,
-                                device=dev, seed=cfg.seed, channels_last=cfg.channels_last)
-        if isinstance(images, tuple):
-            return dataset_loader(images[0], batch_size=cfg.batch_size, train=True, num_workers=cfg.num_workers,
-                                  pin_memory=cfg.pin_memory and dev.type == "cuda",
-                                  persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
-                                  seed=cfg.seed)
-        return make_dataloader(images.train_images, images.train_labels, batch_size=cfg.batch_size, train=True,
-                               num_workers=cfg.num_workers, pin_memory=cfg.pin_memory and dev.type == "cuda",
-                               persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
-                               seed=cfg.seed)
-
-    def _build_model(self) -> nn.Module:
-        cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        arg = self.model_arg
-        net = arg() if callable(arg) and not isinstance(arg, nn.Module) else arg
-        net = net if net is not None else build_model(cfg.model)
-        net = net.to(self.device)
-        if cfg.channels_last:
-            net = net.to(memory_format=torch.channels_last)
-        return net
-
-    def _build_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
-        cfg = self.cfg
-        impl = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
-                "fused": {"fused": True}}[cfg.opt_impl]
-        cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[cfg.optimizer]
-        kwargs: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
-        if cfg.optimizer == "sgd":
-            kwargs.update(momentum=cfg.momentum, nesterov=True)
-        try:
-            return cls(net.parameters(), **kwargs, **impl)
-        except (RuntimeError, ValueError) as e:
-            self.no_ops["opt_impl"] = f"{cfg.opt_impl} {cfg.optimizer} is not available here ({e}); used torch's default"
-            return cls(net.parameters(), **kwargs)
-
-    def _build_scheduler(self, opt: torch.optim.Optimizer, total: int):
-        cfg = self.cfg
-        if cfg.scheduler == "cosine":
-            return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-        if cfg.scheduler == "onecycle":
-            return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total)
-        return None
-
-    def _compile(self, net: nn.Module) -> nn.Module:
-        cfg, dev = self.cfg, self.device
-        if cfg.compile == "off":
-            return net
-        if cfg.compile == "reduce-overhead" and dev.type != "cuda":
-            self.no_ops["compile"] = "reduce-overhead adds CUDA graphs, which need a CUDA GPU; compiled without them"
-        return torch.compile(net, mode=None if cfg.compile == "default" else cfg.compile)
-
-    def _amp_dtype(self) -> torch.dtype | None:
-        cfg, dev = self.cfg, self.device
-        if cfg.amp == "bf16" and not bf16_supported(dev):
-            self.no_ops["amp"] = f"bf16 is not supported on {self.result.env['device_name']}; ran in fp32"
-            return None
-        return {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.amp]
-
-    # ------------------------------------------------------------ the run
-
-    def execute(self) -> RunResult:
-        saved = self._apply_backend_flags()
-        failure: BaseException | None = None
-        try:
-            self._train_and_evaluate()
-        except _Stopped:
-            self.result.status = "interrupted"
-        except _OverBudget:
-            self.result.status = "time_limited"
-            self.result.error = (f"stopped at its max_seconds={self.cfg.max_seconds:g} budget after "
-                                 f"{self.result.steps_done} steps")
-        except KeyboardInterrupt:
-            self.result.status = "interrupted"
-        except Exception as e:
-            if not is_out_of_memory(e):
-                raise
-            failure = e
-        finally:
-            self._restore_backend_flags(saved)
-            self._release()
-        if failure is not None:
-            self.result.status = "failed"
-            self.result.error = f"out of memory at batch_size={self.cfg.batch_size} ({str(failure).splitlines()[0]})"
-        return self.result
-
-    def _release(self) -> None:
-        """Drop every tensor of this run and return cached device memory, so the next run starts clean."""
-        for name in ("net", "compiled", "opt", "batches", "loader", "scaler"):
-            self.__dict__.pop(name, None)
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def _train_and_evaluate(self) -> None:
-        cfg, dev, res = self.cfg, self.device, self.result
-        images = self._load_data()
-        self.net = self._build_model()
-        self.opt = self._build_optimizer(self.net)
-        total = cfg.warmup_steps + cfg.steps
-        sched = self._build_scheduler(self.opt, total)
-        self.compiled = self._compile(self.net)
-        amp_dtype = self._amp_dtype()
-        self.scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype == torch.float16)
-        self.loader = self._train_batches(images)
-        self.batches = forever(self.loader)
-        meter = MemoryMeter(dev)
-        res.memory_kind = meter.kind
-        res.peak_memory_mb = meter.peak()
-        self.net.train()
-        loss_fn = nn.CrossEntropyLoss()
-        non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
-        ends = window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
-        kept_losses: list[torch.Tensor] = []  # loss tensors kept with their graphs (log_loss="tensor")
-        logged: list[tuple[int, torch.Tensor]] = []
-        bar = _progress_bar(total, res.label, self.progress)
-        util = GpuUtilSampler(dev)
-        try:
-            with util, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
-                t_start = now(dev)
-                window_start = t_start
-                for step in range(total):
-                    if self.stop is not None and self.stop.is_set():
-                        raise _Stopped
-                    # Warm-up steps after the first are bracketed by syncs to sample the optimiser's share
-                    # of a step; timed steps never are (a sync per step would change what is measured).
-                    sample = 0 < step < cfg.warmup_steps
-                    if sample:
-                        synchronize(dev)
-                    t0 = time.perf_counter()
-                    wait = 0.0
-                    self.opt.zero_grad(set_to_none=cfg.set_to_none)
-                    for _ in range(cfg.grad_accum_steps):
-                        tw = time.perf_counter()
-                        x, y = next(self.batches)
-                        x = x.to(dev, non_blocking=non_blocking)
-                        y = y.to(dev, non_blocking=non_blocking)
-                        if cfg.channels_last:
-                            x = x.contiguous(memory_format=torch.channels_last)
-                        wait += time.perf_counter() - tw
-                        with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                            loss = loss_fn(self.compiled(x), y) / cfg.grad_accum_steps
-                        self.scaler.scale(loss).backward()
-                    if sample:
-                        synchronize(dev)
-                        t_opt = time.perf_counter()
-                    self.scaler.step(self.opt)
-                    self.scaler.update()
-                    if sample:
-                        synchronize(dev)
-                        res.optimizer_step_seconds.append(time.perf_counter() - t_opt)
-                        res.sampled_step_seconds.append(time.perf_counter() - t0)
-                    if sched is not None:
-                        sched.step()
-                    if cfg.log_loss == "tensor":
-                        kept_losses.append(loss)  # the pitfall: keeps this step's whole graph alive
-                    if (step + 1) % cfg.log_every == 0:
-                        if cfg.log_loss == "item":
-                            res.losses.append((step, loss.item() * cfg.grad_accum_steps))
-                        else:
-                            logged.append((step, loss.detach() * cfg.grad_accum_steps))
-                        if self.scaler.is_enabled():
-                            res.grad_scale.append(float(self.scaler.get_scale()))
-                    if step + 1 == cfg.warmup_steps or step + 1 in ends:
-                        synchronize(dev)
-                    t1 = time.perf_counter()
-                    res.step_seconds.append(t1 - t0)
-                    res.data_wait_seconds.append(wait)
-                    res.memory_trace_mb.append(meter.sample())
-                    res.steps_done = step + 1
-                    if step + 1 == cfg.warmup_steps:
-                        res.warmup_seconds = t1 - t_start
-                        window_start = t1
-                    elif step + 1 in ends:
-                        n_steps = ends[step + 1]
-                        res.window_throughput.append(res.images_per_step * n_steps / (t1 - window_start))
-                        res.timed_seconds += t1 - window_start
-                        window_start = t1
-                    bar.update(1)
-                    if self.on_step is not None:
-                        self.on_step(step + 1, total)
-                    timed_so_far = t1 - window_start + res.timed_seconds if step + 1 > cfg.warmup_steps else 0.0
-                    if cfg.max_seconds and timed_so_far > cfg.max_seconds and step + 1 < total:
-                        raise _OverBudget
-        finally:
-            bar.close()
-            res.gpu_util = util.samples
-            res.peak_memory_mb = meter.peak()
-            res.losses.extend((s, float(v)) for s, v in logged)
-            if cfg.log_loss == "tensor":
-                res.extras["kept_loss_tensors"] = len(kept_losses)
-            kept_losses.clear()
-            self.batches = None
-            self.loader = None
-        self._evaluate(images, meter)
-
-    def _evaluate(self, images: ImageSet | tuple[Dataset, Dataset], meter: MemoryMeter) -> None:
-        cfg, dev, res = self.cfg, self.device, self.result
-        if isinstance(images, tuple):
-            loader = dataset_loader(images[1], batch_size=cfg.batch_size, train=False)
-            n_eval = len(images[1])
-        else:
-            loader = DeviceLoader(images.eval_images, images.eval_labels, batch_size=cfg.batch_size, train=False,
-                                  device=dev, channels_last=cfg.channels_last)
-            n_eval = len(images.eval_labels)
-        mode = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
-                "autograd": contextlib.nullcontext}[cfg.eval_mode]
-        amp_dtype = self._amp_dtype()
-        self.net.eval()
-        meter.reset()
-        t0 = now(dev)
-        correct = 0
-        with mode():
-            for x, y in loader:
-                x, y = x.to(dev), y.to(dev)
-                if cfg.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                    logits = self.net(x)
-                correct += (logits.argmax(1) == y).sum()
-                meter.sample()
-        res.eval_accuracy = int(correct) / n_eval
-        res.eval_seconds = now(dev) - t0
-        res.eval_peak_memory_mb = meter.peak()
-        self.net.train()
+# ------------------------------------------------------------------ clocks and checks
 
 
 def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
@@ -408,6 +193,343 @@ def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
         ends[end] = end - start
         start = end
     return ends
+
+
+class WindowClock:
+    """Warm-up, then timed windows. The clock is read after a synchronise at the end of warm-up and of each
+    window, never in between (a sync per step would change what is measured). Time spent inside paused()
+    (evaluation checkpoints) counts nowhere."""
+
+    def __init__(self, result: RunResult, device: torch.device, cfg: TrainConfig) -> None:
+        self.res, self.device = result, device
+        self.warmup, self.total, self.max_seconds = cfg.warmup_steps, cfg.warmup_steps + cfg.steps, cfg.max_seconds
+        self.ends = window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
+        self.t_start = self.window_start = 0.0
+
+    def start(self) -> None:
+        self.t_start = self.window_start = now(self.device)
+
+    def is_boundary(self, done: int) -> bool:
+        return done == self.warmup or done in self.ends
+
+    def step_done(self, done: int, t0: float, wait: float, memory_mb: float) -> float:
+        """Book step `done` (1-based) that began at t0; returns the clock read at its end."""
+        res = self.res
+        if self.is_boundary(done):
+            synchronize(self.device)
+        t1 = time.perf_counter()
+        res.step_seconds.append(t1 - t0)
+        res.data_wait_seconds.append(wait)
+        res.memory_trace_mb.append(memory_mb)
+        res.steps_done = done
+        if done == self.warmup:
+            res.warmup_seconds = t1 - self.t_start
+            self.window_start = t1
+        elif done in self.ends:
+            res.window_throughput.append(res.images_per_step * self.ends[done] / (t1 - self.window_start))
+            res.timed_seconds += t1 - self.window_start
+            self.window_start = t1
+        return t1
+
+    def over_budget(self, done: int, t1: float) -> bool:
+        """Whether the timed steps (warm-up excluded) have used up max_seconds, with steps left to run."""
+        if not self.max_seconds or done <= self.warmup or done >= self.total:
+            return False
+        return t1 - self.window_start + self.res.timed_seconds > self.max_seconds
+
+    def training_seconds(self) -> float:
+        """Wall time of every training step so far, warm-up included, pauses excluded (after a sync)."""
+        return now(self.device) - self.t_start
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        synchronize(self.device)
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            gap = time.perf_counter() - t
+            self.t_start += gap
+            self.window_start += gap
+
+
+class DivergenceWatch:
+    """Checks the values a run reads anyway (the logged losses, the GradScaler scale) for non-finite ones;
+    adds no host-device sync of its own during timed steps."""
+
+    def __init__(self, result: RunResult) -> None:
+        self.res = result
+
+    def loss(self, step: int, value: float) -> None:
+        if not math.isfinite(value):
+            raise _Diverged(step, f"the training loss became {value} at step {step}")
+        self.res.last_finite_loss = value
+
+    def grad_scale(self, step: int, value: float) -> None:
+        if not math.isfinite(value) or value < MIN_GRAD_SCALE:
+            raise _Diverged(step, f"GradScaler's scale collapsed to {value:g} by step {step}: every recent step "
+                                  f"overflowed")
+
+    def parameters(self, step: int, net: nn.Module) -> None:
+        """Once, after the timed steps: a non-finite weight means the run diverged, whatever the last loss said."""
+        params = [p.detach() for p in net.parameters() if p.is_floating_point()]
+        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            raise _Diverged(step, f"a parameter was non-finite after step {step}")
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Evaluate held-out accuracy every `every` steps (time kept apart) and stop once it reaches `target`."""
+
+    every: int
+    target: float
+
+
+# ------------------------------------------------------------------ one run
+
+
+class TrainingRun:
+    """One training run. `run()` is the way in; execute() runs it in the calling thread."""
+
+    def __init__(self, config: TrainConfig, label: str, model: ModelArg, dataset: DatasetArg, progress: bool,
+                 stop: threading.Event | None, on_step: StepCallback | None,
+                 checkpoints: Checkpoints | None = None) -> None:
+        self.cfg = config
+        self.device = resolve_device(config.device)
+        self.model_arg = model
+        self.dataset_arg = dataset
+        self.progress = progress
+        self.stops = [e for e in (stop,) if e is not None]
+        self.halt = threading.Event()  # set by run() on Ctrl-C in the caller's thread
+        self.stops.append(self.halt)
+        self.on_step = on_step
+        self.checkpoints = checkpoints
+        self.result = RunResult(config=config.to_dict(), label=label,
+                                env=environment(self.device, config.profile),
+                                images_per_step=config.batch_size * config.grad_accum_steps)
+        self.no_ops = self.result.no_ops
+        self.notes: list[str] = []
+
+    def _build_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
+        """The optimiser this config builds (kept for the optimiser micro-benchmark)."""
+        return builders.build_optimizer(self.cfg, net.parameters(), self.no_ops)
+
+    def execute(self) -> RunResult:
+        res = self.result
+        failure = None  # only the message: the exception's traceback would keep the failed step's tensors alive
+        try:
+            with builders.backend_flags(self.cfg, self.device, self.no_ops):
+                self._train_and_evaluate()
+        except _Stopped:
+            res.status = "interrupted"
+        except KeyboardInterrupt:
+            res.status = "interrupted"
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+        finally:
+            self._release()
+        if failure is not None:
+            res.status = "failed"
+            res.error = f"out of memory at batch_size={self.cfg.batch_size} ({failure})"
+        if self.notes:
+            res.extras["notes"] = self.notes
+        return res
+
+    def _release(self) -> None:
+        """Drop every tensor of this run and return cached device memory, so the next run starts clean."""
+        for name in ("net", "compiled", "opt", "batches", "loader", "scaler", "data"):
+            self.__dict__.pop(name, None)
+        if self.cfg.compile != "off":
+            torch.compiler.reset()  # frees compiled code and CUDA-graph pools; the next compiled run compiles anew
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _train_and_evaluate(self) -> None:
+        cfg, dev, res = self.cfg, self.device, self.result
+        self.data, res.dataset = builders.load_data(cfg, self.dataset_arg)
+        self.net = builders.build_model(cfg, dev, self.model_arg)
+        self.opt = builders.build_optimizer(cfg, self.net.parameters(), self.no_ops)
+        self.sched = builders.build_scheduler(cfg, self.opt, cfg.warmup_steps + cfg.steps)
+        self.compiled = builders.compile_model(cfg, self.net, dev, self.no_ops)
+        self.amp = builders.amp_dtype(cfg, dev, self.no_ops, self.notes)
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=self.amp == torch.float16)
+        self.loader = builders.train_batches(cfg, self.data, dev, self.no_ops)
+        self.batches = forever(self.loader)
+        meter = MemoryMeter(dev)
+        res.memory_kind = meter.kind
+        res.peak_memory_mb = meter.peak()
+        util = GpuUtilSampler(dev)
+        watch = DivergenceWatch(res)
+        graphs = builders.CudaGraphSkips() if cfg.compile != "off" and dev.type == "cuda" else contextlib.nullcontext()
+        try:
+            with util, graphs:
+                self._steps(meter, watch)
+        except _Diverged as d:
+            res.status, res.diverged_step, res.error = "diverged", d.step, d.what
+        except _Reached:
+            pass
+        finally:
+            res.gpu_util = util.samples
+            if util.unavailable and dev.type == "cuda":
+                res.extras["gpu_util_note"] = util.unavailable
+            res.peak_memory_mb = meter.peak()
+            if isinstance(graphs, builders.CudaGraphSkips) and getattr(graphs, "count", 0):
+                self.no_ops["cuda_graphs"] = graphs.reason()
+            self.batches = None
+            self.loader = None
+        self._evaluate(meter)
+
+    def _steps(self, meter: MemoryMeter, watch: DivergenceWatch) -> None:
+        """The step loop: warm-up, then the timed windows."""
+        cfg, dev, res = self.cfg, self.device, self.result
+        clock = WindowClock(res, dev, cfg)
+        kept_losses: list[torch.Tensor] = []  # loss tensors kept with their graphs (log_loss="tensor")
+        bar = _progress_bar(clock.total, res.label, self.progress)
+        loss = None
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+                self.net.train()
+                clock.start()
+                for step in range(clock.total):
+                    if any(e.is_set() for e in self.stops):
+                        raise _Stopped
+                    t0 = time.perf_counter()
+                    loss, wait = self._one_step(step, sample=0 < step < cfg.warmup_steps)
+                    if cfg.log_loss == "tensor":
+                        kept_losses.append(loss)  # the pitfall: keeps this step's whole graph alive
+                    if (step + 1) % cfg.log_every == 0:
+                        self._read_loss(step, loss, watch)
+                    t1 = clock.step_done(step + 1, t0, wait, meter.sample())
+                    bar.update(1)
+                    if self.on_step is not None:
+                        self.on_step(step + 1, clock.total)
+                    if self.checkpoints and (step + 1) % self.checkpoints.every == 0:
+                        self._checkpoint(step, clock, meter)
+                    if clock.over_budget(step + 1, t1):
+                        raise _OverBudget
+            self._final_check(clock.total - 1, loss, watch)
+        except _OverBudget:
+            res.status = "time_limited"
+            res.error = f"stopped at its max_seconds={cfg.max_seconds:g} budget after {res.steps_done} steps"
+            self._final_check(res.steps_done - 1, loss, watch)
+        finally:
+            bar.close()
+            if cfg.log_loss == "tensor":
+                res.extras["kept_loss_tensors"] = len(kept_losses)
+                kept = [(s, float(v)) for s, v in res.extras.pop("_logged", [])]
+                res.losses.extend(kept)
+            kept_losses.clear()
+
+    def _one_step(self, step: int, sample: bool) -> tuple[torch.Tensor, float]:
+        """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait).
+        Warm-up steps after the first (sample=True) are bracketed by syncs to sample the optimiser's share."""
+        cfg, dev, res = self.cfg, self.device, self.result
+        non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
+        if sample:
+            synchronize(dev)
+        t0 = time.perf_counter()
+        wait = 0.0
+        self.opt.zero_grad(set_to_none=cfg.set_to_none)
+        for _ in range(cfg.grad_accum_steps):
+            tw = time.perf_counter()
+            x, y = next(self.batches)
+            x = x.to(dev, non_blocking=non_blocking)
+            y = y.to(dev, non_blocking=non_blocking)
+            if cfg.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            wait += time.perf_counter() - tw
+            with builders.autocast(dev, self.amp):
+                loss = nn.functional.cross_entropy(self.compiled(x), y) / cfg.grad_accum_steps
+            self.scaler.scale(loss).backward()
+        if sample:
+            synchronize(dev)
+            t_opt = time.perf_counter()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        if sample:
+            synchronize(dev)
+            res.optimizer_step_seconds.append(time.perf_counter() - t_opt)
+            res.sampled_step_seconds.append(time.perf_counter() - t0)
+        if self.sched is not None:
+            self.sched.step()
+        return loss, wait
+
+    def _read_loss(self, step: int, loss: torch.Tensor, watch: DivergenceWatch) -> None:
+        """The loss read of a logging step (a host-device sync with log_loss="item"), checked for divergence."""
+        cfg, res = self.cfg, self.result
+        if cfg.log_loss == "item":
+            value = loss.item() * cfg.grad_accum_steps
+            res.losses.append((step, value))
+            watch.loss(step, value)
+        else:  # kept as a tensor, read after the run: no sync here
+            res.extras.setdefault("_logged", []).append((step, loss.detach() * cfg.grad_accum_steps))
+        if self.scaler.is_enabled():
+            scale = float(self.scaler.get_scale())
+            res.grad_scale.append(scale)
+            watch.grad_scale(step, scale)
+
+    def _final_check(self, step: int, loss: torch.Tensor | None, watch: DivergenceWatch) -> None:
+        """After the timed steps: the losses kept as tensors, the last loss (if not read) and the parameters."""
+        res = self.result
+        for s, v in res.extras.get("_logged", []):
+            watch.loss(s, float(v))
+        logged_last = bool(res.losses) and res.losses[-1][0] == step
+        if loss is not None and not logged_last:
+            watch.loss(step, float(loss.detach()) * self.cfg.grad_accum_steps)
+        watch.parameters(step, self.net)
+
+    def _checkpoint(self, step: int, clock: WindowClock, meter: MemoryMeter) -> None:
+        """A time-to-accuracy checkpoint: held-out accuracy, with its time kept out of the training clock."""
+        res = self.result
+        with clock.paused():
+            seconds = clock.training_seconds()
+            accuracy, _ = self._accuracy()
+            self.net.train()
+        curve = res.extras.setdefault("tta_curve", [])
+        curve.append([seconds, step + 1, accuracy])
+        if accuracy >= self.checkpoints.target:
+            raise _Reached
+
+    def _eval_batches(self):
+        cfg, dev, data = self.cfg, self.device, self.data
+        if isinstance(data, tuple):
+            return dataset_loader(data[1], batch_size=cfg.batch_size, train=False), len(data[1])
+        loader = DeviceLoader(data.eval_images, data.eval_labels, batch_size=cfg.batch_size, train=False,
+                              device=dev, channels_last=cfg.channels_last)
+        return loader, len(data.eval_labels)
+
+    def _accuracy(self, meter: MemoryMeter | None = None) -> tuple[float, float]:
+        """Held-out accuracy of the current weights and the seconds it took (synchronised)."""
+        cfg, dev = self.cfg, self.device
+        loader, n_eval = self._eval_batches()
+        mode = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+                "autograd": contextlib.nullcontext}[cfg.eval_mode]
+        self.net.eval()
+        t0 = now(dev)
+        correct = 0
+        with mode():
+            for x, y in loader:
+                x, y = x.to(dev), y.to(dev)
+                if cfg.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                with builders.autocast(dev, self.amp):
+                    logits = self.net(x)
+                correct += (logits.argmax(1) == y).sum()
+                if meter is not None:
+                    meter.sample()
+        return int(correct) / n_eval, now(dev) - t0
+
+    def _evaluate(self, meter: MemoryMeter) -> None:
+        res = self.result
+        meter.reset()
+        res.eval_accuracy, res.eval_seconds = self._accuracy(meter)
+        res.eval_peak_memory_mb = meter.peak()
+        self.net.train()
 
 
 def _progress_bar(total: int, label: str, enabled: bool):
@@ -424,3 +546,7 @@ class _NoBar:
 
     def close(self) -> None:
         pass
+
+
+__all__ = ["run", "compare", "sweep", "active_run", "run_in_fresh_thread", "TrainingRun", "WindowClock",
+           "DivergenceWatch", "Checkpoints", "window_ends", "is_out_of_memory", "describe_changes", "ImageSet"]

@@ -44,7 +44,7 @@ def test_same_seed_same_losses(quick):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="no-ops are CPU-only here")
 def test_gpu_only_knobs_are_recorded_as_no_ops_on_cpu(quick):
-    r = fastlab.run(quick.replace(pin_memory=True, non_blocking=True, cudnn_benchmark=True, tf32=True,
+    r = fastlab.run(quick.replace(pin_memory=True, non_blocking=True, cudnn_benchmark=True, tf32=False,
                                   num_workers=1), progress=False)
     assert r.status == "ok"
     assert set(r.no_ops) == {"pin_memory", "non_blocking", "cudnn_benchmark", "tf32"}

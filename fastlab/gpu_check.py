@@ -1,0 +1,261 @@
+"""The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python -m fastlab.gpu_check`).
+
+Checks, with assertions and at small sizes, every CUDA-only path of fastlab, then runs both bench ladders at
+gpu-profile sizes and saves their results. Needs torch (2.11 or newer) and nothing from Jupyter. On a machine
+without CUDA it says so in one line and exits 0. Exit status 1 when any check failed; each check's outcome is
+printed as it finishes and written to <out>/checks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+CHECKS: list[tuple[str, Callable[[], str]]] = []
+
+
+def check(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+    def register(fn: Callable[[], str]) -> Callable[[], str]:
+        CHECKS.append((name, fn))
+        return fn
+
+    return register
+
+
+def _small(**changes: Any):
+    from .config import config_for
+
+    base = dict(dataset="synthetic", steps=20, warmup_steps=3, windows=4, train_images=4096, eval_images=512,
+                batch_size=256, max_seconds=60.0)
+    return config_for("gpu", **{**base, **changes})
+
+
+@check("synchronised timing agrees with CUDA events")
+def _timing() -> str:
+    from .measure import now
+
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        x @ x
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = now(torch.device("cuda"))
+    start.record()
+    for _ in range(50):
+        x @ x
+    end.record()
+    wall = now(torch.device("cuda")) - t0
+    events = start.elapsed_time(end) / 1000
+    assert abs(wall - events) / events < 0.10, f"host clock {wall:.4f} s vs CUDA events {events:.4f} s"
+    return f"host clock {wall * 1000:.1f} ms, CUDA events {events * 1000:.1f} ms"
+
+
+@check("peak memory resets per run")
+def _peak_resets() -> str:
+    import fastlab
+
+    big = fastlab.run(_small(batch_size=1024), progress=False)
+    small = fastlab.run(_small(batch_size=64), progress=False)
+    assert big.ok and small.ok, (big.summary(), small.summary())
+    assert small.peak_memory_mb < big.peak_memory_mb * 0.5, (small.peak_memory_mb, big.peak_memory_mb)
+    return f"batch 1024: {big.peak_memory_mb:,.0f} MiB, then batch 64: {small.peak_memory_mb:,.0f} MiB"
+
+
+class _Hog(nn.Module):
+    """A net whose activations grow with the batch far faster than a CNN's: OOM arrives at a modest batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.flatten(1).repeat(1, 4096)  # 48 MiB of fp32 per image
+        return self.fc(wide[:, : 3 * 32 * 32] + wide[:, -3 * 32 * 32 :])
+
+
+@check("an out-of-memory run returns memory to its starting level; find_max_batch is exact")
+def _oom() -> str:
+    import fastlab
+    from fastlab.lessons.batch_size import find_max_batch
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    huge = int(total_gib * 2**30 / (48 * 2**20) * 2)  # twice what fits
+    r = fastlab.run(_small(batch_size=huge, steps=4, windows=2, train_images=4 * huge), model=_Hog, progress=False)
+    assert r.status == "failed" and "out of memory" in r.error, r.summary()
+    after = torch.cuda.memory_allocated()
+    assert after <= before + 2**20, f"memory allocated before {before}, after the OOM run {after}"
+    search = find_max_batch(_small(steps=2, windows=1, train_images=4 * huge), start=max(huge // 8, 1), resolution=1,
+                            runner=lambda cfg, **kw: fastlab.run(cfg, model=_Hog, **kw))
+    assert search.largest and search.smallest_failing == search.largest + 1, (search.largest, search.smallest_failing)
+    again = fastlab.run(_small(batch_size=search.largest, steps=2, windows=1, train_images=4 * huge), model=_Hog,
+                        progress=False)
+    assert again.ok, again.summary()
+    return (f"OOM at batch {huge}: allocated {before / 2**20:.0f} -> {after / 2**20:.0f} MiB; largest batch "
+            f"{search.largest}, {search.smallest_failing} fails; rerun at {search.largest}: ok")
+
+
+@check("fp16 + GradScaler changes its scale; bf16 runs without a scaler")
+def _precision() -> str:
+    from .measure import bf16_supported
+
+    net = nn.Linear(64, 10).cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # overflows fp16 at once: the scale must drop
+    x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(net(x) * 1e4, y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() < 2.0**40, scaler.get_scale()
+    import fastlab
+
+    fp16 = fastlab.run(_small(amp="fp16", log_every=1), progress=False)
+    assert fp16.ok and fp16.grad_scale, fp16.summary()
+    text = f"scale 2^40 -> {scaler.get_scale():g} after an overflow; fp16 run ok, scale {fp16.grad_scale[-1]:g}"
+    if bf16_supported(torch.device("cuda")):
+        bf16 = fastlab.run(_small(amp="bf16", log_every=1), progress=False)
+        assert bf16.ok and not bf16.grad_scale, bf16.summary()
+        text += "; bf16 run ok without a scaler"
+    return text
+
+
+@check("channels_last reaches weights and inputs")
+def _channels_last() -> str:
+    import fastlab
+    from fastlab.models import build_model
+
+    seen: list[tuple[bool, bool]] = []
+
+    def net() -> nn.Module:
+        m = build_model("resnet18")
+        conv = next(c for c in m.modules() if isinstance(c, nn.Conv2d))
+
+        def hook(module: nn.Module, args: tuple) -> None:
+            cl = torch.channels_last
+            seen.append((args[0].is_contiguous(memory_format=cl), conv.weight.is_contiguous(memory_format=cl)))
+
+        conv.register_forward_pre_hook(hook)
+        return m
+
+    r = fastlab.run(_small(channels_last=True, steps=4, windows=2), model=net, progress=False)
+    assert r.ok and seen and all(a and b for a, b in seen), seen[:3]
+    return f"{len(seen)} forward passes, inputs and weights channels_last in all"
+
+
+@check("cudnn.benchmark on vs off differ in warm-up, each run in a fresh thread")
+def _cudnn() -> str:
+    import fastlab
+
+    cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=3)
+    runs = [fastlab.run(cfg.replace(cudnn_benchmark=on), progress=False) for on in (False, True, False, True)]
+    off, on = runs[2].warmup_seconds, runs[3].warmup_seconds
+    assert all(r.ok for r in runs), [r.summary() for r in runs]
+    assert on > off * 1.2, f"warm-up with benchmark {on:.3f} s vs without {off:.3f} s"
+    return f"warm-up {off:.2f} s off, {on:.2f} s on (autotuning); second pair of an off/on/off/on sequence"
+
+
+@check("compile reduce-overhead runs with CUDA graphs")
+def _compile() -> str:
+    import fastlab
+
+    r = fastlab.run(_small(model="compact", compile="reduce-overhead", amp="bf16", channels_last=True,
+                           loader="device", max_seconds=120.0), progress=False)
+    assert r.ok, r.summary()
+    assert "cuda_graphs" not in r.no_ops, r.no_ops.get("cuda_graphs")
+    return f"{r.throughput.median:,.0f} images/s, warm-up (compile) {r.warmup_seconds:.1f} s"
+
+
+@check("NVML utilisation samples arrive")
+def _nvml() -> str:
+    import fastlab
+
+    r = fastlab.run(_small(model="resnet18", steps=60, windows=3, batch_size=512), progress=False)
+    assert r.ok and r.gpu_util, r.extras.get("gpu_util_note", "no samples")
+    return f"{len(r.gpu_util)} samples, median {sorted(u for _, u in r.gpu_util)[len(r.gpu_util) // 2]:.0f}%"
+
+
+@check("a one-process nccl DDP run finishes")
+def _ddp() -> str:
+    from .distributed import run_ddp
+
+    job = run_ddp(_small(steps=10, windows=2), nproc=1, timeout_s=240)
+    r = job.result
+    assert r.ok and r.extras["ddp"]["backend"] == "nccl", (r.summary(), r.extras.get("ddp", {}).get("backend"))
+    return f"{r.throughput.median:,.0f} images/s on 1 rank, backend nccl"
+
+
+def run_ladders(out: Path, budget_s: float) -> str:
+    from .bench import ladder, markdown_table, run_ladder
+    from .config import config_for
+    from .results import save_results
+
+    start = time.monotonic()
+    lines = []
+    for model in ("resnet18", "compact"):
+        base = config_for("gpu", model=model)
+        done: list = []
+        path = out / f"ladder-{model}.json"
+
+        def save(r, done=done, path=path, model=model) -> None:
+            done.append(r)
+            save_results(path, done, meta={"kind": "bench", "metric": "throughput", "profile": "gpu", "model": model})
+
+        def left(model=model) -> float:
+            share = budget_s / 2 if model == "resnet18" else budget_s
+            return max(share - (time.monotonic() - start), 5.0) / 3
+
+        run_ladder(base, ladder(base), progress=False, on_result=save, max_seconds=left)
+        lines.append(markdown_table(done))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="gpu-check-results", help="folder for checks.json and the ladders")
+    parser.add_argument("--ladder-budget-s", type=float, default=240.0, help="time for both ladders together")
+    parser.add_argument("--no-ladder", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fastlab gpu-check: no CUDA GPU on this machine; nothing to check (exit 0).")
+        return 0
+    from .measure import device_name
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"fastlab gpu-check on {device_name(torch.device('cuda'))}, torch {torch.__version__}, "
+          f"CUDA {torch.version.cuda}", flush=True)
+    outcomes = []
+    for name, fn in CHECKS:
+        t0 = time.perf_counter()
+        try:
+            detail, ok = fn(), True
+        except Exception as e:  # every check reports; one failure must not hide the others
+            detail, ok = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}", False
+        seconds = time.perf_counter() - t0
+        outcomes.append({"check": name, "ok": ok, "seconds": round(seconds, 1), "detail": detail})
+        print(f"{'PASS' if ok else 'FAIL'} [{seconds:5.1f} s] {name}: {detail}", flush=True)
+        (out / "checks.json").write_text(json.dumps(outcomes, indent=1))
+    if not args.no_ladder:
+        try:
+            print(run_ladders(out, args.ladder_budget_s), flush=True)
+        except Exception as e:
+            outcomes.append({"check": "ladders", "ok": False, "detail": f"{type(e).__name__}: {e}"})
+            print(f"FAIL ladders: {type(e).__name__}: {e}", flush=True)
+    failed = [o["check"] for o in outcomes if not o["ok"]]
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} checks passed" + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Outcomes, not only speed: accuracy over seeds, and the time it takes to reach a target accuracy.
+
+A fast run that does not learn is not fast. One short run's held-out accuracy is mostly seed noise, so
+accuracy is compared over several seeds (median with min and max, the same "noise" rule as throughput).
+Time-to-accuracy trains until held-out accuracy reaches a target, evaluating every few steps with the
+evaluation's time kept apart (as DAWNBench and the CIFAR-10 speed records report):
+
+    training seconds to target = wall time of every training step up to the checkpoint that reached it
+                                 (warm-up and compilation included: a reader waits for them too)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import builders
+from .builders import Data, ModelArg
+from .config import TrainConfig, target_accuracy, tta_settings
+from .measure import Spread, is_noise
+from .results import RunResult
+from .train import Checkpoints, TrainingRun, _run
+
+DEFAULT_SEEDS = (0, 1, 2)
+
+
+def run_seeds(config: TrainConfig, seeds: Sequence[int] = DEFAULT_SEEDS, *, label: str = "run",
+              progress: bool = True, stop: threading.Event | None = None, model: ModelArg = None,
+              dataset: Data | None = None, comparison: str | None = None) -> list[RunResult]:
+    """The same configuration once per seed (model initialisation and data order change with it).
+    Stops early, keeping what ran, when a run is interrupted."""
+    results = []
+    for seed in seeds:
+        r = _run(TrainingRun(config.replace(seed=seed), f"{label} (seed {seed})", model, dataset, progress, stop,
+                             None), comparison)
+        r.extras["variant"] = label
+        results.append(r)
+        if r.status == "interrupted":
+            break
+    return results
+
+
+def accuracy_spread(results: Sequence[RunResult]) -> Spread:
+    """Held-out accuracy over runs (seeds): median, min, max. Runs that diverged count as what they reached."""
+    return Spread.of([r.eval_accuracy for r in results if r.eval_accuracy is not None])
+
+
+def describe_accuracy(results: Sequence[RunResult]) -> str:
+    """'84.1% (min 80.2%, max 86.0%, 3 seeds)', or a single run labelled as one that supports no comparison."""
+    a = accuracy_spread(results)
+    if a.n == 0:
+        return "no accuracy measured"
+    if a.n == 1:
+        return f"{a.median:.1%} (one run: it cannot support a comparison)"
+    return f"{a.median:.1%} (min {a.low:.1%}, max {a.high:.1%}, {a.n} seeds)"
+
+
+def outcome_verdict(base_runs: Sequence[RunResult], other_runs: Sequence[RunResult]) -> str:
+    """One sentence on what a change did to the outcome: divergence first, then accuracy over seeds."""
+    diverged = [r for r in other_runs if r.status == "diverged"]
+    if diverged:
+        return (f"diverged: {len(diverged)} of {len(other_runs)} runs ({diverged[0].error}); its speed is not "
+                f"credited")
+    base, other = accuracy_spread(base_runs), accuracy_spread(other_runs)
+    if base.n == 0 or other.n == 0:
+        return "accuracy not measured"
+    head = f"held-out accuracy {describe_accuracy(other_runs)} vs {describe_accuracy(base_runs)}"
+    if base.n < 2 or other.n < 2:
+        return f"{head}: single runs, no verdict on accuracy"
+    if is_noise(base, other):
+        return f"{head}: the same within seed noise"
+    return f"{head}: {'higher' if other.median > base.median else 'lower'}, outside the seeds' spread"
+
+
+@dataclass
+class TimeToAccuracy:
+    """Time-to-accuracy of one configuration over seeds; each run's extras["tta"] holds its own figures."""
+
+    label: str
+    target: float
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def reached(self) -> int:
+        return sum(1 for r in self.runs if r.extras["tta"]["reached"])
+
+    @property
+    def seconds(self) -> Spread:
+        """Training seconds to target over the seeds that reached it."""
+        return Spread.of([r.extras["tta"]["seconds"] for r in self.runs if r.extras["tta"]["reached"]])
+
+    @property
+    def steps(self) -> Spread:
+        return Spread.of([r.extras["tta"]["steps"] for r in self.runs if r.extras["tta"]["reached"]])
+
+    @property
+    def best_accuracy(self) -> Spread:
+        return Spread.of([r.extras["tta"]["best_accuracy"] for r in self.runs])
+
+    def summary(self) -> str:
+        n = len(self.runs)
+        if self.reached == 0:
+            why = "; ".join(sorted({r.extras["tta"]["why_not"] for r in self.runs}))
+            b = self.best_accuracy
+            return (f"{self.label}: target {self.target:.0%} not reached in any of {n} seeds ({why}); best accuracy "
+                    f"{b.median:.1%} (min {b.low:.1%}, max {b.high:.1%})")
+        s, st = self.seconds, self.steps
+        text = (f"{self.label}: {s.median:.1f} s of training to {self.target:.0%} (min {s.low:.1f}, max {s.high:.1f}; "
+                f"median {st.median:.0f} steps), reached in {self.reached} of {n} seeds")
+        return text + ("" if self.reached == n else " (the others: not reached)")
+
+
+def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds: Sequence[int] = DEFAULT_SEEDS,
+                     eval_every: int | None = None, max_steps: int | None = None, label: str = "",
+                     progress: bool = True, stop: threading.Event | None = None, model: ModelArg = None,
+                     dataset: Data | None = None) -> TimeToAccuracy:
+    """Train each seed until held-out accuracy reaches `target` (default: the profile's, see
+    fastlab.config.target_accuracy), evaluating every `eval_every` steps, for at most `max_steps` steps (and
+    config.max_seconds of timed steps). A run that stops first says "not reached" with its best accuracy."""
+    settings = tta_settings(config)
+    data, info = builders.load_data(config, dataset)
+    target = target if target is not None else target_accuracy(config, info["synthetic"])
+    every = eval_every or settings["eval_every"]
+    steps = max_steps or settings["max_steps"]
+    cfg = config.replace(steps=max(steps - config.warmup_steps, config.windows))
+    out = TimeToAccuracy(label or "time to accuracy", target)
+    for seed in seeds:
+        training = TrainingRun(cfg.replace(seed=seed), f"{out.label} (seed {seed})", model, data, progress, stop,
+                               None, checkpoints=Checkpoints(every, target))
+        r = _run(training)
+        r.dataset = info
+        r.extras["variant"] = out.label
+        r.extras["tta"] = tta_record(r, target)
+        out.runs.append(r)
+        if r.status == "interrupted":
+            break
+    return out
+
+
+def tta_record(r: RunResult, target: float) -> dict[str, Any]:
+    """A run's time-to-accuracy figures, from its checkpoint curve."""
+    curve = r.extras.get("tta_curve", [])
+    hit = next((c for c in curve if c[2] >= target), None)
+    record: dict[str, Any] = {"target": target, "reached": hit is not None, "curve": curve,
+                              "best_accuracy": max((c[2] for c in curve), default=r.eval_accuracy or 0.0),
+                              "seconds": None, "steps": None, "images": None, "why_not": None}
+    if hit is not None:
+        record.update(seconds=hit[0], steps=hit[1], images=hit[1] * r.images_per_step)
+    else:
+        record["why_not"] = {"ok": "step budget spent", "time_limited": "time budget spent",
+                             "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status]
+    return record

@@ -1,0 +1,160 @@
+"""Issue 12: divergence is a status, accuracy comes with its spread, time-to-accuracy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import fastlab
+from fastlab import bench
+from fastlab.config import config_for
+from fastlab.measure import Spread
+from fastlab.results import RunResult
+
+
+@pytest.fixture
+def quick():
+    return config_for("smoke", steps=8, warmup_steps=1, windows=2, train_images=256, eval_images=64, log_every=1)
+
+
+class TurnsNaN(nn.Module):
+    """A small net whose output becomes NaN from its `at`-th training forward on (1-based)."""
+
+    def __init__(self, at: int = 4) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, 10)
+        self.calls, self.at = 0, at
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x.flatten(1))
+        if self.training:
+            self.calls += 1
+            if self.calls >= self.at:
+                return out * float("nan")
+        return out
+
+
+def test_a_nan_output_ends_the_run_as_diverged_with_its_step(quick):
+    r = fastlab.run(quick, model=lambda: TurnsNaN(at=4), progress=False)
+    assert r.status == "diverged"
+    assert r.diverged_step == 3  # 0-based: the 4th step
+    assert r.last_finite_loss is not None and math.isfinite(r.last_finite_loss)
+    assert "nan" in r.error and not r.credited
+    assert r.steps_done == 3  # the diverged step's own bookkeeping never happened
+    assert "DIVERGED" in r.summary()
+
+
+def test_divergence_is_found_at_the_next_loss_read_without_extra_syncs(quick):
+    r = fastlab.run(quick.replace(log_every=3), model=lambda: TurnsNaN(at=2), progress=False)
+    assert r.status == "diverged" and r.diverged_step == 2  # the first read (step index 2) after step index 1
+
+
+def test_divergence_of_losses_kept_as_tensors_is_found_at_the_end(quick):
+    r = fastlab.run(quick.replace(log_loss="tensor"), model=lambda: TurnsNaN(at=5), progress=False)
+    assert r.status == "diverged" and r.diverged_step == 4
+
+
+def test_non_finite_parameters_are_caught_at_the_end(quick):
+    class PoisonsItsWeights(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3 * 32 * 32, 10)
+
+        def forward(self, x):
+            if self.training:
+                self.fc.bias.data[0] = float("inf")
+            return self.fc(x.flatten(1))
+
+    # the loss read every 100 steps never happens inside this short run: only the check at the end sees it
+    r = fastlab.run(quick.replace(log_every=100), model=PoisonsItsWeights, progress=False)
+    assert r.status == "diverged" and r.diverged_step == quick.warmup_steps + quick.steps - 1
+    assert r.losses == []
+
+
+def test_a_healthy_run_is_ok_and_keeps_its_last_finite_loss(quick):
+    r = fastlab.run(quick, progress=False)
+    assert r.status == "ok" and r.credited and r.diverged_step is None
+    assert r.last_finite_loss == pytest.approx(r.losses[-1][1])
+
+
+def _result(status: str, speed: float, accuracy: float = 0.5) -> RunResult:
+    r = RunResult(config={"warmup_steps": 0}, label=status, status=status, window_throughput=[speed] * 3,
+                  eval_accuracy=accuracy, dataset={"synthetic": True}, env={"device_name": "CPU"})
+    if status == "diverged":
+        r.error, r.diverged_step = "the training loss became nan at step 3", 3
+    return r
+
+
+def test_the_ladder_drops_a_diverged_rung_and_the_table_marks_it():
+    naive, fast_nan = _result("ok", 100), _result("diverged", 800, 0.1)
+    assert bench.drop_reason(fast_nan, naive).startswith("diverged")
+    fast_nan.extras["dropped"] = bench.drop_reason(fast_nan, naive)
+    table = bench.markdown_table([naive, fast_nan])
+    assert "diverged: speed not credited" in table
+    assert "one run" in table  # the accuracy column says it rests on one run
+
+
+def test_outcome_verdicts_use_the_spread_over_seeds():
+    a = [_result("ok", 100, acc) for acc in (0.80, 0.84, 0.86)]
+    b = [_result("ok", 100, acc) for acc in (0.82, 0.85, 0.88)]
+    c = [_result("ok", 100, acc) for acc in (0.95, 0.96, 0.97)]
+    assert "noise" in fastlab.outcome_verdict(a, b)
+    assert "higher" in fastlab.outcome_verdict(a, c)
+    assert "single runs" in fastlab.outcome_verdict(a[:1], c[:1])
+    assert "diverged" in fastlab.outcome_verdict(a, [_result("diverged", 500, 0.1)])
+    assert fastlab.accuracy_spread(a) == Spread(0.84, 0.80, 0.86, 3)
+    assert "one run" in fastlab.describe_accuracy(a[:1])
+
+
+def test_run_seeds_runs_each_seed(quick):
+    runs = fastlab.run_seeds(quick.replace(steps=2, windows=1), seeds=(3, 4), label="x", progress=False)
+    assert [r.config["seed"] for r in runs] == [3, 4]
+    assert all(r.extras["variant"] == "x" for r in runs)
+
+
+def test_time_to_accuracy_reaches_an_easy_target_and_keeps_evaluation_apart(quick):
+    tta = fastlab.time_to_accuracy(quick, target=0.0, seeds=(0, 1), eval_every=2, progress=False)
+    assert tta.reached == 2
+    for r in tta.runs:
+        rec = r.extras["tta"]
+        assert rec["reached"] and rec["steps"] == 2 and rec["images"] == 2 * r.images_per_step
+        assert rec["seconds"] > 0 and rec["curve"][0][1] == 2
+        assert r.steps_done == 2  # stopped at the checkpoint that reached it
+    assert tta.seconds.n == 2 and "reached in 2 of 2 seeds" in tta.summary()
+
+
+def test_time_to_accuracy_says_not_reached_with_the_best_accuracy(quick):
+    tta = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0,), eval_every=3, max_steps=7, progress=False)
+    assert tta.reached == 0
+    rec = tta.runs[0].extras["tta"]
+    assert not rec["reached"] and rec["why_not"] == "step budget spent"
+    assert [c[1] for c in rec["curve"]] == [3, 6]
+    assert "not reached" in tta.summary() and "best accuracy" in tta.summary()
+
+
+def test_time_to_accuracy_of_a_diverging_run_is_not_reached(quick):
+    tta = fastlab.time_to_accuracy(quick, target=0.99, seeds=(0,), eval_every=2, model=lambda: TurnsNaN(at=3),
+                                   progress=False)
+    assert tta.reached == 0 and tta.runs[0].extras["tta"]["why_not"] == "diverged"
+    assert bench.tta_drop_reason(tta).startswith("diverged")
+
+
+def test_each_profile_names_its_targets():
+    for profile in ("smoke", "cpu", "gpu"):
+        cfg = config_for(profile, device="cpu")
+        assert 0 < fastlab.config.target_accuracy(cfg, True) < 1
+        assert 0 < fastlab.config.target_accuracy(cfg, False) < 1
+
+
+def test_tta_bench_writes_a_table_and_figure(tmp_path, monkeypatch):
+    from fastlab.config import TIME_TO_ACCURACY
+
+    monkeypatch.setitem(TIME_TO_ACCURACY, "smoke", dict(synthetic=0.0, cifar10=0.0, eval_every=2, max_steps=4))
+    out = bench.bench(tmp_path / "b", profile="smoke", only=["naive", "channels_last"], progress=False,
+                      metric="time-to-accuracy", seeds=2)
+    table = (out / "bench.md").read_text()
+    assert "time-to-accuracy ladder" in table and "2/2" in table and "SYNTHETIC" in table
+    assert (out / "bench.png").stat().st_size > 0
