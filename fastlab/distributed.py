@@ -5,9 +5,9 @@ CPU core). Each process is a *rank*: it builds the same model from the same seed
 of the data, and in backward DDP averages the gradients of all ranks with an all-reduce (nccl between GPUs,
 gloo between CPU processes), so every rank takes the same optimiser step and the replicas stay identical.
 
-    per-rank batch = TrainConfig.batch_size (options.batch="per_rank"), or batch_size / N (batch="global")
-    global batch   = per-rank batch x grad_accum_steps x N   (the images one optimiser step learns from)
-    throughput     = global batch x steps in a window / the slowest rank's wall time for that window
+Each rank trains through fastlab's one loop (fastlab.train) in DDP mode (fastlab.parallel.DDPMode, which also
+holds the batch and learning-rate arithmetic); this module starts the ranks, sets up the process group and
+gathers what they measured.
 
 Run it yourself (every TrainConfig field is a flag):
 
@@ -20,11 +20,8 @@ raise DistributedRunError naming the failing rank, its exit code and the log tai
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import datetime as _dt
 import json
-import math
 import os
 import re
 import signal
@@ -34,17 +31,28 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig
+from .parallel import (  # noqa: F401  (re-exported: the names notebooks and tests use)
+    BACKENDS,
+    BATCH_MODES,
+    LR_SCALINGS,
+    BatchPlan,
+    DDPJob,
+    DDPMode,
+    DDPOptions,
+    Rank,
+    compare_across_ranks,
+    plan_batches,
+    shard_indices,
+    window_throughput,
+)
 from .results import RunResult, load_document, save_results
 
-BATCH_MODES = ("per_rank", "global")
-LR_SCALINGS = ("none", "linear", "sqrt")
-BACKENDS = ("auto", "gloo", "nccl")
 RESULT_LAYOUT = "results[0] is the whole job (all ranks); results[1:] are the ranks in order"
 
 
@@ -58,131 +66,6 @@ class DistributedRunError(RuntimeError):
         self.exit_code = exit_code
         self.timed_out = timed_out
         self.log_tail = log_tail
-
-
-@dataclass(frozen=True)
-class DDPOptions:
-    """How a TrainConfig is spread over the ranks (the knobs that only exist with more than one process)."""
-
-    batch: str = "per_rank"  # "per_rank": each rank takes batch_size (global grows with N); "global": batch_size is split
-    lr_scaling: str = "none"  # lr x (global batch / single-process batch): "linear", its square root ("sqrt"), or not
-    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (an all-reduce per BN layer; GPU only)
-    no_sync: bool = True  # skip the gradient all-reduce on accumulation micro-batches but the last
-    bucket_cap_mb: float = 25.0  # gradients are all-reduced in buckets of this size, overlapping backward
-    backend: str = "auto"  # "auto": nccl on CUDA, gloo on CPU
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("batch", BATCH_MODES), ("lr_scaling", LR_SCALINGS), ("backend", BACKENDS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"DDPOptions.{name}={getattr(self, name)!r} is not allowed: choose one of "
-                                 + ", ".join(repr(a) for a in allowed))
-        for name in ("sync_batchnorm", "no_sync"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DDPOptions.{name}={getattr(self, name)!r} is not allowed: True or False")
-        cap = self.bucket_cap_mb
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
-            raise ValueError(f"DDPOptions.bucket_cap_mb={cap!r} is not allowed: a number > 0")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class DDPJob:
-    """One training run under DDP: what one launch's ranks train together."""
-
-    config: TrainConfig
-    options: DDPOptions = DDPOptions()
-    label: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "options": self.options.to_dict(), "label": self.label}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DDPJob:
-        return cls(TrainConfig.from_dict(data["config"]), DDPOptions(**data.get("options", {})), data.get("label", ""))
-
-
-# ------------------------------------------------------------------ arithmetic (pure, unit-tested)
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    world_size: int
-    per_rank_batch: int  # images per micro-batch on one rank
-    grad_accum_steps: int
-    global_batch: int  # images per optimiser step, all ranks together
-    base_lr: float  # TrainConfig.lr: tuned for the single-process batch
-    lr: float  # the learning rate the ranks use
-
-    def describe(self) -> str:
-        return (f"per-rank batch {self.per_rank_batch} x {self.grad_accum_steps} accumulation step(s) x "
-                f"{self.world_size} rank(s) = global batch {self.global_batch}; learning rate {self.base_lr:g} -> "
-                f"{self.lr:g}")
-
-
-def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | None = None) -> BatchPlan:
-    """Per-rank and global batch, and the learning rate, for `config` spread over `world_size` ranks.
-
-    The reference batch is what one process would use: batch_size x grad_accum_steps. lr_scaling scales
-    config.lr by (global batch / reference batch): linearly (Goyal et al.'s rule for SGD) or by its square
-    root (often used with Adam). In "global" mode the global batch equals the reference, so lr stays.
-    """
-    options = options or DDPOptions()
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} is not allowed: an integer >= 1 (the number of processes)")
-    per_rank = config.batch_size
-    if options.batch == "global":
-        if config.batch_size % world_size:
-            raise ValueError(f"TrainConfig.batch_size={config.batch_size} is not allowed with DDPOptions.batch="
-                             f"'global' over {world_size} ranks: a multiple of {world_size}, so every rank gets "
-                             f"an equal share")
-        per_rank = config.batch_size // world_size
-    global_batch = per_rank * config.grad_accum_steps * world_size
-    factor = global_batch / (config.batch_size * config.grad_accum_steps)
-    scale = {"none": 1.0, "linear": factor, "sqrt": math.sqrt(factor)}[options.lr_scaling]
-    return BatchPlan(world_size, per_rank, config.grad_accum_steps, global_batch, config.lr, config.lr * scale)
-
-
-def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
-    """This rank's share of n examples for the device-resident loader: every world_size-th index from rank.
-
-    Every rank gets the same number (n // world_size; the remainder is left out) so that no rank runs out of
-    batches before the others, and the shards are disjoint.
-    """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is not allowed: 0 <= rank < world_size={world_size}")
-    per_rank = n // world_size
-    if per_rank == 0:
-        raise ValueError(f"{n} training images cannot be shared by {world_size} ranks: raise train_images")
-    return list(range(rank, per_rank * world_size, world_size))
-
-
-def compare_across_ranks(vectors: Sequence[Any]) -> dict[str, Any]:
-    """How far each rank's flattened tensor is from rank 0's: max |difference|, and per-rank checksums.
-
-    `identical` means bit-for-bit equal, which is what DDP promises for parameters: every rank applies
-    the same averaged gradient to the same starting weights.
-    """
-    if not vectors:
-        raise ValueError("compare_across_ranks needs one tensor per rank, got none")
-    import torch
-
-    ref = vectors[0].double()
-    diffs = [float((v.double() - ref).abs().max()) if v.numel() else 0.0 for v in vectors]
-    return {"max_abs_diff": max(diffs), "per_rank_max_abs_diff": diffs,
-            "checksums": [float(v.double().sum()) for v in vectors],
-            "identical": all(torch.equal(v, vectors[0]) for v in vectors), "elements": int(vectors[0].numel())}
-
-
-def window_throughput(images_per_step: int, window_steps: Sequence[int],
-                      seconds_per_rank: Sequence[Sequence[float]]) -> list[float]:
-    """Images/s of each timed window, all ranks together: the slowest rank's time sets the pace."""
-    out = []
-    for i, steps in enumerate(window_steps):
-        slowest = max(rank_seconds[i] for rank_seconds in seconds_per_rank)
-        out.append(images_per_step * steps / slowest)
-    return out
 
 
 # ------------------------------------------------------------------ the launcher (called from Python)
@@ -385,15 +268,6 @@ def _uses_cuda(config: TrainConfig) -> bool:
 # ------------------------------------------------------------------ the worker (one per rank, under torchrun)
 
 
-@dataclass
-class _Rank:
-    rank: int
-    world: int
-    local_rank: int
-    device: Any  # torch.device
-    backend: str
-
-
 def _pick_device(config: TrainConfig, local_rank: int, backend: str):
     import torch
 
@@ -413,248 +287,25 @@ def _pick_device(config: TrainConfig, local_rank: int, backend: str):
     return torch.device("cpu"), "gloo"
 
 
-def _flat(tensors: Sequence[Any]):
-    import torch
-
-    parts = [t.detach().reshape(-1).to(torch.float64) for t in tensors]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
-
-
-def _gather_compare(vec, ctx: _Rank) -> dict[str, Any]:
-    """Each rank's flattened tensor gathered on every rank, then compared (collective: all ranks call it)."""
-    import torch
+def _train_job(job: DDPJob, ctx: Rank, crash_rank: int | None, crash_step: int) -> RunResult:
+    """Train one job on this rank through fastlab's one loop, in DDP mode. Returns this rank's RunResult."""
     import torch.distributed as dist
 
-    vec = vec.to(ctx.device)
-    gathered = [torch.empty_like(vec) for _ in range(ctx.world)]
-    dist.all_gather(gathered, vec)
-    return compare_across_ranks([g.cpu() for g in gathered])
-
-
-class _CommCounter:
-    """Counts the gradient all-reduces DDP launches and their bytes (via a communication hook)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.bytes = 0
-
-    def hook(self):
-        """A DDP comm hook that counts each bucket, then does DDP's usual all-reduce (average) of it."""
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        def counting_allreduce_hook(state, bucket):  # unannotated: DDP checks annotations against GradBucket
-            buf = bucket.buffer()
-            self.calls += 1
-            self.bytes += buf.numel() * buf.element_size()
-            return default_hooks.allreduce_hook(state, bucket)
-
-        return counting_allreduce_hook
-
-
-def _epochs(loader, sampler) -> Iterator:
-    """Batches epoch after epoch; DistributedSampler.set_epoch reshuffles each epoch (same order on all ranks)."""
-    epoch = 0
-    while True:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("a rank's share of the training set is smaller than one batch: lower batch_size "
-                             "or raise train_images")
-        epoch += 1
-
-
-def _train_job(job: DDPJob, ctx: _Rank, crash_rank: int | None, crash_step: int) -> RunResult:
-    """Train one job on this rank; collective calls keep the ranks in step. Returns this rank's RunResult."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader
-    from torch.utils.data.distributed import DistributedSampler
-
-    from . import builders
-    from .data import CifarLikeDataset, DeviceLoader, load_images
-    from .measure import MemoryMeter, environment, now, synchronize
-    from .models import build_model
-    from .train import window_ends
+    from .data import load_images
+    from .train import TrainingRun
 
     plan = plan_batches(job.config, ctx.world, job.options)
     cfg = job.config.replace(batch_size=plan.per_rank_batch, lr=plan.lr, device=str(ctx.device))
-    dev = ctx.device
-    # fastlab.builders gives the same optimiser, scheduler, autocast and backend-flag handling (and no-op notes)
-    # as fastlab.run.
-    res = RunResult(config=cfg.to_dict(), label=f"rank {ctx.rank}", env=environment(dev, cfg.profile),
-                    images_per_step=plan.per_rank_batch * plan.grad_accum_steps)
-    no_ops = res.no_ops
-    with builders.backend_flags(cfg, dev, no_ops):
-        # Rank 0 fetches the data first (it may download); the others then load what rank 0 got.
-        names = [None]
-        if ctx.rank == 0:
-            images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke")
-            names = [images.name]
-        dist.broadcast_object_list(names, src=0)
-        if ctx.rank != 0:
-            images = load_images(names[0], cfg.train_images, cfg.eval_images, allow_download=False)
-        res.dataset = {"name": images.name, "synthetic": images.synthetic, "source": images.source,
-                       "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}
-
-        sampler = None
-        if cfg.loader == "device":
-            for knob in ("pin_memory", "non_blocking"):
-                if getattr(cfg, knob):
-                    no_ops[knob] = "the device loader keeps the data on the device: there is no copy to speed up"
-            idx = shard_indices(len(images.train_labels), ctx.rank, ctx.world)
-            # a different seed per rank: each rank augments its own shard differently
-            loader = DeviceLoader(images.train_images[idx], images.train_labels[idx], batch_size=cfg.batch_size,
-                                  train=True, device=dev, seed=cfg.seed + ctx.rank, channels_last=cfg.channels_last)
-        else:
-            if dev.type != "cuda":
-                for knob in ("pin_memory", "non_blocking"):
-                    if getattr(cfg, knob):
-                        no_ops[knob] = f"pinned memory and async copies only help copies to a CUDA GPU; this is {dev.type}"
-            dataset = CifarLikeDataset(images.train_images, images.train_labels, train=True)
-            sampler = DistributedSampler(dataset, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.seed,
-                                         drop_last=True)
-            extra: dict[str, Any] = {}
-            if cfg.num_workers:
-                extra = {"persistent_workers": cfg.persistent_workers}
-                if cfg.prefetch_factor is not None:
-                    extra["prefetch_factor"] = cfg.prefetch_factor
-            loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                                num_workers=cfg.num_workers, pin_memory=cfg.pin_memory and dev.type == "cuda", **extra)
-        batches = _epochs(loader, sampler)
-
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-        net = build_model(cfg.model)
-        sync_bn = job.options.sync_batchnorm
-        if sync_bn and dev.type != "cuda":
-            no_ops["sync_batchnorm"] = (f"SyncBatchNorm works only on GPU modules in torch {torch.__version__}; "
-                                        f"each rank normalised with its own batch statistics")
-            sync_bn = False
-        if sync_bn:
-            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
-        net = net.to(dev)
-        if cfg.channels_last:
-            net = net.to(memory_format=torch.channels_last)
-        model = DDP(net, device_ids=[dev.index] if dev.type == "cuda" else None,
-                    bucket_cap_mb=job.options.bucket_cap_mb)
-        comm = _CommCounter()
-        model.register_comm_hook(None, comm.hook())
-        opt = builders.build_optimizer(cfg, model.parameters(), no_ops)
-        total = cfg.warmup_steps + cfg.steps
-        sched = builders.build_scheduler(cfg, opt, total)
-        compiled = builders.compile_model(cfg, model, dev, no_ops)
-        amp_dtype = builders.amp_dtype(cfg, dev, no_ops)
-        scaler = torch.amp.GradScaler(dev.type, enabled=amp_dtype == torch.float16)
-        start_params = _flat(list(net.parameters())).cpu()
-
-        meter = MemoryMeter(dev)
-        res.memory_kind = meter.kind
-        loss_fn = nn.CrossEntropyLoss()
-        non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
-        ends = window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
-        window_seconds: list[float] = []
-        calls_timed = bytes_timed = 0
-        model.train()
-        t_start = window_start = now(dev)
-        for step in range(total):
-            if crash_rank == ctx.rank and step == crash_step:
-                raise RuntimeError(f"deliberate crash on rank {ctx.rank} at step {step} (--crash-rank/--crash-step)")
-            if step == cfg.warmup_steps:
-                calls_timed, bytes_timed = comm.calls, comm.bytes
-            t0 = time.perf_counter()
-            wait = 0.0
-            opt.zero_grad(set_to_none=cfg.set_to_none)
-            for micro in range(cfg.grad_accum_steps):
-                tw = time.perf_counter()
-                x, y = next(batches)
-                x, y = x.to(dev, non_blocking=non_blocking), y.to(dev, non_blocking=non_blocking)
-                if cfg.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                wait += time.perf_counter() - tw
-                last = micro == cfg.grad_accum_steps - 1
-                # no_sync: gradients just accumulate locally; only the last micro-batch's backward all-reduces
-                sync = model.no_sync() if job.options.no_sync and not last else contextlib.nullcontext()
-                with sync:
-                    with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                        loss = loss_fn(compiled(x), y) / cfg.grad_accum_steps
-                    scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            if sched is not None:
-                sched.step()
-            if ctx.rank == 0 and (step + 1) % cfg.log_every == 0:
-                res.losses.append((step, loss.item() * cfg.grad_accum_steps))  # rank 0's micro-batch loss
-            boundary = step + 1 == cfg.warmup_steps or step + 1 in ends
-            if boundary:
-                synchronize(dev)
-            t1 = time.perf_counter()
-            res.step_seconds.append(t1 - t0)
-            res.data_wait_seconds.append(wait)
-            res.memory_trace_mb.append(meter.sample())
-            res.steps_done = step + 1
-            if step + 1 == cfg.warmup_steps:
-                res.warmup_seconds = t1 - t_start
-                window_start = t1
-            elif step + 1 in ends:
-                window_seconds.append(t1 - window_start)
-                res.window_throughput.append(res.images_per_step * ends[step + 1] / (t1 - window_start))
-                res.timed_seconds += t1 - window_start
-                window_start = t1
-            if boundary and cfg.max_seconds and step + 1 < total:
-                # every rank must stop at the same step, or the others wait forever in the next all-reduce;
-                # the budget counts timed steps only (warm-up and compile excluded), as in fastlab.run
-                over = torch.tensor([float(res.timed_seconds > cfg.max_seconds)], device=dev)
-                dist.all_reduce(over, op=dist.ReduceOp.MAX)
-                if over.item():
-                    res.status = "time_limited"
-                    res.error = f"stopped at its max_seconds={cfg.max_seconds:g} budget after {res.steps_done} steps"
-                    break
-        synchronize(dev)
-        timed_steps = max(res.steps_done - cfg.warmup_steps, 1)
-        res.peak_memory_mb = meter.peak()
-        params = _gather_compare(_flat(list(net.parameters())), ctx)
-        params["max_change_from_start"] = float((_flat(list(net.parameters())).cpu() - start_params).abs().max())
-        buffers = _gather_compare(_flat([b for b in net.buffers() if b.is_floating_point()]), ctx)
-        if ctx.rank == 0:
-            _evaluate(net, images, cfg, dev, res, amp_dtype)
-        res.no_ops = dict(no_ops)
-        res.extras["window_seconds"] = window_seconds
-        res.extras["ddp"] = {
-            "world_size": ctx.world, "rank": ctx.rank, "backend": ctx.backend, "options": job.options.to_dict(),
-            "per_rank_batch": plan.per_rank_batch, "grad_accum_steps": plan.grad_accum_steps,
-            "global_batch": plan.global_batch, "base_lr": plan.base_lr, "lr": plan.lr,
-            "allreduce_calls_per_step": (comm.calls - calls_timed) / timed_steps,
-            "allreduce_mb_per_step": (comm.bytes - bytes_timed) / timed_steps / 2**20,
-            "gradient_mb": sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20,
-            "parameters": params, "buffers": buffers, "sync_batchnorm_used": sync_bn,
-        }
-        return res
-
-
-def _evaluate(net: Any, images: Any, cfg: TrainConfig, dev: Any, res: RunResult, amp_dtype: Any) -> None:
-    """Held-out accuracy of the trained replica (identical on every rank, so rank 0 alone measures it)."""
-    import torch
-
-    from .data import DeviceLoader
-    from .measure import now
-
-    loader = DeviceLoader(images.eval_images, images.eval_labels, batch_size=cfg.batch_size, train=False, device=dev,
-                          channels_last=cfg.channels_last)
-    net.eval()
-    t0 = now(dev)
-    correct = 0
-    with torch.no_grad():
-        for x, y in loader:
-            with torch.autocast(dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                correct += int((net(x).argmax(1) == y).sum())
-    res.eval_accuracy = correct / len(images.eval_labels)
-    res.eval_seconds = now(dev) - t0
-    net.train()
+    # Rank 0 fetches the data first (it may download); the others then load what rank 0 got.
+    names = [None]
+    if ctx.rank == 0:
+        names = [load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke").name]
+    dist.broadcast_object_list(names, src=0)
+    images = load_images(names[0], cfg.train_images, cfg.eval_images, allow_download=False)
+    mode = DDPMode(ctx, job.options, plan)
+    training = TrainingRun(cfg, f"rank {ctx.rank}", None, images, False, None, mode.on_step(cfg, crash_rank, crash_step),
+                           parallel=mode)
+    return training.execute()
 
 
 def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
@@ -666,16 +317,17 @@ def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
     ddp = dict(first.extras["ddp"])
     ddp.pop("rank")
     ddp["per_rank_throughput"] = [r.throughput.median for r in rank_results]
-    windows = [len(r.extras["window_seconds"]) for r in rank_results]
+    windows = [len(r.extras.get("window_seconds", [])) for r in rank_results]
     n_windows = min(windows)
     cfg = first.config
     steps = list(_window_steps(cfg["warmup_steps"], cfg["steps"], cfg["windows"]))[:n_windows]
-    seconds = [r.extras["window_seconds"][:n_windows] for r in rank_results]
+    seconds = [r.extras.get("window_seconds", [])[:n_windows] for r in rank_results]
     env = dict(first.env, world_size=ddp["world_size"], backend=ddp["backend"])
     statuses = {r.status for r in rank_results}
     return RunResult(
         config=cfg, label=label, status="time_limited" if "time_limited" in statuses else first.status,
-        error=first.error, steps_done=min(r.steps_done for r in rank_results), images_per_step=ddp["global_batch"],
+        error=first.error, diverged_step=first.diverged_step, last_finite_loss=first.last_finite_loss,
+        steps_done=min(r.steps_done for r in rank_results), images_per_step=ddp["global_batch"],
         window_throughput=window_throughput(ddp["global_batch"], steps, seconds),
         warmup_seconds=max(r.warmup_seconds for r in rank_results), timed_seconds=sum(map(max, zip(*seconds))),
         step_seconds=first.step_seconds, data_wait_seconds=first.data_wait_seconds, losses=first.losses,
@@ -767,7 +419,7 @@ def _main(args: argparse.Namespace, rank: int, world: int, local_rank: int, out:
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds the process group to this GPU (eager NCCL init)
     dist.init_process_group(backend, **kwargs)
-    ctx = _Rank(rank, world, local_rank, device, backend)
+    ctx = Rank(rank, world, local_rank, device, backend)
     for i, job in enumerate(jobs):
         label = job.label or f"DDP x{world} ({backend})"
         if rank == 0:

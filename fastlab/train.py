@@ -24,7 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -226,6 +226,7 @@ class WindowClock:
             res.warmup_seconds = t1 - self.t_start
             self.window_start = t1
         elif done in self.ends:
+            res.extras.setdefault("window_seconds", []).append(t1 - self.window_start)
             res.window_throughput.append(res.images_per_step * self.ends[done] / (t1 - self.window_start))
             res.timed_seconds += t1 - self.window_start
             self.window_start = t1
@@ -258,24 +259,48 @@ class DivergenceWatch:
     """Checks the values a run reads anyway (the logged losses, the GradScaler scale) for non-finite ones;
     adds no host-device sync of its own during timed steps."""
 
-    def __init__(self, result: RunResult) -> None:
+    def __init__(self, result: RunResult, agree: Callable[[bool], bool] | None = None) -> None:
         self.res = result
+        self.agree = agree  # with several processes, all must stop together: any one's divergence ends all
+
+    def _check(self, bad: bool, step: int, what: str) -> None:
+        if self.agree is not None:
+            mine, bad = bad, self.agree(bad)
+            if bad and not mine:
+                what = f"another rank diverged at step {step}"
+        if bad:
+            raise _Diverged(step, what)
 
     def loss(self, step: int, value: float) -> None:
-        if not math.isfinite(value):
-            raise _Diverged(step, f"the training loss became {value} at step {step}")
-        self.res.last_finite_loss = value
+        self._check(not math.isfinite(value), step, f"the training loss became {value} at step {step}")
+        if math.isfinite(value):
+            self.res.last_finite_loss = value
 
     def grad_scale(self, step: int, value: float) -> None:
-        if not math.isfinite(value) or value < MIN_GRAD_SCALE:
-            raise _Diverged(step, f"GradScaler's scale collapsed to {value:g} by step {step}: every recent step "
-                                  f"overflowed")
+        self._check(not math.isfinite(value) or value < MIN_GRAD_SCALE, step,
+                    f"GradScaler's scale collapsed to {value:g} by step {step}: every recent step overflowed")
 
     def parameters(self, step: int, net: nn.Module) -> None:
         """Once, after the timed steps: a non-finite weight means the run diverged, whatever the last loss said."""
         params = [p.detach() for p in net.parameters() if p.is_floating_point()]
-        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-            raise _Diverged(step, f"a parameter was non-finite after step {step}")
+        bad = bool(params) and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+        self._check(bad, step, f"a parameter was non-finite after step {step}")
+
+
+class Parallel(Protocol):
+    """What data-parallel training (fastlab.parallel.DDPMode) changes in the one loop; None in a single process."""
+
+    evaluates: bool  # whether this process measures held-out accuracy (rank 0 alone: the replicas are identical)
+
+    def wrap(self, net: nn.Module) -> nn.Module: ...  # the model that trains (DDP around the bare net)
+
+    def batches(self, cfg: TrainConfig, data: Data, device: torch.device, no_ops: dict[str, str]) -> Iterator: ...
+
+    def accumulate(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager: ...
+
+    def agree(self, flag: bool) -> bool: ...  # True on every process when it is True on any (a collective)
+
+    def finish(self, net: nn.Module, result: RunResult) -> None: ...  # after the steps, before evaluation
 
 
 @dataclass(frozen=True)
@@ -294,7 +319,7 @@ class TrainingRun:
 
     def __init__(self, config: TrainConfig, label: str, model: ModelArg, dataset: DatasetArg, progress: bool,
                  stop: threading.Event | None, on_step: StepCallback | None,
-                 checkpoints: Checkpoints | None = None) -> None:
+                 checkpoints: Checkpoints | None = None, parallel: Parallel | None = None) -> None:
         self.cfg = config
         self.device = resolve_device(config.device)
         self.model_arg = model
@@ -305,6 +330,7 @@ class TrainingRun:
         self.stops.append(self.halt)
         self.on_step = on_step
         self.checkpoints = checkpoints
+        self.parallel = parallel
         self.result = RunResult(config=config.to_dict(), label=label,
                                 env=environment(self.device, config.profile),
                                 images_per_step=config.batch_size * config.grad_accum_steps)
@@ -340,7 +366,7 @@ class TrainingRun:
 
     def _release(self) -> None:
         """Drop every tensor of this run and return cached device memory, so the next run starts clean."""
-        for name in ("net", "compiled", "opt", "batches", "loader", "scaler", "data"):
+        for name in ("net", "model", "compiled", "opt", "batches", "loader", "scaler", "data"):
             self.__dict__.pop(name, None)
         if self.cfg.compile != "off":
             torch.compiler.reset()  # frees compiled code and CUDA-graph pools; the next compiled run compiles anew
@@ -351,19 +377,24 @@ class TrainingRun:
     def _train_and_evaluate(self) -> None:
         cfg, dev, res = self.cfg, self.device, self.result
         self.data, res.dataset = builders.load_data(cfg, self.dataset_arg)
+        par = self.parallel
         self.net = builders.build_model(cfg, dev, self.model_arg)
-        self.opt = builders.build_optimizer(cfg, self.net.parameters(), self.no_ops)
+        self.model = par.wrap(self.net) if par else self.net
+        self.opt = builders.build_optimizer(cfg, self.model.parameters(), self.no_ops)
         self.sched = builders.build_scheduler(cfg, self.opt, cfg.warmup_steps + cfg.steps)
-        self.compiled = builders.compile_model(cfg, self.net, dev, self.no_ops)
+        self.compiled = builders.compile_model(cfg, self.model, dev, self.no_ops)
         self.amp = builders.amp_dtype(cfg, dev, self.no_ops, self.notes)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=self.amp == torch.float16)
-        self.loader = builders.train_batches(cfg, self.data, dev, self.no_ops)
-        self.batches = forever(self.loader)
+        if par:
+            self.batches = par.batches(cfg, self.data, dev, self.no_ops)
+        else:
+            self.loader = builders.train_batches(cfg, self.data, dev, self.no_ops)
+            self.batches = forever(self.loader)
         meter = MemoryMeter(dev)
         res.memory_kind = meter.kind
         res.peak_memory_mb = meter.peak()
         util = GpuUtilSampler(dev)
-        watch = DivergenceWatch(res)
+        watch = DivergenceWatch(res, par.agree if par else None)
         graphs = builders.CudaGraphSkips() if cfg.compile != "off" and dev.type == "cuda" else contextlib.nullcontext()
         try:
             with util, graphs:
@@ -381,7 +412,10 @@ class TrainingRun:
                 self.no_ops["cuda_graphs"] = graphs.reason()
             self.batches = None
             self.loader = None
-        self._evaluate(meter)
+        if par:
+            par.finish(self.net, res)
+        if par is None or par.evaluates:
+            self._evaluate(meter)
 
     def _steps(self, meter: MemoryMeter, watch: DivergenceWatch) -> None:
         """The step loop: warm-up, then the timed windows."""
@@ -410,7 +444,7 @@ class TrainingRun:
                         self.on_step(step + 1, clock.total)
                     if self.checkpoints and (step + 1) % self.checkpoints.every == 0:
                         self._checkpoint(step, clock, meter)
-                    if clock.over_budget(step + 1, t1):
+                    if self._over_budget(clock, step + 1, t1):
                         raise _OverBudget
             self._final_check(clock.total - 1, loss, watch)
         except _OverBudget:
@@ -425,6 +459,13 @@ class TrainingRun:
                 res.losses.extend(kept)
             kept_losses.clear()
 
+    def _over_budget(self, clock: WindowClock, done: int, t1: float) -> bool:
+        if self.parallel is None:
+            return clock.over_budget(done, t1)
+        # every process must stop at the same step, or the others wait forever in the next all-reduce:
+        # decided together, at window ends (where each has synchronised anyway)
+        return clock.is_boundary(done) and done < clock.total and self.parallel.agree(clock.over_budget(done, t1))
+
     def _one_step(self, step: int, sample: bool) -> tuple[torch.Tensor, float]:
         """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait).
         Warm-up steps after the first (sample=True) are bracketed by syncs to sample the optimiser's share."""
@@ -435,7 +476,7 @@ class TrainingRun:
         t0 = time.perf_counter()
         wait = 0.0
         self.opt.zero_grad(set_to_none=cfg.set_to_none)
-        for _ in range(cfg.grad_accum_steps):
+        for micro in range(cfg.grad_accum_steps):
             tw = time.perf_counter()
             x, y = next(self.batches)
             x = x.to(dev, non_blocking=non_blocking)
@@ -443,9 +484,11 @@ class TrainingRun:
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             wait += time.perf_counter() - tw
-            with builders.autocast(dev, self.amp):
-                loss = nn.functional.cross_entropy(self.compiled(x), y) / cfg.grad_accum_steps
-            self.scaler.scale(loss).backward()
+            last = micro == cfg.grad_accum_steps - 1
+            with self.parallel.accumulate(self.model, last) if self.parallel else contextlib.nullcontext():
+                with builders.autocast(dev, self.amp):
+                    loss = nn.functional.cross_entropy(self.compiled(x), y) / cfg.grad_accum_steps
+                self.scaler.scale(loss).backward()
         if sample:
             synchronize(dev)
             t_opt = time.perf_counter()

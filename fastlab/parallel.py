@@ -1,0 +1,320 @@
+"""Data-parallel training as a mode of the one loop: what DDP changes, and the arithmetic behind it.
+
+fastlab.train runs every training run, single-process or data-parallel, through the same step loop;
+DDPMode supplies the differences (fastlab.train.Parallel): the DDP-wrapped model, this rank's shard of the
+data, `no_sync` on accumulation micro-batches but the last, and decisions every rank must take together
+(stop for the time budget, divergence). fastlab.distributed launches the ranks and gathers their results.
+
+    per-rank batch = TrainConfig.batch_size (options.batch="per_rank"), or batch_size / N (batch="global")
+    global batch   = per-rank batch x grad_accum_steps x N   (the images one optimiser step learns from)
+    throughput     = global batch x steps in a window / the slowest rank's wall time for that window
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import TrainConfig
+from .results import RunResult
+
+BATCH_MODES = ("per_rank", "global")
+LR_SCALINGS = ("none", "linear", "sqrt")
+BACKENDS = ("auto", "gloo", "nccl")
+
+@dataclass(frozen=True)
+class DDPOptions:
+    """How a TrainConfig is spread over the ranks (the knobs that only exist with more than one process)."""
+
+    batch: str = "per_rank"  # "per_rank": each rank takes batch_size (global grows with N); "global": batch_size is split
+    lr_scaling: str = "none"  # lr x (global batch / single-process batch): "linear", its square root ("sqrt"), or not
+    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (an all-reduce per BN layer; GPU only)
+    no_sync: bool = True  # skip the gradient all-reduce on accumulation micro-batches but the last
+    bucket_cap_mb: float = 25.0  # gradients are all-reduced in buckets of this size, overlapping backward
+    backend: str = "auto"  # "auto": nccl on CUDA, gloo on CPU
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("batch", BATCH_MODES), ("lr_scaling", LR_SCALINGS), ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DDPOptions.{name}={getattr(self, name)!r} is not allowed: choose one of "
+                                 + ", ".join(repr(a) for a in allowed))
+        for name in ("sync_batchnorm", "no_sync"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DDPOptions.{name}={getattr(self, name)!r} is not allowed: True or False")
+        cap = self.bucket_cap_mb
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
+            raise ValueError(f"DDPOptions.bucket_cap_mb={cap!r} is not allowed: a number > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DDPJob:
+    """One training run under DDP: what one launch's ranks train together."""
+
+    config: TrainConfig
+    options: DDPOptions = DDPOptions()
+    label: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "options": self.options.to_dict(), "label": self.label}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DDPJob:
+        return cls(TrainConfig.from_dict(data["config"]), DDPOptions(**data.get("options", {})), data.get("label", ""))
+
+
+# ------------------------------------------------------------------ arithmetic (pure, unit-tested)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    world_size: int
+    per_rank_batch: int  # images per micro-batch on one rank
+    grad_accum_steps: int
+    global_batch: int  # images per optimiser step, all ranks together
+    base_lr: float  # TrainConfig.lr: tuned for the single-process batch
+    lr: float  # the learning rate the ranks use
+
+    def describe(self) -> str:
+        return (f"per-rank batch {self.per_rank_batch} x {self.grad_accum_steps} accumulation step(s) x "
+                f"{self.world_size} rank(s) = global batch {self.global_batch}; learning rate {self.base_lr:g} -> "
+                f"{self.lr:g}")
+
+
+def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | None = None) -> BatchPlan:
+    """Per-rank and global batch, and the learning rate, for `config` spread over `world_size` ranks.
+
+    The reference batch is what one process would use: batch_size x grad_accum_steps. lr_scaling scales
+    config.lr by (global batch / reference batch): linearly (Goyal et al.'s rule for SGD) or by its square
+    root (often used with Adam). In "global" mode the global batch equals the reference, so lr stays.
+    """
+    options = options or DDPOptions()
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} is not allowed: an integer >= 1 (the number of processes)")
+    per_rank = config.batch_size
+    if options.batch == "global":
+        if config.batch_size % world_size:
+            raise ValueError(f"TrainConfig.batch_size={config.batch_size} is not allowed with DDPOptions.batch="
+                             f"'global' over {world_size} ranks: a multiple of {world_size}, so every rank gets "
+                             f"an equal share")
+        per_rank = config.batch_size // world_size
+    global_batch = per_rank * config.grad_accum_steps * world_size
+    factor = global_batch / (config.batch_size * config.grad_accum_steps)
+    scale = {"none": 1.0, "linear": factor, "sqrt": math.sqrt(factor)}[options.lr_scaling]
+    return BatchPlan(world_size, per_rank, config.grad_accum_steps, global_batch, config.lr, config.lr * scale)
+
+
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    """This rank's share of n examples for the device-resident loader: every world_size-th index from rank.
+
+    Every rank gets the same number (n // world_size; the remainder is left out) so that no rank runs out of
+    batches before the others, and the shards are disjoint.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is not allowed: 0 <= rank < world_size={world_size}")
+    per_rank = n // world_size
+    if per_rank == 0:
+        raise ValueError(f"{n} training images cannot be shared by {world_size} ranks: raise train_images")
+    return list(range(rank, per_rank * world_size, world_size))
+
+
+def compare_across_ranks(vectors: Sequence[Any]) -> dict[str, Any]:
+    """How far each rank's flattened tensor is from rank 0's: max |difference|, and per-rank checksums.
+
+    `identical` means bit-for-bit equal, which is what DDP promises for parameters: every rank applies
+    the same averaged gradient to the same starting weights.
+    """
+    if not vectors:
+        raise ValueError("compare_across_ranks needs one tensor per rank, got none")
+    import torch
+
+    ref = vectors[0].double()
+    diffs = [float((v.double() - ref).abs().max()) if v.numel() else 0.0 for v in vectors]
+    return {"max_abs_diff": max(diffs), "per_rank_max_abs_diff": diffs,
+            "checksums": [float(v.double().sum()) for v in vectors],
+            "identical": all(torch.equal(v, vectors[0]) for v in vectors), "elements": int(vectors[0].numel())}
+
+
+def window_throughput(images_per_step: int, window_steps: Sequence[int],
+                      seconds_per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """Images/s of each timed window, all ranks together: the slowest rank's time sets the pace."""
+    out = []
+    for i, steps in enumerate(window_steps):
+        slowest = max(rank_seconds[i] for rank_seconds in seconds_per_rank)
+        out.append(images_per_step * steps / slowest)
+    return out
+
+
+@dataclass
+class Rank:
+    rank: int
+    world: int
+    local_rank: int
+    device: Any  # torch.device
+    backend: str
+
+
+def _flat(tensors: Sequence[Any]):
+    import torch
+
+    parts = [t.detach().reshape(-1).to(torch.float64) for t in tensors]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _gather_compare(vec, ctx: Rank) -> dict[str, Any]:
+    """Each rank's flattened tensor gathered on every rank, then compared (collective: all ranks call it)."""
+    import torch
+    import torch.distributed as dist
+
+    vec = vec.to(ctx.device)
+    gathered = [torch.empty_like(vec) for _ in range(ctx.world)]
+    dist.all_gather(gathered, vec)
+    return compare_across_ranks([g.cpu() for g in gathered])
+
+
+class _CommCounter:
+    """Counts the gradient all-reduces DDP launches and their bytes (via a communication hook)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.bytes = 0
+
+    def hook(self):
+        """A DDP comm hook that counts each bucket, then does DDP's usual all-reduce (average) of it."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        def counting_allreduce_hook(state, bucket):  # unannotated: DDP checks annotations against GradBucket
+            buf = bucket.buffer()
+            self.calls += 1
+            self.bytes += buf.numel() * buf.element_size()
+            return default_hooks.allreduce_hook(state, bucket)
+
+        return counting_allreduce_hook
+
+
+def _epochs(loader, sampler) -> Iterator:
+    """Batches epoch after epoch; DistributedSampler.set_epoch reshuffles each epoch (same order on all ranks)."""
+    epoch = 0
+    while True:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("a rank's share of the training set is smaller than one batch: lower batch_size "
+                             "or raise train_images")
+        epoch += 1
+
+
+class DDPMode:
+    """fastlab.train.Parallel for DistributedDataParallel: one instance per rank and job."""
+
+    def __init__(self, ctx: Rank, options: DDPOptions, plan: BatchPlan) -> None:
+        self.ctx, self.options, self.plan = ctx, options, plan
+        self.evaluates = ctx.rank == 0
+        self.comm = _CommCounter()
+        self.sync_bn = options.sync_batchnorm
+        self.calls_timed = self.bytes_timed = 0
+
+    def wrap(self, net):
+        import torch
+        from torch import nn
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dev = self.ctx.device
+        if self.sync_bn and dev.type != "cuda":
+            self.sync_bn = False  # recorded as a no-op in finish()
+        if self.sync_bn:
+            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        self.start_params = _flat(list(net.parameters())).cpu()
+        model = DDP(net, device_ids=[dev.index] if dev.type == "cuda" else None,
+                    bucket_cap_mb=self.options.bucket_cap_mb)
+        model.register_comm_hook(None, self.comm.hook())
+        self.torch_version = torch.__version__
+        return model
+
+    def batches(self, cfg: TrainConfig, images: Any, device: Any, no_ops: dict[str, str]) -> Iterator:
+        """This rank's shard: the device loader over a slice, or a DataLoader with a DistributedSampler."""
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+
+        from .data import CifarLikeDataset, DeviceLoader
+
+        ctx = self.ctx
+        if cfg.loader == "device":
+            for knob in ("pin_memory", "non_blocking"):
+                if getattr(cfg, knob):
+                    no_ops[knob] = "the device loader keeps the data on the device: there is no copy to speed up"
+            idx = shard_indices(len(images.train_labels), ctx.rank, ctx.world)
+            # a different seed per rank: each rank augments its own shard differently
+            return _epochs(DeviceLoader(images.train_images[idx], images.train_labels[idx], batch_size=cfg.batch_size,
+                                        train=True, device=device, seed=cfg.seed + ctx.rank,
+                                        channels_last=cfg.channels_last), None)
+        if device.type != "cuda":
+            for knob in ("pin_memory", "non_blocking"):
+                if getattr(cfg, knob):
+                    no_ops[knob] = f"pinned memory and async copies only help copies to a CUDA GPU; this is {device.type}"
+        dataset = CifarLikeDataset(images.train_images, images.train_labels, train=True)
+        sampler = DistributedSampler(dataset, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.seed,
+                                     drop_last=True)
+        extra: dict[str, Any] = {}
+        if cfg.num_workers:
+            extra = {"persistent_workers": cfg.persistent_workers}
+            if cfg.prefetch_factor is not None:
+                extra["prefetch_factor"] = cfg.prefetch_factor
+        loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
+                            num_workers=cfg.num_workers, pin_memory=cfg.pin_memory and device.type == "cuda", **extra)
+        return _epochs(loader, sampler)
+
+    def accumulate(self, model, last: bool):
+        # no_sync: gradients just accumulate locally; only the last micro-batch's backward all-reduces
+        return model.no_sync() if self.options.no_sync and not last else contextlib.nullcontext()
+
+    def agree(self, flag: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(flag)], device=self.ctx.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def on_step(self, cfg: TrainConfig, crash_rank: int | None, crash_step: int) -> Callable[[int, int], None]:
+        """Counts the all-reduces of the timed steps; raises on the chosen rank and step (--crash-rank)."""
+
+        def hook(done: int, total: int) -> None:
+            if done == cfg.warmup_steps:
+                self.calls_timed, self.bytes_timed = self.comm.calls, self.comm.bytes
+            if crash_rank == self.ctx.rank and done == crash_step + 1:
+                raise RuntimeError(f"deliberate crash on rank {crash_rank} at step {crash_step} "
+                                   f"(--crash-rank/--crash-step)")
+
+        return hook
+
+    def finish(self, net, res: RunResult) -> None:
+        """After the steps, on every rank: do the replicas agree, and what did communication cost."""
+        ctx, plan = self.ctx, self.plan
+        if self.options.sync_batchnorm and not self.sync_bn:
+            res.no_ops["sync_batchnorm"] = (f"SyncBatchNorm works only on GPU modules in torch {self.torch_version}; "
+                                            f"each rank normalised with its own batch statistics")
+        cfg = res.config
+        timed_steps = max(res.steps_done - cfg["warmup_steps"], 1)
+        params = _gather_compare(_flat(list(net.parameters())), ctx)
+        params["max_change_from_start"] = float((_flat(list(net.parameters())).cpu() - self.start_params).abs().max())
+        buffers = _gather_compare(_flat([b for b in net.buffers() if b.is_floating_point()]), ctx)
+        res.extras["ddp"] = {
+            "world_size": ctx.world, "rank": ctx.rank, "backend": ctx.backend, "options": self.options.to_dict(),
+            "per_rank_batch": plan.per_rank_batch, "grad_accum_steps": plan.grad_accum_steps,
+            "global_batch": plan.global_batch, "base_lr": plan.base_lr, "lr": plan.lr,
+            "allreduce_calls_per_step": (self.comm.calls - self.calls_timed) / timed_steps,
+            "allreduce_mb_per_step": (self.comm.bytes - self.bytes_timed) / timed_steps / 2**20,
+            "gradient_mb": sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20,
+            "parameters": params, "buffers": buffers, "sync_batchnorm_used": self.sync_bn,
+        }

@@ -1,0 +1,67 @@
+"""Issue 15: one training loop. DDP is a mode of fastlab.train's loop, so a knob behaves the same under DDP
+(2 gloo ranks) as in a single process; and the modules stay small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import fastlab
+from fastlab.distributed import DDPJob, DDPOptions, launch
+
+PACKAGE = Path(fastlab.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def knobs():
+    """Three jobs, each a knob with a visible effect, run in a single process and under DDP (one launch)."""
+    base = fastlab.config_for("smoke", steps=8, warmup_steps=1, windows=2, train_images=256, eval_images=64,
+                              max_seconds=0.0)
+    configs = {
+        "log_every": base.replace(log_every=3),
+        "max_seconds": base.replace(steps=400, windows=4, max_seconds=0.5),
+        "divergence": base.replace(optimizer="sgd", lr=1e6),
+    }
+    single = {k: fastlab.run(c, progress=False) for k, c in configs.items()}
+    jobs = [DDPJob(c, DDPOptions(), k) for k, c in configs.items()]
+    ddp = {k: run.result for k, run in zip(configs, launch(jobs, 2, timeout_s=400))}
+    return single, ddp
+
+
+def test_log_every_reads_the_loss_at_the_same_steps(knobs):
+    single, ddp = knobs
+    assert [s for s, _ in single["log_every"].losses] == [2, 5, 8]
+    assert [s for s, _ in ddp["log_every"].losses] == [2, 5, 8]
+
+
+def test_max_seconds_ends_both_time_limited(knobs):
+    single, ddp = knobs
+    for r in (single["max_seconds"], ddp["max_seconds"]):
+        assert r.status == "time_limited" and r.steps_done < 401 and "max_seconds" in r.error
+
+
+def test_divergence_ends_both_diverged(knobs):
+    single, ddp = knobs
+    for r in (single["divergence"], ddp["divergence"]):
+        assert r.status == "diverged" and r.diverged_step is not None and not r.credited
+
+
+def _functions(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node.end_lineno - node.lineno + 1
+
+
+def test_no_function_in_fastlab_is_over_100_lines():
+    long = [f"{p.relative_to(PACKAGE)}:{name} ({n} lines)" for p in PACKAGE.rglob("*.py")
+            for name, n in _functions(p) if n > 100]
+    assert not long, long
+
+
+def test_distributed_keeps_only_the_launcher_and_gathering():
+    assert len((PACKAGE / "distributed.py").read_text().splitlines()) <= 450
+    text = (PACKAGE / "distributed.py").read_text()
+    assert "backward(" not in text and "zero_grad" not in text  # no second training loop
