@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, config_for
+from .device_support import no_op_reasons
 from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
 from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, time_to_accuracy
 from .results import RunResult, load_document, save_results
@@ -165,14 +166,24 @@ def tta_drop_reason(tta: TimeToAccuracy) -> str | None:
 
 
 def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
-                   progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None
-                   ) -> list[TimeToAccuracy]:
-    """The ladder on time-to-accuracy: each rung trained over `seeds` until the profile's target accuracy."""
+                   progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None,
+                   not_run: dict[str, str] | None = None) -> list[TimeToAccuracy]:
+    """The ladder on time-to-accuracy: each rung trained over `seeds` until the profile's target accuracy.
+    A rung whose every knob is a no-op on this device is not run; not_run (when given) gets its reason."""
     out: list[TimeToAccuracy] = []
     kept: dict[str, Any] = {}
     bar = _rung_bar(len(rungs), "time-to-accuracy ladder", progress)
+    device = resolve_device(base.device)
     for rung in rungs:
         cfg = base.replace(**{**kept, **rung.changes})
+        idle = no_op_reasons(cfg, device)
+        if rung.name != "naive" and set(rung.changes) <= set(idle):
+            # every knob of this rung is a no-op on this device: recorded with the reason, not trained 3 times
+            if not_run is not None:
+                not_run[rung.title] = "; ".join(f"{k}: {idle[k]}" for k in rung.changes)
+            if bar is not None:
+                bar.update(1)
+            continue
         tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress)
         reason = tta_drop_reason(tta)
         for r in tta.runs:
@@ -224,7 +235,9 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
     if metric == "throughput":
         run_ladder(base, rungs, progress=progress, on_result=save)
     else:
-        run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save)
+        meta["not_run"] = {}
+        run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save,
+                       not_run=meta["not_run"])
     if not done:
         save_results(path, done, meta=meta)
     write_report(path)
@@ -247,7 +260,7 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
     if doc.get("meta", {}).get("metric") == "time-to-accuracy":
         ttas = tta_groups(results)
         png.write_bytes(figure_png(plot_tta_ladder(ttas), dpi=110))
-        md.write_text(tta_markdown_table(ttas))
+        md.write_text(tta_markdown_table(ttas, doc.get("meta", {}).get("not_run")))
     else:
         png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
         md.write_text(markdown_table(results))
@@ -265,7 +278,7 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
     return list(groups.values())
 
 
-def tta_markdown_table(ttas: list[TimeToAccuracy]) -> str:
+def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | None = None) -> str:
     """The time-to-accuracy ladder as a Markdown table, computed from the runs."""
     if not ttas or not ttas[0].runs:
         return "No results.\n"
@@ -294,6 +307,9 @@ def tta_markdown_table(ttas: list[TimeToAccuracy]) -> str:
             time_cell, vs, steps = "not reached", "", ""
         lines.append(f"| {name} | {time_cell} | {t.reached}/{len(t.runs)} | {vs} | {steps} | {b.median:.1%} "
                      f"({b.low:.1%}-{b.high:.1%}) | {speed.median:,.0f} | {no_ops} |")
+    if not_run:
+        lines += ["", "Not run here (every knob of the rung is a no-op on this device): " +
+                  "; ".join(f"{k}: {v}" for k, v in not_run.items()) + "."]
     lines += ["", "Training seconds to target: wall time of every training step (warm-up and compilation included) up "
               "to the evaluation checkpoint that first reached the target; evaluation time excluded. Median, min and "
               "max over the seeds that reached it; 'vs naive' = naive's median / the rung's median; 'noise': a "

@@ -158,3 +158,16 @@ def test_tta_bench_writes_a_table_and_figure(tmp_path, monkeypatch):
     table = (out / "bench.md").read_text()
     assert "time-to-accuracy ladder" in table and "2/2" in table and "SYNTHETIC" in table
     assert (out / "bench.png").stat().st_size > 0
+
+
+def test_tta_ladder_does_not_train_a_rung_that_is_a_no_op_here(monkeypatch):
+    from fastlab.config import TIME_TO_ACCURACY
+
+    monkeypatch.setitem(TIME_TO_ACCURACY, "smoke", dict(synthetic=0.0, cifar10=0.0, eval_every=2, max_steps=4))
+    base = config_for("smoke", device="cpu")
+    rungs = bench.select_rungs(bench.ladder(base), only=["cudnn"])
+    not_run: dict[str, str] = {}
+    ttas = bench.run_tta_ladder(base, rungs, seeds=(0,), progress=False, not_run=not_run)
+    assert [t.label for t in ttas] == ["naive"]
+    assert "cudnn.benchmark" in " ".join(not_run) and "cuDNN" in " ".join(not_run.values())
+    assert "Not run here" in bench.tta_markdown_table(ttas, not_run)
