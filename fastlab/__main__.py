@@ -1,13 +1,97 @@
-"""python -m fastlab bench | env | run | report | advise | download"""
+"""python -m fastlab bench | env | run | report | advise | download | notebooks"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from .config import CHOICES, PROFILES, TrainConfig
+
+
+class CliError(Exception):
+    """A command-line error: what went wrong and how to fix it, printed as one line (exit status 2)."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(f"{what} — {fix}")
+        self.what, self.fix = what, fix
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other CLI error (not usage text plus a message)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        _fail(message, f"see `{self.prog} --help`")
+        sys.exit(2)
+
+
+def _fail(what: str, fix: str, status: int = 2) -> int:
+    """Print `fastlab: <what> — <fix>` on one line to stderr; returns the exit status."""
+    one_line = " ".join(f"{what.rstrip('. ')} — {fix.rstrip('. ')}".split())
+    print(f"fastlab: {one_line}", file=sys.stderr)
+    return status
+
+
+def _what_and_fix(e: BaseException) -> tuple[str, str]:
+    """Split an exception raised by the package into what went wrong and its fix (the API's messages say both)."""
+    from .data import DatasetError
+
+    text = " ".join(str(e).split())
+    if isinstance(e, CliError):
+        return e.what, e.fix
+    for mark in (". Fix: ", " Fix: "):
+        if mark in text:
+            what, fix = text.split(mark, 1)
+            return what, fix
+    if isinstance(e, DatasetError):
+        return text, "set FASTLAB_DATA=synthetic to use the offline synthetic set"
+    if isinstance(e, ValueError) and " is not allowed: " in text:
+        what, fix = text.split(" is not allowed: ", 1)
+        return f"{what} is not allowed", fix
+    if isinstance(e, ValueError) and "; " in text:  # "unknown rung 'x'; rungs are: ..." and the like
+        what, fix = text.split("; ", 1)
+        return what, fix
+    if isinstance(e, ValueError):
+        return text, "see `python -m fastlab --help`"
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if e.filename and str(e.filename) not in text else ""
+        return f"{text}{where}", "check the path and its permissions"
+    return (f"unexpected {type(e).__name__}: {text}",
+            "if this looks like a bug, rerun with FASTLAB_TRACEBACK=1 and report the traceback")
+
+
+def _writable_folder(folder: Path, flag: str = "--out") -> Path:
+    """Create `folder` (with parents) before any training, so a bad path fails in a second, not after a run."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".fastlab-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise CliError(f"cannot create or write the output folder {folder} ({e.strerror or e})",
+                       f"choose a folder you can write to with {flag}") from None
+    return folder
+
+
+def _results_file(path_text: str) -> Path:
+    """A results.json named directly or by its folder; missing files are named with the fix."""
+    path = Path(path_text)
+    if path.is_dir():
+        path = path / "results.json"
+    fix = "give the path of a results.json written by `python -m fastlab bench` (or `run --out`)"
+    if not path.is_file():
+        raise CliError(f"no results file at {path}", fix)
+    from .results import load_document
+
+    try:
+        load_document(path)
+    except ValueError as e:  # not JSON, or another schema version (whose message names the fix after ". ")
+        what, _, said = str(e).partition(". ")
+        raise CliError(what, said or fix) from None
+    return path
 
 
 def _parse_bool(text: str) -> bool:
@@ -42,16 +126,16 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import RUNG_NAMES, bench
+    from .bench import bench, default_out_dir, ladder, select_rungs
 
     def split(text: str | None) -> list[str] | None:
         return [x.strip() for x in text.split(",") if x.strip()] if text else None
 
-    try:
-        out = bench(args.out, profile=args.profile, model=args.model, only=split(args.only), skip=split(args.skip))
-    except ValueError as e:
-        print(f"fastlab bench: {e} (rungs: {', '.join(RUNG_NAMES)})", file=sys.stderr)
-        return 2
+    only, skip = split(args.only), split(args.skip)
+    select_rungs(ladder(TrainConfig(device="cpu", profile="smoke")), only, skip)  # rung names first: no folder left
+    out = _writable_folder(Path(args.out) if args.out else default_out_dir())
+    out = bench(out, profile=args.profile, model=args.model, only=only, skip=skip, metric=args.metric,
+                seeds=args.seeds)
     print((out / "bench.md").read_text())
     print(f"wrote {out / 'results.json'}, {out / 'bench.png'} and {out / 'bench.md'}")
     print(f"results in {out.resolve()}")
@@ -66,6 +150,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}  # --profile picks the preset
     changes = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     cfg = config_for(args.profile, **changes)
+    if args.out and Path(args.out).is_dir():
+        raise CliError(f"--out {args.out} is a folder", f"give a file name, such as {Path(args.out) / 'result.json'}")
+    if args.out:
+        _writable_folder(Path(args.out).parent)
     result = run(cfg, label="cli run")
     print(result.summary())
     for knob, why in result.no_ops.items():
@@ -78,50 +166,61 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .bench import write_report
 
-    png, md = write_report(args.results)
+    png, md = write_report(_results_file(args.results))
     print(md.read_text())
     print(f"wrote {png} and {md}")
     return 0
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from .data import DatasetError, data_dir, download_cifar10
+    from .data import data_dir, download_cifar10
 
-    try:
-        download_cifar10(data_dir(), timeout_s=60)
-    except DatasetError as e:
-        print(f"fastlab download: {e}", file=sys.stderr)
-        return 1
+    download_cifar10(data_dir(), timeout_s=60)  # a DatasetError says what failed and the fix: main prints it
     print(f"CIFAR-10 is in {data_dir()}")
     return 0
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
-    from .advise import advice_text
+    from .advise import results_advice_text
     from .results import load_results
 
-    try:
-        results = load_results(args.results)
-    except FileNotFoundError as e:
-        print(f"fastlab advise: {e}", file=sys.stderr)
-        return 2
+    results = load_results(_results_file(args.results))
     if not results:
         print(f"{args.results} holds no results")
-    for r in results:
-        print(advice_text(r))
-        print()
+    else:
+        print(results_advice_text(results))  # diverged runs named first
+    return 0
+
+
+def _cmd_notebooks(args: argparse.Namespace) -> int:
+    from .install import copy_notebooks
+
+    report = copy_notebooks(_writable_folder(Path(args.dir), "the DIR argument"), force=args.force)
+    for name in report.copied + report.updated + report.overwritten:
+        how = "updated" if name in report.updated else "overwrote your edited" if name in report.overwritten else "wrote"
+        print(f"{how} {report.folder / name}")
+    done = len(report.copied) + len(report.updated) + len(report.overwritten)
+    print(f"{done} notebooks written to {report.folder.resolve()}"
+          + (f"; {len(report.unchanged)} already up to date" if report.unchanged else "")
+          + f". Open it with: jupyter lab {report.folder}")
+    if report.kept:
+        raise CliError(f"kept {len(report.kept)} notebook(s) you edited in {report.folder}: {', '.join(report.kept)}",
+                       "rerun with --force to overwrite them with this version's, or copy into another folder")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastlab", description=__doc__)
+    parser = _Parser(prog="python -m fastlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("bench", help="run the technique ladder and write results.json, bench.png, bench.md")
     p.add_argument("--out", help="output folder (default: bench-results/<date-time>)")
-    p.add_argument("--profile", choices=PROFILES, help="default: FASTLAB_PROFILE, else gpu with CUDA, else cpu")
+    p.add_argument("--profile", choices=PROFILES, help="default: FASTLAB_PROFILE, else gpu with CUDA, mps on an Apple GPU, else cpu")
     p.add_argument("--model", choices=CHOICES["model"])
     p.add_argument("--only", help="comma-separated rungs to keep (naive always runs)")
     p.add_argument("--skip", help="comma-separated rungs to leave out")
+    p.add_argument("--metric", choices=("throughput", "time-to-accuracy"), default="throughput",
+                   help="images/s per rung, or training seconds to the profile's target accuracy over seeds")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per rung for --metric time-to-accuracy (default 3)")
     p.set_defaults(func=_cmd_bench)
     p = sub.add_parser("env", help="print the environment and which techniques apply here")
     p.set_defaults(func=_cmd_env)
@@ -138,12 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("advise", help="name each run's bottleneck and what to try next, from a results.json")
     p.add_argument("results")
     p.set_defaults(func=_cmd_advise)
+    p = sub.add_parser("notebooks", help="copy the workbook's notebooks into DIR (edited ones are kept)")
+    p.add_argument("dir", nargs="?", default="fastlab-notebooks", metavar="DIR",
+                   help="where to write them (default: ./fastlab-notebooks)")
+    p.add_argument("--force", action="store_true", help="overwrite notebooks you edited there")
+    p.set_defaults(func=_cmd_notebooks)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:
-        print(f"fastlab: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return _fail("interrupted", "run the command again to start over", status=130)
+    except Exception as e:  # every CLI error is one line; FASTLAB_TRACEBACK=1 shows the traceback instead
+        if os.environ.get("FASTLAB_TRACEBACK"):
+            raise
+        return _fail(*_what_and_fix(e))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from .config import TrainConfig
 from .data import DeviceLoader, ImageSet, dataset_loader, load_images, make_dataloader
+from .device_support import no_op_reasons
 from .measure import bf16_supported
 from .models import build_model as build_named_model
 
@@ -33,13 +34,7 @@ def backend_flags(cfg: TrainConfig, device: torch.device, no_ops: NoOps) -> Iter
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     torch.backends.cudnn.allow_tf32 = cfg.tf32
     torch.set_float32_matmul_precision(cfg.matmul_precision)
-    if device.type != "cuda":
-        if cfg.cudnn_benchmark:
-            no_ops["cudnn_benchmark"] = f"cuDNN runs only on NVIDIA GPUs; this run is on {device.type}"
-        if not cfg.tf32:
-            no_ops["tf32"] = f"conv TF32 is a cuDNN mode of NVIDIA Ampere-or-newer GPUs; this run is on {device.type}"
-    elif torch.cuda.get_device_capability(device)[0] < 8 and (not cfg.tf32 or cfg.matmul_precision != "highest"):
-        no_ops["tf32"] = "TF32 needs an Ampere-or-newer GPU (compute capability 8.0+)"
+    no_ops.update(no_op_reasons(cfg, device))  # every knob that does nothing on this device, with the reason
     try:
         yield
     finally:
@@ -65,12 +60,7 @@ def load_data(cfg: TrainConfig, dataset_arg: Data | None) -> tuple[Data, dict[st
 
 def train_batches(cfg: TrainConfig, data: Data, device: torch.device, no_ops: NoOps):
     """The training batches: a DataLoader (per-image transforms) or the device-resident loader."""
-    if device.type != "cuda":
-        if cfg.pin_memory:
-            no_ops["pin_memory"] = f"pinned host memory only speeds copies to a CUDA GPU; this run is on {device.type}"
-        if cfg.non_blocking:
-            no_ops["non_blocking"] = f"asynchronous copies need a CUDA GPU; this run is on {device.type}"
-    elif cfg.non_blocking and not cfg.pin_memory and cfg.loader == "dataloader":
+    if device.type == "cuda" and cfg.non_blocking and not cfg.pin_memory and cfg.loader == "dataloader":
         no_ops["non_blocking"] = "a copy from pageable (unpinned) memory is synchronous; set pin_memory=True"
     pin = cfg.pin_memory and device.type == "cuda"
     if cfg.loader == "device":
@@ -122,16 +112,11 @@ def build_scheduler(cfg: TrainConfig, opt: torch.optim.Optimizer, total_steps: i
     return None
 
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
 def compile_model(cfg: TrainConfig, net: nn.Module, device: torch.device, no_ops: NoOps) -> nn.Module:
     """torch.compile with the configured mode, from fresh compiler caches (so warm-up holds its own compile)."""
     if cfg.compile == "off":
         return net
     torch.compiler.reset()
-    if cfg.compile in CUDA_GRAPH_MODES and device.type != "cuda":
-        no_ops["compile"] = f"{cfg.compile} adds CUDA graphs, which need a CUDA GPU; compiled without them"
     return torch.compile(net, mode=None if cfg.compile == "default" else cfg.compile)
 
 

@@ -227,6 +227,7 @@ TIME_TO_ACCURACY: dict[str, dict[str, Any]] = {
     "smoke": dict(synthetic=0.50, cifar10=0.40, eval_every=5, max_steps=120),
     "cpu": dict(synthetic=0.60, cifar10=0.50, eval_every=10, max_steps=150),
     "gpu": dict(synthetic=0.90, cifar10=0.90, eval_every=50, max_steps=5_000),
+    "mps": dict(synthetic=0.80, cifar10=0.80, eval_every=25, max_steps=2_000),
     "custom": dict(synthetic=0.60, cifar10=0.60, eval_every=10, max_steps=200),
 }
 

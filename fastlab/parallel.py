@@ -258,10 +258,6 @@ class DDPMode:
             return _epochs(DeviceLoader(images.train_images[idx], images.train_labels[idx], batch_size=cfg.batch_size,
                                         train=True, device=device, seed=cfg.seed + ctx.rank,
                                         channels_last=cfg.channels_last), None)
-        if device.type != "cuda":
-            for knob in ("pin_memory", "non_blocking"):
-                if getattr(cfg, knob):
-                    no_ops[knob] = f"pinned memory and async copies only help copies to a CUDA GPU; this is {device.type}"
         dataset = CifarLikeDataset(images.train_images, images.train_labels, train=True)
         sampler = DistributedSampler(dataset, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.seed,
                                      drop_last=True)

@@ -34,6 +34,8 @@ from .builders import Data, ModelArg
 from .config import TrainConfig
 from .data import DeviceLoader, ImageSet, dataset_loader, forever
 from .measure import GpuUtilSampler, MemoryMeter, environment, now, resolve_device, synchronize
+from .models import build_model as build_named_model
+from .preflight import preflight
 from .results import RunResult
 
 StepCallback = Callable[[int, int], None]
@@ -378,6 +380,10 @@ class TrainingRun:
         cfg, dev, res = self.cfg, self.device, self.result
         self.data, res.dataset = builders.load_data(cfg, self.dataset_arg)
         par = self.parallel
+        if par is None and (self.model_arg is not None or self.dataset_arg is not None):
+            # the reader's own model or data: a wrong shape or label is named before any timing, not mid-run
+            preflight(self.model_arg if self.model_arg is not None else (lambda: build_named_model(cfg.model)),
+                      self.data, cfg)
         self.net = builders.build_model(cfg, dev, self.model_arg)
         self.model = par.wrap(self.net) if par else self.net
         self.opt = builders.build_optimizer(cfg, self.model.parameters(), self.no_ops)

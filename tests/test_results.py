@@ -80,3 +80,18 @@ def test_reference_summary_says_when_nothing_is_bundled(monkeypatch, tmp_path):
     save_results(tmp_path / "h200.json", [ref, make("other", extras={"comparison": "02:x"})])
     assert list(fastlab.reference_for("01_data_loading:num_workers")) == ["NVIDIA H200"]
     assert "measured on NVIDIA H200" in fastlab.reference_summary("01_data_loading:num_workers")
+
+
+def test_saved_results_follow_the_umask_like_any_other_file(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        path = save_results(tmp_path / "results.json", [make("a")])
+        other = tmp_path / "other.txt"
+        other.write_text("x")
+        assert (path.stat().st_mode & 0o777) == (other.stat().st_mode & 0o777) == 0o644
+        os.umask(0o077)
+        assert (save_results(tmp_path / "private.json", [make("a")]).stat().st_mode & 0o777) == 0o600
+    finally:
+        os.umask(old)

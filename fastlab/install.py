@@ -1,0 +1,178 @@
+"""Getting the workbook onto a machine: where fastlab installs from, each notebook's first cell, and the copy.
+
+- PROJECT_URL / PIP_TARGET: the one place the install address lives.
+- install_cell_source(): the first code cell of every notebook, generated from that address. It imports
+  fastlab; where that fails it prints the one install line, and on Colab (google.colab importable) runs it.
+- `python -m fastlab.install --ensure-notebooks notebooks/` inserts or updates that cell in each notebook
+  (it edits the JSON; it never executes a notebook).
+- copy_notebooks(): what `python -m fastlab notebooks DIR` runs: the notebooks that travel inside the package
+  (a wheel carries them as fastlab/notebooks/, copied from the top-level notebooks/ at build time by setup.py)
+  are written to DIR, never over a notebook the user edited unless forced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Where `pip install` fetches fastlab: the project's git repository. Change it here, then run
+# `python -m fastlab.install --ensure-notebooks notebooks/` so every notebook's first cell follows.
+PROJECT_URL = "https://github.com/fastlab-workbook/fastlab"
+PIP_TARGET = f"fastlab @ git+{PROJECT_URL}"
+INSTALL_LINE = f'pip install "{PIP_TARGET}"'
+
+CELL_ID = "fastlab-install"  # the install cell's id in every notebook (nbformat 4.5 cell ids)
+CELL_MARK = "# fastlab install check"  # its first line: how the cell is found again
+MANIFEST = ".fastlab-notebooks.json"  # in a copy's folder: the hash of each notebook as it was copied
+DEFAULT_DIR = "fastlab-notebooks"
+
+
+def install_cell_source(pip_target: str = PIP_TARGET) -> str:
+    """The first code cell of every notebook: import fastlab, or say how to install it (and do it on Colab)."""
+    return f'''{CELL_MARK} (written by `python -m fastlab.install`; edit fastlab/install.py, not this cell)
+try:
+    import fastlab
+except ImportError:
+    import subprocess
+    import sys
+
+    try:
+        import google.colab  # noqa: F401  on Colab, install it into this runtime now
+    except ImportError:
+        print('fastlab is not installed in this kernel. Run this in a cell, then restart the kernel:\\n'
+              '%pip install "{pip_target}"')
+        raise ModuleNotFoundError("fastlab is not installed (the line to run is printed above)") from None
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{pip_target}"], check=True)
+    import fastlab
+print(f"fastlab {{fastlab.__version__}} from {{fastlab.__path__[0]}}")'''
+
+
+# ---------------------------------------------------------------- the install cell in notebooks
+
+
+def _lines(text: str) -> list[str]:
+    """Jupyter's stored form of a cell source: lines that keep their newline, the last one without."""
+    return text.splitlines(keepends=True)
+
+
+def _is_install_cell(cell: dict) -> bool:
+    return cell.get("cell_type") == "code" and (cell.get("id") == CELL_ID
+                                                or "".join(cell.get("source", [])).startswith(CELL_MARK))
+
+
+def has_current_install_cell(nb: dict) -> bool:
+    """Whether the notebook's first code cell is the install cell with today's source."""
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    return bool(code) and _is_install_cell(code[0]) and "".join(code[0]["source"]) == install_cell_source()
+
+
+def ensure_install_cell(path: str | Path) -> bool:
+    """Make the install cell the notebook's first code cell, with today's source; True if the file changed."""
+    path = Path(path)
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    if has_current_install_cell(nb):
+        return False
+    cells = [c for c in nb["cells"] if not _is_install_cell(c)]
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": _lines(install_cell_source())}
+    if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
+        cell["id"] = CELL_ID
+    first_code = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
+    nb["cells"] = cells[:first_code] + [cell] + cells[first_code:]
+    # nbformat's own layout (sorted keys, one-space indent), so the diff shows only the cell
+    path.write_text(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return True
+
+
+# ---------------------------------------------------------------- the notebooks inside the package
+
+
+def packaged_notebooks() -> Path:
+    """The folder of notebooks this fastlab carries: fastlab/notebooks in an installed wheel, or the
+    checkout's top-level notebooks/ (an editable install, or running from the repository)."""
+    here = Path(__file__).resolve().parent
+    for folder in (here / "notebooks", here.parent / "notebooks"):
+        if any(folder.glob("*.ipynb")):
+            return folder
+    raise FileNotFoundError(f"this fastlab ({here}) carries no notebooks: reinstall it from a wheel or sdist "
+                            f"({INSTALL_LINE}), or run it from a checkout of the repository")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class CopyReport:
+    folder: Path
+    copied: list[str] = field(default_factory=list)  # new in the folder
+    updated: list[str] = field(default_factory=list)  # an earlier copy, unedited, replaced by this version's
+    unchanged: list[str] = field(default_factory=list)  # already identical: skipped quietly
+    kept: list[str] = field(default_factory=list)  # edited by the user: left alone (force=False)
+    overwritten: list[str] = field(default_factory=list)  # edited by the user, replaced (force=True)
+
+
+def copy_notebooks(dest: str | Path = DEFAULT_DIR, force: bool = False) -> CopyReport:
+    """Copy the packaged notebooks (only *.ipynb: what a learner opens) into `dest`.
+
+    A notebook already there is replaced only when it is still exactly what an earlier copy wrote (a hash
+    per file is kept in dest/.fastlab-notebooks.json); one the user edited or ran is kept unless `force`.
+    """
+    source = packaged_notebooks()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest_path = dest / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    report = CopyReport(dest)
+    for nb in sorted(source.glob("*.ipynb")):
+        target = dest / nb.name
+        new = _sha256(nb)
+        if not target.exists():
+            bucket = report.copied
+        else:
+            have = _sha256(target)
+            if have == new:
+                manifest[nb.name] = new
+                report.unchanged.append(nb.name)
+                continue
+            if have != manifest.get(nb.name) and not force:
+                report.kept.append(nb.name)
+                continue
+            bucket = report.updated if have == manifest.get(nb.name) else report.overwritten
+        shutil.copyfile(nb, target)
+        manifest[nb.name] = new
+        bucket.append(nb.name)
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return report
+
+
+# ---------------------------------------------------------------- script mode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fastlab.install", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ensure-notebooks", metavar="DIR", required=True,
+                        help="insert or update the install cell as the first code cell of every DIR/*.ipynb")
+    args = parser.parse_args(argv)
+    paths = sorted(Path(args.ensure_notebooks).glob("*.ipynb"))
+    if not paths:
+        print(f"fastlab: no notebooks in {args.ensure_notebooks} — give the folder that holds the *.ipynb files",
+              file=sys.stderr)
+        return 2
+    changed = [p for p in paths if ensure_install_cell(p)]
+    for p in changed:
+        print(f"updated the install cell of {p}")
+    print(f"{len(changed)} of {len(paths)} notebooks changed; the others already had the current install cell")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

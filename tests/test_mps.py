@@ -1,0 +1,101 @@
+"""Apple GPUs (PyTorch's mps device), with torch.backends.mps mocked: there is no Mac here.
+
+What is shown: device="auto" picks mps when there is no CUDA, the profile choice, the synchronise and memory
+calls a run on mps makes, and which knobs are no-ops (with reasons) on mps, on a CPU and on an older GPU.
+"""
+
+import pytest
+import torch
+
+from fastlab import measure
+from fastlab.config import PROFILE_SETTINGS, TrainConfig, active_profile, config_for
+from fastlab.device_support import no_op_reasons
+
+MPS = torch.device("mps")
+
+
+@pytest.fixture
+def mac(monkeypatch):
+    """An Apple-silicon machine as torch sees it: no CUDA, an available mps backend, 300 MiB allocated."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("synchronize"))
+    memory = {"current": 300 * 2**20, "driver": 512 * 2**20}
+    monkeypatch.setattr(torch.mps, "current_allocated_memory", lambda: memory["current"])
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: memory["driver"])
+    monkeypatch.delenv("FASTLAB_PROFILE", raising=False)
+    return calls, memory
+
+
+def test_auto_picks_mps_when_there_is_no_cuda(mac):
+    assert measure.resolve_device("auto") == MPS
+    assert measure.resolve_device("mps") == MPS
+    assert measure.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_cuda_wins_over_mps_and_without_either_it_is_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert measure.resolve_device("auto").type == "cuda"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert measure.resolve_device("auto").type == "cpu"
+    with pytest.raises(ValueError, match="MPS is not available"):
+        measure.resolve_device("mps")
+
+
+def test_the_mps_profile_is_the_default_on_a_mac_and_sized_between_cpu_and_gpu(mac):
+    assert active_profile() == "mps"
+    cfg = config_for()
+    assert cfg.profile == "mps" and cfg.device == "auto"
+    # images a run's timed steps see
+    sizes = {p: PROFILE_SETTINGS[p]["steps"] * PROFILE_SETTINGS[p]["batch_size"] for p in ("cpu", "mps", "gpu")}
+    assert sizes["cpu"] < sizes["mps"] < sizes["gpu"]
+    assert cfg.model != "resnet18" and cfg.max_seconds > 0  # a laptop GPU: the compact net, a time budget
+
+
+def test_clock_reads_synchronise_through_torch_mps(mac):
+    calls, _ = mac
+    measure.now(MPS)
+    assert calls == ["synchronize"]
+
+
+def test_memory_on_mps_reads_torch_mps_and_says_what_it_is(mac):
+    _, memory = mac
+    meter = measure.MemoryMeter(MPS)
+    assert meter.kind == "mps_allocated_peak_of_samples"
+    assert meter.current_mb() == 300 and meter.driver_mb() == 512
+    memory.update(current=900 * 2**20, driver=1024 * 2**20)
+    assert meter.sample() == 900
+    memory.update(current=100 * 2**20)
+    meter.sample()
+    assert meter.peak() == 900 and meter.driver_peak_mb == 1024  # peaks are the largest samples
+    meter.reset()
+    assert meter.peak() == 100
+    assert measure.device_name(MPS).startswith("Apple GPU (mps")
+
+
+def test_no_ops_on_mps_with_reasons(mac):
+    on = TrainConfig(pin_memory=True, cudnn_benchmark=True, tf32=not TrainConfig().tf32, opt_impl="fused",
+                     compile="reduce-overhead")
+    reasons = no_op_reasons(on, MPS)
+    assert set(reasons) == {"pin_memory", "cudnn_benchmark", "tf32", "compile"}  # fused optimisers exist on mps
+    assert "shares memory with the CPU" in reasons["pin_memory"]
+    assert "CUDA graphs" in reasons["compile"] and "NVIDIA" in reasons["cudnn_benchmark"]
+    assert no_op_reasons(TrainConfig(), MPS) == {}  # the defaults are stock PyTorch: nothing to report
+
+
+def test_fused_optimisers_where_this_torch_has_none(monkeypatch):
+    monkeypatch.setattr("fastlab.device_support.fused_optimizer_devices", lambda: ("cuda",))
+    assert "no fused optimiser kernels" in no_op_reasons(TrainConfig(opt_impl="fused"), MPS)["opt_impl"]
+
+
+def test_no_ops_on_a_cpu_and_on_a_gpu_without_the_capability():
+    on = TrainConfig(pin_memory=True, non_blocking=True, cudnn_benchmark=True, compile="max-autotune")
+    assert set(no_op_reasons(on, "cpu")) == {"pin_memory", "non_blocking", "cudnn_benchmark", "compile"}
+    flipped_tf32 = TrainConfig(tf32=not TrainConfig().tf32, pin_memory=True, compile="reduce-overhead")
+    t4 = no_op_reasons(flipped_tf32, "cuda", capability=(7, 5))
+    assert set(t4) == {"tf32"} and "this one is 7.5" in t4["tf32"]
+    assert no_op_reasons(flipped_tf32, "cuda", capability=(9, 0)) == {}
+    assert set(no_op_reasons(TrainConfig(matmul_precision="high"), "cuda", capability=(7, 0))) == {"matmul_precision"}
