@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)  ## JupyterLab on notebooks/
 	$(VENV)/bin/jupyter lab notebooks/
 
+# Serving a room (docs/dashboard.md): a kernel with no tab connected (Voila 0.5 leaves a closed tab's kernel
+# running: voila issue 1458) is shut down after 60 s idle; one kernel waits preheated, the notebook already run, so
+# a page is ready at once (fastlab.dashboard_server keeps it from being culled before the page connects); the
+# fastlab template (share/jupyter) fetches nothing from the network.
+DASHBOARD_ROOM := --template=fastlab --preheat_kernel=True --pool_size=1 --VoilaConfiguration.multi_kernel_manager_class=fastlab.dashboard_server.RoomKernelManager --MappingKernelManager.cull_interval=10 --MappingKernelManager.cull_idle_timeout=60
 dashboard: $(STAMP)  ## notebooks/dashboard.ipynb as an app (Voila): code hidden, widgets live; DASHBOARD_ARGS="--port=8867"
-	$(VENV)/bin/voila $(DASHBOARD_ARGS) notebooks/dashboard.ipynb
+	JUPYTER_PATH=$(CURDIR)/share/jupyter $(VENV)/bin/voila $(DASHBOARD_ROOM) $(DASHBOARD_ARGS) notebooks/dashboard.ipynb
 
 bench: $(STAMP)  ## the technique ladder on this machine: results.json, bench.png, bench.md
 	$(PY) -m fastlab bench

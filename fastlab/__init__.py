@@ -11,11 +11,22 @@ from .advise import advise as advise  # re-exported: fastlab.advise(result), fas
 from .config import PROFILES, TrainConfig, active_profile, config_for
 from .data import DatasetError, ImageSet, load_images
 from .measure import Spread, environment, is_noise, verdict
+from .outcomes import (
+    TimeToAccuracy,
+    accuracy_spread,
+    describe_accuracy,
+    outcome_verdict,
+    run_seeds,
+    time_to_accuracy,
+)
 from .results import RunResult, load_reference, load_results, reference_for, reference_summary, save_results
-from .train import compare, run, sweep
+from .train import active_run, compare, run, sweep
+from .watch import watch as watch  # fastlab.watch(...): measure a loop you wrote
 
 __all__ = [
     "PROFILES", "TrainConfig", "active_profile", "config_for", "DatasetError", "ImageSet", "load_images",
     "Spread", "environment", "is_noise", "verdict", "RunResult", "load_reference", "load_results",
     "save_results", "reference_for", "reference_summary", "compare", "run", "sweep", "__version__",
+    "active_run", "run_seeds", "accuracy_spread", "describe_accuracy", "outcome_verdict", "time_to_accuracy",
+    "TimeToAccuracy",
 ]

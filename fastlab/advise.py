@@ -9,6 +9,11 @@ GPU utilisation) or knobs it ran with, compares them with a named threshold belo
 proposes a config change (`Finding.changes`, applicable with TrainConfig.replace) and the notebook
 that teaches it. Rules that cannot apply where the run was measured (tensor cores, GPU memory,
 host-device syncs on a CPU) are never given: they read result.env, not this machine.
+
+A run that diverged (non-finite loss) is named first: its speed is not credited, and what to try is a
+change that makes it learn again (verify checks the rerun's loss stays finite). Runs of your own loop
+(fastlab.watch, extras["watched"]) get the same rules where their numbers exist, plus a leak rule that reads
+their memory trace; they cannot be re-run by fastlab, so verify refuses them.
 """
 
 from __future__ import annotations
@@ -57,19 +62,32 @@ TENSOR_CORE_CC = 7.0
 BF16_CC = 8.0
 LOG_EVERY = 10  # a loss read every 10 steps: one host-device sync per 10 steps (the bench ladder's choice)
 BATCH_GROWTH = 4  # the overhead-bound remedy: 4x the batch (fixed costs shared by 4x the images)
+# A probable leak (C11): memory after each timed step rising steadily. "Steadily": the medians of LEAK_CHUNKS
+# consecutive stretches of steps each higher than the one before (a one-off jump, such as the allocator
+# growing its cache once, rises in one stretch only), and the rise over the steps, read from a robust slope
+# (Theil-Sen: the median of the slopes between all pairs of steps), both above LEAK_MIN_MB and above
+# LEAK_NOISE_FACTOR times the trace's own noise (median distance of a step from the fitted line). On a CPU
+# the trace is process RSS, which moves by a few MiB on its own; on CUDA it is allocated tensor memory.
+LEAK_MIN_STEPS = 8  # timed steps needed to call a trend
+LEAK_CHUNKS = 4
+LEAK_MIN_MB = 4.0
+LEAK_NOISE_FACTOR = 4.0
+LEAK_CHUNK_NOISE = 1.0  # each stretch's median must exceed the previous one by this many noise units too
 
-# Rank: measured bottlenecks first, in the order they hide each other (the data wall hides everything;
-# launch overhead hides what precision or the optimiser could give), then advice read from the config
-# and the device. A run that ran out of memory has nothing else worth reading, so that comes first.
-PRIORITY = ("out_of_memory", "data_bound", "overhead_bound", "optimizer_bound", "fp32_on_tensor_cores",
-            "layout_and_kernels", "host_sync_every_step", "memory_near_limit", "memory_headroom",
-            "loss_tensor_kept", "eval_with_autograd")
+# Rank: a run that stopped learning first (its speed means nothing), then one that ran out of memory or is
+# heading there (a leak), then measured bottlenecks in the order they hide each other (the data wall hides
+# everything; launch overhead hides what precision or the optimiser could give), then advice read from the
+# config and the device.
+PRIORITY = ("diverged", "out_of_memory", "memory_leak", "data_bound", "overhead_bound", "optimizer_bound",
+            "fp32_on_tensor_cores", "layout_and_kernels", "host_sync_every_step", "memory_near_limit",
+            "memory_headroom", "loss_tensor_kept", "eval_with_autograd")
 
 NOTEBOOKS = {
     "data": "01_data_loading", "amp": "02_mixed_precision", "kernels": "03_cudnn_benchmark_and_channels_last",
     "batch": "04_batch_size", "hygiene": "05_no_grad_detach_item", "optimizer": "06_adamw_and_schedules",
     "compile": "07_compile_and_export",
 }
+WATCHED = "watched"  # RunResult.extras key set by fastlab.watch: a run of the reader's own loop
 
 GPU_TYPES = ("cuda",)  # rules about tensor cores, GPU memory and host-device syncs need one of these
 CUSTOM_DATASETS = "Datasets passed to fastlab.run"  # RunResult.dataset["source"] of a run on torch Datasets
@@ -114,7 +132,8 @@ class Finding:
     changes: dict[str, Any]  # apply with TrainConfig.from_dict(result.config).replace(**changes)
     why: str
     alternatives: tuple[dict[str, Any], ...] = ()
-    metric: str = "train"  # what verify compares: "train" (training images/s) or "eval" (held-out images/s)
+    metric: str = "train"  # what verify compares: "train" (training images/s), "eval" (held-out images/s) or
+    #   "finite" (whether the rerun's loss stays finite: the diverged finding)
 
     def text(self) -> str:
         lines = [f"{self.bottleneck}", *(f"  evidence: {e.shown()}" for e in self.evidence),
@@ -185,6 +204,95 @@ def _compute_capability(r: RunResult) -> float:
         return float("nan")
 
 
+def _divergence_remedies(r: RunResult, cfg: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Changes that commonly make a diverging run learn again, most likely first, each with its notebook."""
+    amp, comp, lr = cfg.get("amp"), cfg.get("compile"), cfg.get("lr")
+    out: list[tuple[dict[str, Any], str]] = []
+    if amp == "fp16":  # fp16's narrow range overflows; bf16 has fp32's range where it is native
+        native_bf16 = r.env.get("device_type") == "cpu" or _compute_capability(r) >= BF16_CC
+        out.append(({"amp": "bf16" if native_bf16 else "off"}, NOTEBOOKS["amp"]))
+    if comp not in (None, "off"):  # a compiled kernel may accumulate in low precision (NOTES: compile + bf16 on CPU)
+        out.append(({"compile": "off"}, NOTEBOOKS["compile"]))
+        if comp != "default":
+            out.append(({"compile": "default"}, NOTEBOOKS["compile"]))
+    if amp == "bf16":
+        out.append(({"amp": "off"}, NOTEBOOKS["amp"]))
+    if _finite(lr) and lr > 0:
+        out.append(({"lr": lr / 10}, NOTEBOOKS["optimizer"]))
+    return out
+
+
+def _diverged(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if r.status != "diverged":
+        return None
+    step = getattr(r, "diverged_step", None)  # fields of the outcomes issue; getattr keeps old results readable
+    last = getattr(r, "last_finite_loss", None)
+    evidence = [Evidence("status", f"diverged{f' at step {step}' if step is not None else ''}: "
+                                   f"{r.error or 'a non-finite loss'}", "loss, grad scale or parameters non-finite")]
+    if last is not None:
+        evidence.append(Evidence("last finite training loss", float(last)))
+    knobs = {k: cfg[k] for k in ("amp", "compile", "lr") if k in cfg}
+    if knobs:
+        evidence.append(Evidence(", ".join(knobs), ", ".join(str(v) for v in knobs.values())))
+    remedies = _divergence_remedies(r, cfg)
+    notebooks = tuple(dict.fromkeys(nb for _, nb in remedies)) or (NOTEBOOKS["amp"], NOTEBOOKS["compile"],
+                                                                     NOTEBOOKS["optimizer"])
+    technique = ("one change at a time: fp32 or bf16 instead of fp16; torch.compile off (or its default mode); "
+                 "a lower learning rate")
+    return Finding("diverged", "diverged: the loss became non-finite, so this run's speed is not credited",
+                   tuple(evidence), technique, notebooks, remedies[0][0] if remedies else {},
+                   "a run that stopped learning is not fast: low precision can overflow (fp16) or accumulate "
+                   "rounding (bf16 reductions in compiled kernels), and too large a step overshoots; verify "
+                   "reruns with the change and checks that its loss stays finite",
+                   tuple(c for c, _ in remedies[1:]), metric="finite")
+
+
+def _theil_sen(ys: list[float]) -> tuple[float, float]:
+    """Robust line through (i, ys[i]): (slope, median distance of the points from it)."""
+    import statistics
+
+    stride = max(1, len(ys) // 200)  # at most ~200 points: the pairwise slopes stay cheap on long runs
+    pts = list(enumerate(ys))[::stride]
+    slope = statistics.median((b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:])
+    intercept = statistics.median(y - slope * x for x, y in pts)
+    return slope, statistics.median(abs(y - (intercept + slope * x)) for x, y in pts)
+
+
+def memory_rise(trace: list[float]) -> tuple[float, float, bool]:
+    """(rise over the trace in MiB from its robust slope, the trace's noise in MiB, whether it rose steadily)."""
+    import statistics
+
+    if len(trace) < LEAK_MIN_STEPS:
+        return float("nan"), float("nan"), False
+    slope, noise = _theil_sen(trace)
+    size = len(trace) // LEAK_CHUNKS
+    medians = [statistics.median(trace[i * size:(i + 1) * size]) for i in range(LEAK_CHUNKS)]
+    steady = all(b - a > LEAK_CHUNK_NOISE * noise and b > a for a, b in zip(medians, medians[1:]))
+    return slope * (len(trace) - 1), noise, steady
+
+
+def _memory_leak(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if not r.extras.get(WATCHED):
+        return None  # fastlab.run's own loop leaks only through log_loss="tensor", named by its own rule
+    trace = r.memory_trace_mb[int(cfg.get("warmup_steps", 0)):]
+    rise, noise, steady = memory_rise(trace)
+    if not (steady and rise >= max(LEAK_MIN_MB, LEAK_NOISE_FACTOR * noise)):
+        return None
+    kind = r.memory_kind.replace("_", " ") or "memory"
+    evidence = (Evidence(f"rise of {kind} over {len(trace)} timed steps (robust slope)", rise,
+                         f">= {LEAK_MIN_MB:g} MiB and >= {LEAK_NOISE_FACTOR:g}x noise, rising in each of "
+                         f"{LEAK_CHUNKS} stretches", "MiB"),
+                Evidence("per step", rise / (len(trace) - 1), unit="MiB"),
+                Evidence("noise (median distance from the trend)", noise, unit="MiB"))
+    return Finding("memory_leak", "memory rises with every step: a probable leak", evidence,
+                   "keep numbers, not tensors: losses.append(loss.item()) (every few steps: each .item() is a "
+                   "host-device sync) or loss.detach(); evaluate under torch.inference_mode()",
+                   (NOTEBOOKS["hygiene"],), {},
+                   "a tensor that still belongs to autograd keeps its graph alive (C11: logging `loss` itself); "
+                   "without backward() (evaluation without no_grad) that graph holds every activation of the "
+                   "forward pass, so each kept step adds its activations until the run runs out of memory")
+
+
 def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     if cfg.get("loader") == "device":
         return None  # already device-resident: its "wait" is batch augmentation, no loader knob left to turn
@@ -210,7 +318,9 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     worker_change = _only_different(cfg, worker_change)
     device_change = _only_different(cfg, dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
                                               persistent_workers=False, prefetch_factor=None))
-    if r.dataset.get("source") == CUSTOM_DATASETS:
+    if r.extras.get(WATCHED):  # the reader's own loop: the remedy is said in terms of their loader
+        changes, alternatives, technique = _watched_data_remedy(cfg, workers, more_workers, gpu)
+    elif r.dataset.get("source") == CUSTOM_DATASETS:
         # torch Datasets cannot go device-resident (that needs uint8 arrays): more workers is what is left.
         if more_workers <= workers:
             return None
@@ -224,6 +334,24 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
                    (NOTEBOOKS["data"],), changes,
                    f"removing the wait could make steps up to {1 / (1 - min(wait, 0.99)):.2f}x faster "
                    "(Amdahl: 1 / (1 - wait share))", alternatives)
+
+
+def _watched_data_remedy(cfg: dict[str, Any], workers: int, more_workers: int, gpu: bool
+                         ) -> tuple[dict[str, Any], tuple[dict[str, Any], ...], str]:
+    """What to change in the reader's own loader: DataLoader arguments, since fastlab does not run their loop."""
+    lighter = ("move per-image work out of the loader: decode once and keep the images in memory, augment whole "
+               "batches on the device (notebook 01's device-resident loader)")
+    if cfg.get("loader") != "dataloader":
+        return {}, (), (f"a torch DataLoader with worker processes (num_workers={more_workers}) around your data; "
+                        "or " + lighter)
+    if more_workers <= workers:
+        return {}, (), f"your DataLoader already has {workers} workers: " + lighter
+    change = {"num_workers": more_workers, "persistent_workers": True}
+    if gpu:
+        change.update(pin_memory=True)
+    change = _only_different(cfg, change)
+    args = ", ".join(f"{k}={v}" for k, v in change.items())
+    return change, (), f"DataLoader({args}) in your loop" + (" and .to(device, non_blocking=True)" if gpu else "")
 
 
 def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
@@ -308,8 +436,8 @@ def _precision(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
 
 def _layout_and_kernels(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     cc = _compute_capability(r)
-    if not gpu or cfg.get("amp") == "off":
-        return None  # in fp32 the precision finding already brings channels_last
+    if not gpu or cfg.get("amp") not in ("fp16", "bf16"):
+        return None  # in fp32 the precision finding already brings channels_last; unknown (a watched loop): silent
     proposed = {"cudnn_benchmark": True}
     if _finite(cc) and cc >= TENSOR_CORE_CC:
         proposed["channels_last"] = True
@@ -323,7 +451,24 @@ def _layout_and_kernels(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding
                    "the algorithms once per input shape (fixed shapes only; it costs warm-up time and memory)")
 
 
+def _caught_syncs(r: RunResult, gpu: bool) -> Finding | None:
+    """A watched loop run with sync_debug=True: the syncs torch itself caught, by line of the reader's code."""
+    caught = (r.extras.get("watch") or {}).get("syncs") or {}
+    if not gpu or caught.get("per_step", 0) < 1:
+        return None
+    evidence = [Evidence("host-device syncs per timed step (torch.cuda.set_sync_debug_mode)", caught["per_step"],
+                         ">= 1")]
+    evidence += [Evidence("synced at", f"{where} ({n}x)") for where, n in caught.get("where", [])[:3]]
+    return Finding("host_sync_every_step", "a host-device sync every step", tuple(evidence),
+                   f"read values on the host (loss.item(), .cpu(), a tensor in an `if`) every {LOG_EVERY} steps, "
+                   "or keep them on the device", (NOTEBOOKS["hygiene"],), {},
+                   ".item() and friends wait for the GPU to finish, so the host cannot queue the next step ahead; "
+                   "it matters most when steps are short")
+
+
 def _host_sync(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    if r.extras.get(WATCHED):
+        return _caught_syncs(r, gpu)
     if not gpu or cfg.get("log_loss") != "item" or int(cfg.get("log_every", 1)) != 1:
         return None
     evidence = (Evidence("log_loss, log_every", f"item, {cfg.get('log_every')}", "loss.item() every step on CUDA"),)
@@ -400,8 +545,8 @@ def _eval_autograd(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | No
 
 
 RULES: tuple[Callable[[RunResult, dict[str, Any], bool], Finding | None], ...] = (
-    _data_bound, _overhead_bound, _optimizer_bound, _precision, _layout_and_kernels, _host_sync, _memory,
-    _loss_tensor_kept, _eval_autograd)
+    _diverged, _memory_leak, _data_bound, _overhead_bound, _optimizer_bound, _precision, _layout_and_kernels,
+    _host_sync, _memory, _loss_tensor_kept, _eval_autograd)
 
 
 def findings_for(result: RunResult) -> list[Finding]:
@@ -431,7 +576,8 @@ class Verification:
     metric: str  # "training images/s" or "held-out images/s"
     before: Spread
     after: Spread
-    outcome: str  # "gain", "no measurable gain", "slower", "inconclusive" or "failed"
+    outcome: str  # "gain", "no measurable gain", "slower", "inconclusive", "diverged", "failed";
+    #   for a diverged run's finding: "fixed" or "still diverges"
     sentence: str
     notes: list[str] = field(default_factory=list)
 
@@ -476,13 +622,18 @@ def _eval_rate(r: RunResult) -> float | None:
 def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str,
                                                                                                list[str]]:
     notes: list[str] = []
+    nan = Spread.of([])
+    # A diverged run's speed is never credited: the change that made it diverge gained nothing.
+    for side, runs in (("changed", new_runs), ("fresh baseline", base_runs)):
+        if (d := next((r for r in runs if r.status == "diverged"), None)) is not None:
+            outcome = "diverged" if side == "changed" else "inconclusive"
+            return outcome, nan, nan, f"the {side} run {_divergence_words(d)}; its speed is not credited", notes
     # A time-limited run keeps its finished windows (comparable, with a note); a failed or stopped one is not.
     broken = [r for r in base_runs + new_runs if r.status in ("failed", "interrupted") or not r.window_throughput]
     notes += [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
     if broken:
         r = broken[0]
         reason = r.error or ("no timed window finished" if r.ok else r.status)
-        nan = Spread.of([])
         return "failed", nan, nan, f"{r.label}: {r.status} ({reason}); no comparison", notes
     if finding.metric == "eval":
         before = Spread.of([x for r in base_runs if (x := _eval_rate(r)) is not None])
@@ -504,6 +655,42 @@ def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResul
     return ("gain" if after.median > before.median else "slower"), before, after, sentence, notes
 
 
+def _divergence_words(r: RunResult) -> str:
+    step = getattr(r, "diverged_step", None)
+    return f"diverged{f' at step {step}' if step is not None else ''} ({r.error or 'non-finite loss'})"
+
+
+def _final_losses(r: RunResult) -> list[float]:
+    return [float(v) for _, v in r.losses]
+
+
+def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, str, list[str]]:
+    """The verdict on a fix for divergence: every rerun ends not diverged, with finite logged losses."""
+    after = Spread.of([w for r in new_runs for w in r.window_throughput])
+    notes = ["the diverged run's own speed is not credited, so no speed-up over it is claimed"]
+    if (d := next((r for r in new_runs if r.status == "diverged"), None)) is not None:
+        return "still diverges", after, f"{d.label}: {_divergence_words(d)}", notes
+    if (b := next((r for r in new_runs if r.status in ("failed", "interrupted")), None)) is not None:
+        return "failed", after, f"{b.label}: {b.status} ({b.error or 'stopped'}); no verdict", notes
+    losses = [x for r in new_runs for x in _final_losses(r)]
+    if not losses or not all(math.isfinite(x) for x in losses):
+        return "still diverges", after, "the rerun logged no finite loss", notes
+    last = new_runs[-1].losses[-1]
+    acc = [r.eval_accuracy for r in new_runs if r.eval_accuracy is not None]
+    sentence = (f"no longer diverges: every logged loss finite over {sum(r.steps_done for r in new_runs)} steps "
+                f"(last {last[1]:.3g} at step {last[0]})"
+                + (f", held-out accuracy {min(acc):.1%}-{max(acc):.1%} over {len(acc)} run(s)" if acc else "")
+                + (f"; it trained at {after.median:,.0f} images/s" if after.n else ""))
+    return "fixed", after, sentence, notes
+
+
+def _refuse_watched(result: RunResult) -> None:
+    if result.extras.get(WATCHED):
+        raise ValueError("this result is a run of your own loop (fastlab.watch): fastlab cannot re-run it. Make the "
+                         "change in your loop, watch it again, and compare the two results with "
+                         "fastlab.verdict(before.throughput, after.throughput)")
+
+
 def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1,
            dataset: Any = None, model: Any = None, progress: bool = False, runner: Runner = run) -> Verification | None:
     """Apply a finding's changes (default: the top finding that has any), run it, and report the effect.
@@ -514,6 +701,7 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
     dataset / model: pass what the original run was given (fastlab.run's dataset= and model=), if anything.
     Returns None when no finding has a change to try.
     """
+    _refuse_watched(result)
     findings = findings_for(result)
     chosen = _pick(findings, finding)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -534,18 +722,25 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
                          f"machine with {measured_on}, where the advice applies")
     base_runs: list[RunResult] = []
     new_runs: list[RunResult] = []
+    # A diverged run is not rerun as a baseline: its speed is never compared, only whether the change learns.
+    fixing = chosen.metric == "finite"
     for i in range(repeats):
         suffix = f" #{i + 1}" if repeats > 1 else ""
-        base_runs.append(runner(base_cfg, label=f"baseline (fresh){suffix}", dataset=dataset, model=model,
-                                progress=progress))
+        if not fixing:
+            base_runs.append(runner(base_cfg, label=f"baseline (fresh){suffix}", dataset=dataset, model=model,
+                                    progress=progress))
         new_runs.append(runner(new_cfg, label=f"{describe_changes(chosen.changes)}{suffix}", dataset=dataset,
                                model=model, progress=progress))
-    outcome, before, after, sentence, notes = _judge(chosen, base_runs, new_runs)
+    if fixing:
+        outcome, after, sentence, notes = _judge_divergence(new_runs)
+        before = Spread.of([])
+    else:
+        outcome, before, after, sentence, notes = _judge(chosen, base_runs, new_runs)
     for r in new_runs[:1]:
         notes += [f"no-op here: {k}: {v}" for k, v in r.no_ops.items()]
     if any(r.synthetic for r in base_runs + new_runs):
         notes.append("measured on SYNTHETIC data")
-    metric = "held-out images/s" if chosen.metric == "eval" else "training images/s"
+    metric = {"eval": "held-out images/s", "finite": "training loss"}.get(chosen.metric, "training images/s")
     return Verification(chosen, base_runs, new_runs, metric, before, after, outcome, sentence, notes)
 
 
@@ -581,6 +776,15 @@ def advice_text(result: RunResult, findings: list[Finding] | None = None) -> str
     if verification is not None:
         lines.append(verification.text())
     return "\n".join(lines)
+
+
+def results_advice_text(results: list[RunResult]) -> str:
+    """The advice for every run of a results file (`python -m fastlab advise`): diverged runs named first."""
+    diverged = [r for r in results if r.status == "diverged"]
+    head = ([f"DIVERGED (speed not credited): {', '.join(r.label for r in diverged)}; advice for "
+             f"{'it' if len(diverged) == 1 else 'them'} first.", ""] if diverged else [])
+    ordered = diverged + [r for r in results if r.status != "diverged"]
+    return "\n".join(head + [advice_text(r) + "\n" for r in ordered]).rstrip("\n")
 
 
 def advice_html(result: RunResult) -> str:

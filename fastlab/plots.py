@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -41,49 +42,91 @@ def new_figure(ncols: int, width: float = 5.0, height: float = 3.6):
     return fig, list(axes[0])
 
 
+# Marks for runs whose speed is not credited: (hatch, word shown beside the bar).
+_STATUS_MARKS = {"interrupted": ("//", "stopped early, not credited"), "diverged": ("xx", "DIVERGED, not credited"),
+                 "time_limited": ("..", "time limit, not credited"), "failed": ("", "failed")}
+PAIRED_MARK = "baseline measured beside it (paired)"
+
+
 def _ratio_labels(results: list[RunResult]) -> list[str]:
+    """Per bar: the ratio to the baseline measured beside it (a panel's paired runs), else to the first result;
+    a run whose speed is not credited (stopped early, diverged, failed) says so instead of a ratio."""
+    if not results:
+        return []
     base = results[0].throughput
     out = []
     for r in results:
         t = r.throughput
-        if not r.ok and r.status == "failed":
-            out.append("failed")
+        paired = r.extras.get("paired")
+        if r.status in _STATUS_MARKS:
+            text = _STATUS_MARKS[r.status][1]
+        elif not r.window_throughput:
+            text = ""
+        elif paired and paired.get("ratios"):
+            text = f"{paired['label']} (paired)"
         elif r is results[0] or math.isnan(t.median) or math.isnan(base.median):
-            out.append("")
+            text = ""
         elif is_noise(base, t):
-            out.append("noise")
+            text = "noise"
         else:
-            out.append(f"{t.median / base.median:.2f}x")
+            text = f"{t.median / base.median:.2f}x"
+        out.append(text)
     return out
 
 
+def _short_label(label: str, width: int = 30, lines: int = 2) -> str:
+    """Wrap a run's label onto at most `lines` lines, ending in '...' when cut."""
+    import textwrap
+
+    wrapped = textwrap.wrap(label, width) or [""]
+    if len(wrapped) > lines:
+        wrapped = wrapped[:lines]
+        wrapped[-1] = wrapped[-1][:width - 3] + "..."
+    return "\n".join(wrapped)
+
+
 def plot_comparison(results: list[RunResult], title: str = "", reference: list[RunResult] | None = None):
-    """Throughput (median, min-max whiskers) and peak memory per run; returns the Figure."""
-    fig, (ax_t, ax_m) = new_figure(2, width=max(5.0, 1.1 * len(results) + 2))
-    labels = [r.label for r in results]
+    """Throughput (median, min-max whiskers) and peak memory per run, one row per run; returns the Figure.
+
+    Rows keep long labels readable however many runs there are. A run measured beside its own baseline (a
+    panel's paired runs) shows that baseline as a dashed mark and its ratio to it; runs that stopped early,
+    diverged or failed are hatched and say so.
+    """
+    n = len(results)
+    fig = ShownFigure(figsize=(10, max(2.6, 0.5 * n + 1.4)), layout="constrained")
+    ax_t, ax_m = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 1]})
     med = [r.throughput.median if r.window_throughput else 0 for r in results]
     err = [[m - r.throughput.low if r.window_throughput else 0 for m, r in zip(med, results)],
            [r.throughput.high - m if r.window_throughput else 0 for m, r in zip(med, results)]]
-    colors = ["tab:gray"] + ["tab:blue"] * (len(results) - 1)
-    colors = ["tab:red" if r.status == "failed" else c for r, c in zip(results, colors)]
-    x = range(len(results))
-    ax_t.bar(x, med, yerr=err, capsize=4, color=colors)
+    colors = ["tab:gray"] + ["tab:blue"] * (n - 1)
+    colors = ["tab:red" if r.status in ("failed", "diverged") else c for r, c in zip(results, colors)]
+    hatches = [_STATUS_MARKS.get(r.status, ("",))[0] for r in results]
+    y = list(range(n))
+    ax_t.barh(y, med, xerr=err, capsize=3, color=colors, hatch=hatches, edgecolor="white")
+    ax_m.barh(y, [r.peak_memory_mb for r in results], color=colors, hatch=hatches, edgecolor="white")
+    ends = [m + e for m, e in zip(med, err[1])]  # where each row's text may start: right of whisker and mark
+    for i, r in enumerate(results):
+        paired = r.extras.get("paired")
+        if paired and paired.get("ratios"):
+            ax_t.plot([paired["baseline"]] * 2, [i - 0.42, i + 0.42], color="black", ls="--", lw=1.2,
+                      label=None if i and PAIRED_MARK in ax_t.get_legend_handles_labels()[1] else PAIRED_MARK)
+            ends[i] = max(ends[i], paired["baseline"])
+    right = max(ends + [1.0])
     for i, text in enumerate(_ratio_labels(results)):
         if text:
-            ax_t.annotate(text, (i, med[i]), textcoords="offset points", xytext=(0, 12), ha="center", fontsize=9)
-    ax_t.set_ylabel("images/s (median, min-max)")
-    ax_t.set_title("training throughput")
-    ax_m.bar(x, [r.peak_memory_mb for r in results], color=colors)
-    ax_m.set_ylabel(f"peak memory, MiB ({results[0].memory_kind.replace('_', ' ')})" if results else "MiB")
-    ax_m.set_title("peak memory")
-    for ax in (ax_t, ax_m):
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
-    if reference:
-        ax_t.text(0.99, 0.98, "reference: " + data_note(reference), transform=ax_t.transAxes, ha="right",
-                  va="top", fontsize=7)
-    fig.suptitle(f"{title + ' - ' if title else ''}{data_note(results)}", fontsize=10)
-    fig.tight_layout()
+            ax_t.text(ends[i] + 0.02 * right, i, text, va="center", fontsize=8)
+    ax_t.set_xlim(0, right * 1.5)  # room for the text right of the whiskers
+    ax_t.set_yticks(y)
+    ax_t.set_yticklabels([_short_label(r.label) for r in results], fontsize=8)
+    ax_t.invert_yaxis()  # the first result on top
+    ax_t.set_xlabel("images/s (median, min-max over timed windows)")
+    ax_t.set_title("training throughput", fontsize=10)
+    ax_m.set_xlabel(f"MiB ({results[0].memory_kind.replace('_', ' ')})" if results else "MiB")
+    ax_m.set_title("peak memory", fontsize=10)
+    if ax_t.get_legend_handles_labels()[1]:
+        fig.legend(fontsize=8, loc="outside lower left")  # below the axes: never over a bar
+    note = f"\nreference: {data_note(reference)}" if reference else ""
+    fig.suptitle(f"{title + ' - ' if title else ''}{data_note(results)}{note}", fontsize=10)
     return fig
 
 
@@ -167,41 +210,101 @@ def plot_memory_trace(results: list[RunResult], title: str = ""):
     return fig
 
 
+# Waterfall marks: face colour, hatch and legend text for each kind of rung (drawn only for kinds present).
+WATERFALL_STYLES = {
+    "base": ("tab:gray", None, "the first rung (1.00x)"),
+    "faster": ("tab:green", None, "faster than the rung it builds on"),
+    "slower": ("tab:red", None, "slower than the rung it builds on"),
+    "no-op": ("lightgray", "..", "no-op: its change does nothing here"),
+    "dropped": ("white", "//", "dropped: not carried up the ladder"),
+    "diverged": ("tab:orange", "xx", "diverged: speed not credited"),
+    "time_limited": ("khaki", "--", "time-limited: hit its time budget"),
+}
+
+
+def _rung_noop(r: RunResult, below: RunResult | None) -> tuple[list[str], bool]:
+    """The knobs this rung changed (against the rung it builds on) that did nothing here, and whether that
+    is every knob it changed."""
+    if below is None or not r.no_ops:
+        return [], False
+    changed = [k for k, v in r.config.items() if below.config.get(k) != v]
+    noop = [k for k in changed if k in r.no_ops]
+    return noop, bool(noop) and len(noop) == len(changed)
+
+
+def _waterfall_kind(r: RunResult, i: int, speed: float, prev: float, all_noop: bool) -> str:
+    """What a bar's colour says; a dropped rung is also hatched, whatever its kind."""
+    if r.status in ("diverged", "time_limited"):
+        return r.status
+    if i == 0:
+        return "base"
+    if all_noop:
+        return "no-op"
+    return "faster" if speed >= prev else "slower"
+
+
 def plot_waterfall(results: list[RunResult], title: str = ""):
-    """Cumulative speed-up of each rung over the first, with the step from the rung before it, and peak memory."""
-    fig, (ax, ax_m) = new_figure(2, width=max(5.0, 0.9 * len(results) + 2))
+    """The ladder: cumulative speed-up of each rung over the first (bar from the rung it builds on, whiskers
+    min-max over the timed windows), with dropped, diverged, time-limited, failed and no-op rungs marked; and
+    peak memory below. The title names the device and the data (SYNTHETIC or real)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    n = len(results)
+    width = min(14.0, max(8.0, 0.85 * n + 3.0))
+    fig = ShownFigure(figsize=(width, 7.5), layout="constrained")
+    ax, ax_m = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.2])
     base = results[0].throughput.median if results and results[0].window_throughput else float("nan")
-    prev = 1.0
-    kept = results[0] if results else None  # the last rung carried up the ladder
-    labels = [r.label for r in results]
+    prev, kept = 1.0, (results[0] if results else None)  # the last rung carried up the ladder
+    seen: dict[str, Any] = {}
     for i, r in enumerate(results):
         speed = r.throughput.median / base if r.window_throughput and base == base else float("nan")
-        if math.isnan(speed):
-            ax.bar(i, 0, color="tab:red")
-            ax.annotate("failed" if r.status == "failed" else "n/a", (i, 0), ha="center", fontsize=8)
+        if math.isnan(speed):  # failed, interrupted or time-limited before a window finished: nothing to plot
+            ax.plot(i, prev, marker="X", color="tab:red", markersize=11, linestyle="none")
+            ax.annotate(r.status.replace("_", "-").upper(), (i, prev), textcoords="offset points", xytext=(0, 9),
+                        ha="center", fontsize=8, color="tab:red", fontweight="bold")
+            seen["stopped"] = Line2D([], [], marker="X", color="tab:red", linestyle="none",
+                                     label="stopped: no timed window finished")
             continue
+        noop, all_noop = _rung_noop(r, kept) if i else ([], False)
+        kind = _waterfall_kind(r, i, speed, prev, all_noop)
         dropped = bool(r.extras.get("dropped"))
-        color = "tab:gray" if i == 0 else ("tab:green" if speed >= prev else "tab:red")
-        ax.bar(i, speed - prev if i else speed, bottom=prev if i else 0, color=color,
-               alpha=0.4 if dropped else 1.0, hatch="//" if dropped else None)
+        face, hatch, legend = WATERFALL_STYLES[kind]
+        bottom = 0.0 if i == 0 else prev
+        ax.bar(i, speed - bottom, bottom=bottom, color=face, hatch=hatch or ("//" if dropped else None),
+               edgecolor="black", linewidth=0.6, alpha=0.5 if dropped else 1.0)
+        seen[kind] = Patch(facecolor=face, hatch=hatch, edgecolor="black", label=legend)
+        if dropped:
+            seen["dropped"] = Patch(facecolor="white", hatch="//", edgecolor="black",
+                                    label=WATERFALL_STYLES["dropped"][2])
+        t = r.throughput
+        ax.errorbar(i, speed, yerr=[[speed - t.low / base], [t.high / base - speed]], color="black", capsize=3,
+                    linewidth=1)
         noise = i > 0 and kept is not None and kept.window_throughput and is_noise(kept.throughput, r.throughput)
-        note = " (dropped)" if dropped else (" (noise)" if noise else "")
-        ax.annotate(f"{speed:.2f}x{note}", (i, max(speed, prev)), textcoords="offset points",
-                    xytext=(0, 4), ha="center", fontsize=8)
+        notes = [{"diverged": "DIVERGED", "time_limited": "time-limited"}.get(kind, "")]
+        notes += ["dropped" if dropped else "", "noise" if noise and r.ok and kind != "no-op" else ""]
+        notes += [f"no-op:\n{', '.join(noop)}" if noop else ""]
+        text = "\n".join([f"{speed:.2f}x"] + [x for x in notes if x])
+        ax.annotate(text, (i, max(speed, prev, t.high / base)), textcoords="offset points", xytext=(0, 3),
+                    ha="center", va="bottom", fontsize=7.5, color="tab:orange" if kind == "diverged" else "black")
         if not dropped:
-            prev = speed
-            kept = r
+            prev, kept = speed, r
+    seen["spread"] = Line2D([], [], color="black", marker="_", markersize=8, label="whiskers: min-max over windows")
     ax.axhline(1.0, color="black", lw=0.5)
-    ax.set_ylabel("speed-up over the first rung (median images/s)")
-    ax.set_title("cumulative speed-up")
-    ax_m.bar(range(len(results)), [r.peak_memory_mb for r in results], color="tab:purple")
-    ax_m.set_ylabel("peak memory, MiB")
-    ax_m.set_title("peak memory")
-    for a in (ax, ax_m):
-        a.set_xticks(range(len(results)))
-        a.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-    fig.suptitle(f"{title + ' - ' if title else ''}{data_note(results)}", fontsize=10)
-    fig.tight_layout()
+    ax.margins(y=0.22)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("speed-up over the first rung\n(median images/s)")
+    fig.legend(handles=list(seen.values()), fontsize=7.5, loc="outside lower center",
+               ncols=min(len(seen), 3 if width >= 10 else 2))
+    ax_m.bar(range(n), [r.peak_memory_mb for r in results], color="tab:purple")
+    kind_mem = (results[0].memory_kind or "?").replace("_", " ") if results else "?"
+    ax_m.set_ylabel(f"peak memory, MiB\n({kind_mem})")
+    ax_m.set_xticks(range(n))
+    ax_m.set_xticklabels([r.label for r in results], rotation=30, ha="right", fontsize=8)
+    devices = " / ".join(sorted({r.env.get("device_name", "?") for r in results}))
+    data = " / ".join(sorted({"SYNTHETIC data" if r.synthetic else f"real data ({r.dataset.get('name', '?')})"
+                              for r in results if r.dataset})) or "data not recorded"
+    fig.suptitle(f"{title or 'the ladder'}: cumulative speed-up\n{devices} - {data}", fontsize=10)
     return fig
 
 

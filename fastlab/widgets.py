@@ -1,14 +1,23 @@
-"""A widget panel for a notebook: one control per knob, Run and Stop buttons, a progress bar and a plot.
+"""A widget panel for a notebook: one control per knob, Run, Stop and Clear buttons, a progress bar and a plot.
 
 The run happens in a background thread so that Stop (and the rest of the notebook) stays responsive.
 From that thread, only widget traits are updated (Image.value, Label.value, IntProgress.value):
 output written with `with out:` from a thread never reaches the page (see shared NOTES).
 This is the only fastlab module that imports ipywidgets.
+
+Three rules make the panel's numbers honest in a room full of people:
+- Paired baselines: each Run measures the panel's baseline beside the variant (A/B/A by default), so the ratio
+  it prints compares two things measured under the same conditions, whatever else the machine is doing.
+- One run per kernel: panels share one registry; a Run while another panel's run is going is refused.
+- A re-executed panel cell (a new Panel with the same key) takes over the results, and any run in progress,
+  of the panel it replaces.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +25,7 @@ import ipywidgets as W
 
 from .advise import advice_html
 from .config import CHOICES, TrainConfig, field_names
+from .measure import Spread, is_noise
 from .plots import figure_png, plot_comparison
 from .results import RunResult
 from .train import describe_changes, run
@@ -23,6 +33,18 @@ from .train import describe_changes, run
 PlotFn = Callable[[list[RunResult]], Any]
 # ipywidgets reads a Dropdown value of None as "nothing selected" and shows it blank, so None travels as this.
 NONE_CHOICE = "None (torch's default)"
+# Run orders: A is the panel's baseline, B the knobs as set. "none" compares with the first result only.
+PAIRINGS = {"ABA": "ABA", "AB": "AB", "none": "B"}
+PAIRING_COST = {"ABA": "<br>A/B/A: the baseline is measured before and after the knobs as set, so a Run takes "
+                       "about 3 runs' time.",
+                "AB": "<br>A/B: the baseline is measured just before the knobs as set, so a Run takes about "
+                      "2 runs' time.",
+                "none": ""}
+
+# One run per kernel: every panel of this process by key, and the panels whose run is in progress.
+_PANELS: dict[str, Panel] = {}
+_RUNNING: list[Panel] = []
+_GUARD = threading.Lock()
 
 
 def _control(name: str, value: Any, options: Sequence[Any] | None) -> W.Widget:
@@ -39,11 +61,46 @@ def _control(name: str, value: Any, options: Sequence[Any] | None) -> W.Widget:
     return W.Dropdown(options=[(str(o), o) for o in opts], value=value, description=name, style=style)
 
 
+def busy_elsewhere(panel: Panel | None = None) -> str | None:
+    """One line naming the run in progress in this kernel (another panel's, or any fastlab.run), else None."""
+    for other in _RUNNING:
+        if other is not panel and other._thread is not None and other._thread.is_alive():
+            return (f"Cannot run: the panel '{other.key}' is running <i>{other._label}</i> in this kernel "
+                    "(one run at a time): wait for it, or press its Stop.")
+    from . import train
+
+    active = getattr(train, "active_run", lambda: None)()
+    if active is not None:
+        return f"Cannot run: <i>{active}</i> is running in this kernel (one run at a time): wait for it to finish."
+    return None
+
+
+def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, Any]:
+    """The variant against the baselines measured beside it: one ratio per pair, their median and range,
+    and noise when the variant's windows overlap the baselines' or the pairs' ratios straddle 1."""
+    ratios = [variant.throughput.median / b.throughput.median for b in base_runs
+              if b.window_throughput and variant.window_throughput]
+    base = Spread.of([w for b in base_runs for w in b.window_throughput])
+    if not ratios:
+        return {"ratios": [], "baseline": base.median, "noise": False, "label": "n/a"}
+    ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
+    noise = is_noise(base, variant.throughput) or low <= 1.0 <= high
+    return {"ratios": ratios, "ratio": ratio, "low": low, "high": high, "noise": noise,
+            "baseline": base.median, "baseline_low": base.low, "baseline_high": base.high,
+            "label": "noise" if noise else f"{ratio:.2f}x"}
+
+
 class Panel:
     """Controls for some TrainConfig fields; each Run adds one result to `results` and redraws the plot.
 
     knobs maps a field name to its options (None for a yes/no field or a field with fixed choices).
-    results starts with any results to show beside new runs (for example the notebook's headless runs).
+    results starts with any results to show beside new runs (for example the notebook's headless runs); the
+    first of them with the base config is the panel's "page load" baseline.
+    pairing: "ABA" (default) measures the baseline before and after each variant, "AB" before it only, "none"
+        compares with the first result (cheapest; wrong as soon as the machine's load changes).
+    key: identifies the panel in this kernel (default: the title, else the knob names): a new Panel with the
+        key of an existing one takes over its results and its run in progress (a re-executed cell).
+    keep: the plot shows the given results and the last `keep` runs (Clear empties the runs).
     describe(result) returns HTML shown under the plot after each run; with advice=True, fastlab.advise's
     findings for that run follow it.
     """
@@ -51,20 +108,25 @@ class Panel:
     def __init__(self, base: TrainConfig, knobs: dict[str, Sequence[Any] | None], *,
                  results: list[RunResult] | None = None, plot: PlotFn = plot_comparison,
                  runner: Callable[..., RunResult] = run, title: str = "",
-                 describe: Callable[[RunResult], str] | None = None, advice: bool = True) -> None:
+                 describe: Callable[[RunResult], str] | None = None, advice: bool = True,
+                 pairing: str = "ABA", key: str | None = None, keep: int = 10) -> None:
         unknown = set(knobs) - field_names()
         if unknown:
             raise ValueError(f"TrainConfig has no field {sorted(unknown)[0]!r}; fields are: {', '.join(sorted(field_names()))}")
-        self.base = base
+        if pairing not in PAIRINGS:
+            raise ValueError(f"pairing={pairing!r} is not allowed: choose one of {', '.join(PAIRINGS)}")
+        self.base, self.plot, self.runner, self.title = base, plot, runner, title
+        self.describe, self.show_advice, self.pairing, self.keep = describe, advice, pairing, keep
+        self.key = key or title or ",".join(sorted(knobs))
         self.results: list[RunResult] = list(results or [])
-        self.plot = plot
-        self.runner = runner
-        self.title = title
-        self.describe = describe
-        self.show_advice = advice
+        self._n_given = len(self.results)
+        self._successor: Panel | None = None
+        self._label = ""
         self.controls = {name: _control(name, getattr(base, name), opts) for name, opts in knobs.items()}
-        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
-        self.stop_button = W.Button(description="Stop", button_style="warning", icon="stop", disabled=True)
+        # No button icons: they come from Font Awesome, which a page must not fetch (the dashboard runs offline).
+        self.run_button = W.Button(description="Run", button_style="primary")
+        self.stop_button = W.Button(description="Stop", button_style="warning", disabled=True)
+        self.clear_button = W.Button(description="Clear", tooltip="remove this panel's runs from the plot")
         self.progress = W.IntProgress(value=0, min=0, max=1, description="steps")
         self.status = W.HTML(value="Change the knobs, then press Run.")
         self.advice = W.HTML(value="")
@@ -72,15 +134,37 @@ class Panel:
         self.count = W.Label(value="0 results in the plot")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._take_over(_PANELS.get(self.key))
+        _PANELS[self.key] = self
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.request_stop())
+        self.clear_button.on_click(lambda _: self.clear())
         if self.results:
             self.redraw()
         self.widget = W.VBox([
             W.HBox(list(self.controls.values()), layout=W.Layout(flex_flow="row wrap")),
-            W.HBox([self.run_button, self.stop_button, self.progress]),
+            W.HBox([self.run_button, self.stop_button, self.clear_button, self.progress]),
             self.status, self.count, self.image, self.advice,
         ])
+
+    def _take_over(self, old: Panel | None) -> None:
+        """A re-executed cell: keep the old panel's runs, and show its run in progress here."""
+        if old is None or old is self:
+            return
+        self.results.extend(old.results[old._n_given:])
+        old._successor = self
+        if old.running:
+            self._thread, self._stop, self._label = old._thread, old._stop, old._label
+            self.run_button.disabled, self.stop_button.disabled = True, False
+            self.status.value = (f"The panel this one replaces is running <i>{old._label}</i>: "
+                                 "its result will show here.")
+
+    def _view(self) -> Panel:
+        """Where a run's output goes: the newest panel that took over this one."""
+        panel = self
+        while panel._successor is not None:
+            panel = panel._successor
+        return panel
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -95,24 +179,32 @@ class Panel:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _refuse(self, line: str) -> None:
+        self.status.value = line
+        self.advice.value = ""  # advice about an earlier run must not read as advice about this one
+
     def start(self) -> None:
         """What the Run button does: validate the knobs, then train in a background thread."""
         if self.running:
-            self.status.value = "A run is already going: press Stop first."
-            return
+            return self._refuse("A run is already going: press Stop first.")
         try:
             cfg = self.current_config()
         except ValueError as e:
-            self.status.value = f"<b>Cannot run:</b> {e}"
-            return
-        changes = self.base.diff(cfg)
-        label = f"panel {sum(1 for r in self.results if r.label.startswith('panel')) + 1}: {describe_changes(changes)}"
-        self._stop.clear()
-        self.run_button.disabled = True
-        self.stop_button.disabled = False
+            return self._refuse(f"<b>Cannot run:</b> {e}")
+        with _GUARD:
+            busy = busy_elsewhere(self)
+            if busy is not None:
+                return self._refuse(busy)
+            changes = self.base.diff(cfg)
+            n = sum(1 for r in self.results if r.label.startswith("panel")) + 1
+            self._label = f"panel {n}: {describe_changes(changes)}"
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._work, args=(cfg, self._label), daemon=True)
+            _RUNNING.append(self)
+        self.run_button.disabled, self.stop_button.disabled = True, False
         self.progress.value = 0
-        self.status.value = f"Running <i>{label}</i> ..."
-        self._thread = threading.Thread(target=self._work, args=(cfg, label), daemon=True)
+        self.status.value = f"Running <i>{self._label}</i> ...{PAIRING_COST[self.pairing]}"
+        self.advice.value = ""
         self._thread.start()
 
     def request_stop(self) -> None:
@@ -124,32 +216,113 @@ class Panel:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _on_step(self, done: int, total: int) -> None:
-        self.progress.max = total
-        self.progress.value = done
+    def clear(self) -> None:
+        """What the Clear button does: drop this panel's runs from the plot (the given results stay)."""
+        del self.results[self._n_given:]
+        self.redraw()
+        self.advice.value = ""
 
     def _work(self, cfg: TrainConfig, label: str) -> None:
         try:
-            result = self.runner(cfg, label=label, progress=False, stop=self._stop, on_step=self._on_step)
-            self.results.append(result)
-            self.redraw()
-            text = result.summary()
-            if result.no_ops:
-                text += "<br>No-ops here: " + "; ".join(f"{k}: {v}" for k, v in result.no_ops.items())
-            self.status.value = text
-            notes = [self.describe(result)] if self.describe is not None else []
-            if self.show_advice and result.status != "interrupted":
-                notes.append(advice_html(result))
-            self.advice.value = "<br>".join(n for n in notes if n)
+            self._finish(self._measure(cfg, label))
         except Exception as e:  # shown in the panel: a thread's exception would otherwise vanish
-            self.status.value = f"<b>Run failed:</b> {type(e).__name__}: {e}"
+            self._view().status.value = f"<b>Run failed:</b> {type(e).__name__}: {e}"
         finally:
-            self.run_button.disabled = False
-            self.stop_button.disabled = True
+            with _GUARD:
+                if self in _RUNNING:
+                    _RUNNING.remove(self)
+            ui = self._view()
+            ui.run_button.disabled, ui.stop_button.disabled = False, True
+
+    def _measure(self, cfg: TrainConfig, label: str) -> tuple[RunResult | None, list[RunResult], float]:
+        """The variant and the baselines beside it, in the pairing's order; stops at an unfinished run."""
+        order = PAIRINGS[self.pairing]
+        variant, baselines, base_seconds = None, [], 0.0
+        for i, role in enumerate(order):
+            ui = self._view()
+            what = "the knobs as set" if role == "B" else "the baseline, beside it"
+            if len(order) > 1:
+                ui.status.value = (f"Running <i>{label}</i>: run {i + 1} of {len(order)}, {what} ..."
+                                   f"{PAIRING_COST[self.pairing]}")
+            t0 = time.perf_counter()
+            result = self.runner(self.base if role == "A" else cfg,
+                                 label=f"{label} (paired baseline)" if role == "A" else label, progress=False,
+                                 stop=self._stop, on_step=lambda done, total, i=i: self._on_step(i, done, total))
+            if role == "A":
+                baselines.append(result)
+                base_seconds += time.perf_counter() - t0
+            else:
+                variant = result
+            if result.status in ("interrupted", "failed"):
+                break
+        return variant, baselines, base_seconds
+
+    def _on_step(self, index: int, done: int, total: int) -> None:
+        ui = self._view()
+        ui.progress.max = total * len(PAIRINGS[self.pairing])
+        ui.progress.value = index * total + done
+
+    def page_load_baseline(self) -> RunResult | None:
+        """The first given result measured with the base config: the baseline the page opened with."""
+        base = self.base.to_dict()
+        return next((r for r in self.results[:self._n_given] if r.config == base and r.window_throughput), None)
+
+    def _finish(self, measured: tuple[RunResult | None, list[RunResult], float]) -> None:
+        variant, baselines, base_seconds = measured
+        ui = self._view()
+        if variant is None:
+            ui.status.value = "Stopped while measuring the baseline: nothing was added."
+            return
+        lines = [variant.summary()]
+        if variant.no_ops:
+            lines.append("No-ops here: " + "; ".join(f"{k}: {v}" for k, v in variant.no_ops.items()))
+        if baselines:
+            paired = pair_summary(baselines, variant)
+            paired["cost_seconds"] = base_seconds
+            variant.extras["paired"] = paired
+            lines.append(self._paired_line(paired, len(baselines)))
+            lines.extend(self._machine_line(paired))
+        ui.results.append(variant)
+        ui.redraw()
+        ui.status.value = "<br>".join(lines)
+        notes = [self.describe(variant)] if self.describe is not None else []
+        if self.show_advice and variant.status != "interrupted":
+            notes.append(advice_html(variant))
+        ui.advice.value = "<br>".join(n for n in notes if n)
+
+    @staticmethod
+    def _paired_line(paired: dict[str, Any], n_base: int) -> str:
+        cost = f"{n_base} baseline run{'s' if n_base > 1 else ''}, {paired['cost_seconds']:.1f} s"
+        if not paired["ratios"]:
+            return f"Against the baseline measured beside it: no timed window to compare (cost: {cost})."
+        pairs = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
+        verdict = ("<b>noise</b>: the difference is inside the spread" if paired["noise"]
+                   else f"<b>{paired['ratio']:.2f}x</b>")
+        return (f"Against the baseline measured beside it ({paired['baseline']:,.0f} images/s): {verdict} "
+                f"(pairs: {pairs}; cost: {cost}).")
+
+    def _machine_line(self, paired: dict[str, Any]) -> list[str]:
+        """Say so when the baseline now differs from the page-load one beyond the spread."""
+        first = self.page_load_baseline()
+        now = Spread(paired["baseline"], paired.get("baseline_low", paired["baseline"]),
+                     paired.get("baseline_high", paired["baseline"]), 1)
+        if first is None or not paired["ratios"] or is_noise(first.throughput, now):
+            return []
+        word = "busier" if now.median < first.throughput.median else "less busy"
+        return [f"The machine is {word} now: the baseline was {first.throughput.median:,.0f} images/s at page load, "
+                f"{now.median:,.0f} now (the ratio above uses the baseline measured now)."]
+
+    def shown_results(self) -> list[RunResult]:
+        """What the plot shows: the given results, then the last `keep` runs."""
+        runs = self.results[self._n_given:]
+        return self.results[:self._n_given] + runs[-self.keep:]
 
     def redraw(self) -> None:
-        self.image.value = figure_png(self.plot(self.results))
-        self.count.value = f"{len(self.results)} results in the plot"
+        shown = self.shown_results()
+        self.image.value = figure_png(self.plot(shown)) if shown else b""
+        hidden = len(self.results) - len(shown)
+        self.count.value = f"{len(shown)} results in the plot" + (
+            f" ({hidden} older runs not shown; Clear removes the runs)" if hidden else "")
 
 
 def knob_panel(base: TrainConfig, knobs: dict[str, Sequence[Any] | None], **kwargs: Any) -> Panel:

@@ -336,3 +336,99 @@ def test_cli_advise_prints_findings_for_every_run(tmp_path, capsys):
     assert "fp32 on a GPU with tensor cores" in out and "data-bound" in out and "rule: >= 15%" in out
     assert main(["advise", str(tmp_path / "missing.json")]) == 2
     assert "no results file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- a run that diverged
+
+
+def diverged_result(**config_changes) -> RunResult:
+    """The issue's case: the cpu ladder's top rung, compiled under bf16, NaN from step 1."""
+    cfg = config_for("cpu", device="cpu").replace(**{"loader": "device", "amp": "bf16", "compile": "default",
+                                                     **config_changes})
+    r = RunResult(config=cfg.to_dict(), label="all on (+compile)", status="diverged",
+                  error="the training loss became nan at step 1", window_throughput=[780.0, 790.0, 785.0],
+                  step_seconds=[0.08] * 28, data_wait_seconds=[0.0] * 28, images_per_step=cfg.batch_size,
+                  losses=[(0, 2.3), (1, float("nan"))], env={"device_type": "cpu", "device_name": "CPU", "cpu_count": 2},
+                  dataset={"synthetic": True})
+    r.diverged_step, r.last_finite_loss = 1, 2.3
+    return r
+
+
+def test_a_diverged_run_is_named_first_with_what_to_try():
+    f = findings_for(diverged_result())
+    assert keys(f)[0] == "diverged"
+    top = f[0]
+    assert top.changes == {"compile": "off"} and {"amp": "off"} in top.alternatives
+    assert any(a.get("lr") == pytest.approx(0.1 * diverged_result().config["lr"]) for a in top.alternatives)
+    assert top.notebooks[0] == "07_compile_and_export" and "02_mixed_precision" in top.notebooks
+    shown = [e.shown() for e in top.evidence]
+    assert any("step 1" in s for s in shown) and any("2.3" in s for s in shown)
+    assert "not credited" in top.bottleneck
+    # fp16 first asks for bf16 where bf16 is native (this CPU result), fp32 on a GPU without it
+    assert findings_for(diverged_result(amp="fp16", compile="off"))[0].changes == {"amp": "bf16"}
+    old_gpu = gpu_result(amp="fp16", cc="7.5")
+    old_gpu.status, old_gpu.error = "diverged", "GradScaler's scale collapsed"
+    assert findings_for(old_gpu)[0].changes == {"amp": "off"}
+
+
+def test_verify_a_divergence_fix_checks_the_rerun_learns_and_credits_no_speed():
+    def runner(losses, status="ok"):
+        calls = []
+
+        def run_(cfg, *, label, dataset=None, model=None, progress=False):
+            calls.append(cfg)
+            return RunResult(config=cfg.to_dict(), label=label, status=status, window_throughput=[500.0, 510.0],
+                             losses=losses, steps_done=28, eval_accuracy=0.8, env={"device_type": "cpu"},
+                             dataset={"synthetic": True})
+
+        run_.calls = calls
+        return run_
+
+    fixed = runner([(0, 2.3), (27, 0.9)])
+    v = verify(diverged_result(), runner=fixed, repeats=2)
+    assert v.outcome == "fixed" and "no longer diverges" in v.sentence and v.metric == "training loss"
+    assert [c.compile for c in fixed.calls] == ["off", "off"] and not v.baseline  # no baseline: nothing to compare
+    assert any("not credited" in n for n in v.notes)
+    still = verify(diverged_result(), runner=runner([(0, 2.3)], status="diverged"))
+    assert still.outcome == "still diverges"
+    nan = verify(diverged_result(), runner=runner([(0, float("nan"))]))
+    assert nan.outcome == "still diverges"
+
+
+def test_a_change_that_makes_a_run_diverge_is_not_a_gain():
+    def runner(cfg, *, label, dataset=None, model=None, progress=False):
+        diverged = label.startswith("loader")
+        return RunResult(config=cfg.to_dict(), label=label, status="diverged" if diverged else "ok",
+                         error="the training loss became nan at step 3" if diverged else None,
+                         window_throughput=[900.0] * 3 if diverged else [100.0] * 3, env={"device_type": "cpu"},
+                         dataset={"synthetic": True})
+
+    v = verify(cpu_naive_result(), runner=runner)
+    assert v.outcome == "diverged" and "not credited" in v.sentence
+
+
+def test_cli_advise_names_a_diverged_rung_first(tmp_path, capsys):
+    from fastlab.__main__ import main
+
+    healthy = cpu_naive_result()
+    healthy.label = "naive"
+    path = save_results(tmp_path / "results.json", [healthy, diverged_result()])
+    assert main(["advise", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("DIVERGED (speed not credited): all on (+compile)")
+    first_run = out.split("\n\n")[1]
+    assert first_run.startswith("all on (+compile)") and "1. diverged" in first_run
+    assert out.index("all on (+compile):") < out.index("naive:")
+
+
+def test_watched_runs_are_read_by_the_same_rules_but_not_rerun():
+    r = RunResult(config={"watched": True, "warmup_steps": 0, "loader": "iterable", "batch_size": 32},
+                  label="my loop", window_throughput=[100.0] * 3, step_seconds=[0.1] * 10,
+                  data_wait_seconds=[0.05] * 10, images_per_step=32, env={"device_type": "cuda", "cpu_count": 8,
+                                                                          "compute_capability": "9.0"},
+                  extras={"watched": True})
+    f = {x.key: x for x in findings_for(r)}
+    # data-bound, said for a loader that is not a DataLoader; no knob-based GPU advice from unknown knobs
+    assert set(f) == {"data_bound"} and f["data_bound"].changes == {} and "DataLoader" in f["data_bound"].technique
+    with pytest.raises(ValueError, match="cannot re-run it"):
+        verify(r)

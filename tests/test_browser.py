@@ -5,6 +5,10 @@ from this Python), opens the page in headless Chromium kept off the network, run
 presses Run, and waits until the panel's count says the plot holds one more result and its image has changed.
 A screenshot of the panel goes to test-artifacts/; the server and its kernels are stopped even when a test fails.
 
+The dashboard test serves it as `make dashboard` does for a room (the Makefile's DASHBOARD_ROOM options: culling,
+a preheated kernel, no network), prints how soon a page is usable and the memory one participant's kernel takes,
+and checks that closed tabs leave no kernel behind.
+
 The tests skip when Playwright, Chromium, JupyterLab or Voilà is missing, unless FASTLAB_REQUIRE_BROWSER=1
 (set by .ci/run, which installs them): then a missing piece is a failure, so CI cannot pass by skipping.
 """
@@ -45,7 +49,8 @@ CHROMIUM_ARGS = [
 SERVER_START_S = 90  # server up and listening
 PAGE_LOAD_MS = 90_000  # page (JupyterLab shell, or Voilà after executing the notebook) rendered
 RUN_ALL_MS = 300_000  # every cell run and the panel shown (a minute or two unloaded; headroom for a busy machine)
-PANEL_RUN_MS = 120_000  # one press of Run, measured and redrawn
+PANEL_RUN_MS = 180_000  # one press of Run (three runs: A/B/A), measured and redrawn
+KERNELS_GONE_S = 240  # closed tabs' kernels culled (the Makefile culls after 60 s idle, checking every 10 s)
 COUNT = re.compile(r"(\d+) results? in the plot")
 RUN_LABEL = re.compile(r"^\s*Run\s*$")
 
@@ -117,8 +122,8 @@ def stop_process_tree(proc: subprocess.Popen, timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def serve(command: list[str], root: Path, name: str) -> Iterator[str]:
-    """Run a server command (with {port} filled in) from `root`; yield its URL; always stop it."""
+def serve(command: list[str], root: Path, name: str, **extra_env: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run a server command (with {port} filled in) from `root`; yield its URL and process; always stop it."""
     port = free_port()
     home = root / ".jupyter-home"  # config, runtime and settings of this server only
     settings = home / "lab-settings"
@@ -129,7 +134,7 @@ def serve(command: list[str], root: Path, name: str) -> Iterator[str]:
                JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
                JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **extra_env)
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / f"{name}-server.log"
     with open(log, "w") as out:
@@ -137,7 +142,7 @@ def serve(command: list[str], root: Path, name: str) -> Iterator[str]:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         wait_for_port(port, proc, log, SERVER_START_S)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         stop_process_tree(proc)
 
@@ -272,7 +277,7 @@ def test_panel_runs_in_jupyterlab(page, notebook):
                "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.root_dir=.", "--allow-root",
                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     name = f"lab-{Path(notebook).stem}"
-    with server_root(notebook) as root, serve(command, root, name) as url, screenshot_on_failure(page, name):
+    with server_root(notebook) as root, serve(command, root, name) as (url, _), screenshot_on_failure(page, name):
         page.goto(f"{url}/lab/tree/{notebook}")
         page.locator(".jp-Notebook").first.wait_for(state="visible")
         page.locator(".jp-Notebook-cell").first.wait_for(state="visible")
@@ -281,21 +286,111 @@ def test_panel_runs_in_jupyterlab(page, notebook):
         press_run_and_wait(page, panel, name)
 
 
+def room_options() -> list[str]:
+    """The options `make dashboard` serves a room with (the Makefile's DASHBOARD_ROOM): the test checks those."""
+    found = re.search(r"^DASHBOARD_ROOM := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert found, "the Makefile has no DASHBOARD_ROOM line"
+    return found.group(1).split()
+
+
+def kernels(server: subprocess.Popen) -> list[psutil.Process]:
+    """The server's running kernels."""
+    found = []
+    for child in psutil.Process(server.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "ipykernel_launcher" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
+
+
+def wait_until_preheated(server: subprocess.Popen, timeout: float) -> float:
+    """Seconds until the pool's kernel has executed the notebook: a kernel whose CPU time stops growing."""
+    start, last, quiet_since = time.monotonic(), None, None
+    while time.monotonic() - start < timeout:
+        found = kernels(server)
+        with contextlib.suppress(psutil.Error):
+            used = sum(found[0].cpu_times()[:2]) if len(found) == 1 else None
+            if used is not None and used == last:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since >= 3:
+                    return quiet_since - start
+            else:
+                quiet_since = None
+            last = used
+        time.sleep(0.5)
+    raise TimeoutError(f"the preheated kernel was still busy {timeout:.0f} s after the server started")
+
+
+LOCAL = ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")
+
+
+def open_dashboard(browser, url: str, outside: list[str]):
+    """A new tab on the dashboard; returns (context, page, panel, seconds until Run could be pressed)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, service_workers="block")
+
+    def note(request) -> None:
+        if not request.url.startswith(LOCAL):
+            outside.append(request.url)
+
+    context.on("request", note)
+    page = context.new_page()
+    start = time.monotonic()
+    page.goto(url + "/", timeout=PAGE_LOAD_MS)
+    panel = panel_locator(page)
+    panel.wait_for(state="visible", timeout=RUN_ALL_MS)
+    page.wait_for_function("b => !b.disabled", arg=panel.locator(".widget-button").filter(
+        has_text=RUN_LABEL).first.element_handle(), timeout=PAGE_LOAD_MS)
+    return context, page, panel, time.monotonic() - start
+
+
+def report_memory(server: subprocess.Popen) -> None:
+    """Print each kernel's resident memory and what it means for a room on this machine."""
+    sizes = sorted((k.memory_info().rss / 2**30 for k in kernels(server)), reverse=True)
+    total = psutil.virtual_memory().total / 2**30
+    used = sizes[0]  # the kernel that ran (the preheated one waiting has run only the page-load baseline)
+    room = int((0.9 * total - used) / used)  # 10% for the system, one kernel waiting preheated
+    print(f"\nkernel RSS after a Run (GiB): {', '.join(f'{s:.2f}' for s in sizes)}; one machine of {total:.0f} GiB "
+          f"holds about {room} participants at {used:.2f} GiB each (10% kept for the system, one kernel preheated)")
+
+
 @pytest.mark.browser
-def test_dashboard_runs_in_voila(page):
+def test_dashboard_serves_a_room_in_voila(browser):
+    """As `make dashboard` serves it: a page is usable soon (preheated kernel), Run works, nothing is fetched from
+    the network, and three tabs opened and closed leave no kernel of theirs behind (culled)."""
     if importlib.util.find_spec("voila") is None:
         missing("voila is not installed (pip install voila)")
     command = [sys.executable, "-m", "voila", "--no-browser", "--Voila.ip=127.0.0.1", "--port={port}",
-               "--Voila.port_retries=0", DASHBOARD]
-    with server_root(DASHBOARD) as root, serve(command, root, "voila-dashboard") as url, \
-            screenshot_on_failure(page, "voila-dashboard"):
-        page.goto(url + "/", timeout=PAGE_LOAD_MS)
-        panel = panel_locator(page)
-        panel.wait_for(state="visible", timeout=RUN_ALL_MS)
-        # an app: the code is hidden, only prose and outputs show
-        assert page.locator(".jp-InputArea-editor, .jp-CodeMirrorEditor").count() == 0
-        assert "from fastlab.widgets import Panel" not in page.content()
-        press_run_and_wait(page, panel, "voila-dashboard")
+               "--Voila.port_retries=0", *room_options(), DASHBOARD]
+    outside: list[str] = []
+    with server_root(DASHBOARD) as root, serve(command, root, "voila-dashboard",
+                                               JUPYTER_PATH=str(ROOT / "share" / "jupyter")) as (url, server):
+        pool = wait_until_preheated(server, RUN_ALL_MS / 1000)
+        print(f"\npreheated kernel ready (the notebook executed) {pool:.0f} s after the server started")
+        tabs = [open_dashboard(browser, url, outside)]
+        context, page, panel, usable = tabs[0]
+        print(f"page usable (Run enabled) {usable:.1f} s after opening it (preheated kernel)")
+        with screenshot_on_failure(page, "voila-dashboard"):
+            # an app: the code is hidden, only prose and outputs show
+            assert page.locator(".jp-InputArea-editor, .jp-CodeMirrorEditor").count() == 0
+            assert "from fastlab.widgets import Panel" not in page.content()
+            press_run_and_wait(page, panel, "voila-dashboard")
+            assert "measured beside it" in panel.inner_text()
+        report_memory(server)
+        for _ in range(2):
+            tabs.append(open_dashboard(browser, url, outside))
+            print(f"another tab usable {tabs[-1][3]:.1f} s after opening it")
+        opened = len(kernels(server))
+        for context, *_ in tabs:
+            context.close()
+        start, left = time.monotonic(), opened
+        while time.monotonic() - start < KERNELS_GONE_S:
+            left = len(kernels(server))
+            if left <= 1:  # the preheated kernel waiting for the next participant
+                break
+            time.sleep(2)
+        print(f"three tabs closed: {opened} kernels -> {left} after {time.monotonic() - start:.0f} s")
+        assert left <= 1, f"{left} kernels still running {KERNELS_GONE_S} s after the tabs closed"
+    assert not outside, f"the dashboard fetched from outside this machine: {sorted(set(outside))[:5]}"
 
 
 def test_stopping_a_server_also_stops_what_it_started():

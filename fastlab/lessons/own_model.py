@@ -359,3 +359,32 @@ def advice(results: list[RunResult]) -> list[str]:
         out.append("Then stack the ones that paid and measure the stack (notebook 09): effects do not simply "
                    "multiply.")
     return [f"{i}. {line}" for i, line in enumerate(out, 1)]
+
+
+# ---------------------------------------------------------------- your own loop, watched
+
+# Steps of the notebook's hand-written loop per profile: enough for a warm-up and several timed windows of 5.
+LOOP_STEPS: dict[str, int] = {"smoke": 28, "cpu": 40, "gpu": 100, "mps": 60}
+
+
+def loop_dataset(config: TrainConfig, seed: int = 0) -> StripesDataset:
+    """Exactly enough StripesDataset images for LOOP_STEPS batches of config.batch_size (one epoch)."""
+    return StripesDataset(config.batch_size * LOOP_STEPS.get(config.profile, 40), "train", seed)
+
+
+# ---------------------------------------------------------------- comparing parameters across devices
+
+
+def parameter_snapshot(module: nn.Module) -> list[torch.Tensor]:
+    """Copies of the module's parameters, on the CPU: a run on a GPU may move the module (and its
+    parameters) afterwards, and the copies must stay comparable."""
+    return [p.detach().to("cpu", copy=True) for p in module.parameters()]
+
+
+def changed_parameters(before: list[torch.Tensor], module: nn.Module) -> int:
+    """How many of the module's parameter tensors differ from a snapshot, compared on the CPU: torch.equal
+    refuses a CPU tensor and a CUDA tensor, and fastlab.run moves the module it trains to its device."""
+    after = list(module.parameters())
+    if len(after) != len(before):
+        raise ValueError(f"changed_parameters: the snapshot has {len(before)} tensors, the module {len(after)}")
+    return sum(not torch.equal(b.cpu(), a.detach().cpu()) for b, a in zip(before, after))

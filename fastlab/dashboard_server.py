@@ -1,0 +1,36 @@
+"""What `make dashboard` serves a room with: Voila's kernel manager, culling the kernels of closed tabs but never
+a kernel a page has just been given. Only the Voila server imports this module (jupyter_server comes with it).
+
+Voila 0.5 cannot shut a closed tab's kernel down (voila-dashboards/voila issue 1458), so the Makefile has the
+server cull kernels that are idle with no connection. Voila's preheated pool keeps a kernel ready, the notebook
+already executed, and protects it from culling while it waits; but a kernel handed to a page is as idle as its
+wait in the pool was long, and would be culled before the page's widgets connect. Here a kernel's idle time
+counts from when it left the pool, at the latest.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+
+class RoomKernelManager(AsyncMappingKernelManager):
+    """AsyncMappingKernelManager whose culler gives a kernel fresh out of Voila's pool a full idle timeout."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._out_of_pool: dict[str, datetime] = {}
+
+    async def cull_kernel_if_idle(self, kernel_id: str) -> None:
+        # Voila's pooling subclass calls this only for kernels out of its pool: the first call follows the hand-out
+        # (or a kernel's start, when the pool was empty) by at most one cull interval.
+        first = self._out_of_pool.setdefault(kernel_id, datetime.now(timezone.utc))
+        kernel = self._kernels.get(kernel_id)
+        if kernel is not None and getattr(kernel, "last_activity", first) < first:
+            kernel.last_activity = first
+        await super().cull_kernel_if_idle(kernel_id)
+
+    async def shutdown_kernel(self, kernel_id: str, *args, **kwargs) -> None:
+        self._out_of_pool.pop(kernel_id, None)
+        await super().shutdown_kernel(kernel_id, *args, **kwargs)

@@ -1,0 +1,122 @@
+"""Notebook 08: the thread a run executes in can change its speed on a CPU. A measured demo, and why.
+
+PyTorch's CPU kernels run on an OpenMP (libgomp) thread team, and every thread that calls into torch gets a team
+of its own. Once the kernel's main thread has run any torch op its team stays alive, so a run started in another
+thread (a widget's Run button, a background job) makes a second team. libgomp then manages more threads than
+the machine has cores, and in that case it cuts the time an idle worker spin-waits for the next parallel region
+to almost nothing: between the many small operations of a training step the workers go to sleep and are woken
+again (each a system call and a context switch; the demo counts them). On an idle machine the sleeping costs
+time; on a busy one the spinning of the other case can cost more (a spinning worker holds the core its teammate
+needs). Which way it goes depends on the machine, its load and the size of the operations: measure it, as
+thread_effect does, and compare only runs made the same way.
+
+fastlab.run therefore executes every run in a fresh thread, so a notebook cell's runs and a panel's runs are
+timed the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import statistics
+import threading
+from typing import Any
+
+import torch
+
+from .. import train
+from ..comparisons import comparison
+from ..config import TrainConfig
+from ..measure import Spread, is_noise
+from ..results import RunResult
+
+THREADS = "08_profiling:threads"
+WHERE = {"main": "the calling thread (a notebook cell's own thread)", "thread": "a new threading.Thread"}
+
+
+def _switches() -> int:
+    """Voluntary context switches of the whole process so far (threads that have ended included): each is a
+    thread going to sleep, for example an OpenMP worker that stopped spin-waiting."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
+def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunResult:
+    """One run, in this thread or in a plain new one; the rest is identical (fastlab.run's own loop)."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        box["threads"] = torch.get_num_threads()
+        box["result"] = train.TrainingRun(cfg, label, None, None, progress, None, None).execute()
+
+    exclusive = getattr(train, "_exclusive", None)  # one run at a time in this process, as fastlab.run does
+    with exclusive(label) if exclusive is not None else contextlib.nullcontext():
+        before = _switches()
+        if where == "main":
+            work()
+        else:
+            thread = threading.Thread(target=work, name="fastlab-thread-demo")
+            thread.start()
+            thread.join()
+        after = _switches()
+    result: RunResult = box["result"]
+    result.extras.update(where=where, torch_threads=box["threads"],
+                         switches_per_step=(after - before) / max(result.steps_done, 1))
+    result.extras["comparison"] = THREADS
+    return result
+
+
+def warm_this_thread() -> None:
+    """Run a few torch ops in this thread, as any notebook cell that touches a tensor does: it starts this
+    thread's OpenMP team, which stays alive afterwards."""
+    a = torch.randn(256, 256)
+    for _ in range(20):
+        a = torch.tanh(a @ a)
+
+
+@comparison(THREADS)
+def thread_effect(base: TrainConfig, progress: bool = True, repeats: int = 2) -> list[RunResult]:
+    """The same config run in this thread and in a new thread, alternately (`repeats` of each), after this
+    thread has run torch ops. In a notebook, call it from a cell: that is the kernel's main thread."""
+    warm_this_thread()
+    results = []
+    for i in range(repeats):
+        for where in ("main", "thread"):
+            results.append(_execute(base, f"{'this' if where == 'main' else 'new'} thread {i + 1}", where,
+                                    progress))
+            if results[-1].status == "interrupted":
+                return results
+    return results
+
+
+def split_by_thread(results: list[RunResult]) -> tuple[list[RunResult], list[RunResult]]:
+    main = [r for r in results if r.extras.get("where") == "main" and r.window_throughput]
+    other = [r for r in results if r.extras.get("where") == "thread" and r.window_throughput]
+    return main, other
+
+
+def describe_thread_effect(results: list[RunResult]) -> str:
+    """The verdict from the measurement: the new thread's speed against this thread's, pair by pair."""
+    main, other = split_by_thread(results)
+    if not main or not other:
+        return "Not enough finished runs to compare the two threads."
+    ratios = [o.throughput.median / m.throughput.median for m, o in zip(main, other)]
+    main_all = Spread.of([w for r in main for w in r.window_throughput])
+    other_all = Spread.of([w for r in other for w in r.window_throughput])
+    ratio = statistics.median(ratios)
+    noise = is_noise(main_all, other_all) or min(ratios) <= 1.0 <= max(ratios)
+    pairs = ", ".join(f"{r:.2f}x" for r in ratios)
+    head = (f"In a new thread: {other_all.median:,.0f} images/s; in this thread: {main_all.median:,.0f} "
+            f"(median over {len(other)} and {len(main)} runs; pair by pair {pairs}). ")
+    if noise:
+        verdict = ("Noise: on this machine, with this config, the thread a run executes in makes no difference "
+                   "outside the spread. ")
+    else:
+        verdict = (f"The new thread ran at {ratio:.2f}x this thread's speed, outside the noise: "
+                   "compare only runs made the same way. ")
+    switches = (f"Voluntary context switches per step (threads going to sleep): "
+                f"{statistics.median(r.extras['switches_per_step'] for r in other):,.0f} in the new thread, "
+                f"{statistics.median(r.extras['switches_per_step'] for r in main):,.0f} in this one. ")
+    threads = {r.extras.get("torch_threads") for r in main + other}
+    team = (f"torch.get_num_threads() was {threads.pop()} in both, so the team size is not the difference."
+            if len(threads) == 1 else f"torch.get_num_threads() differed: {sorted(threads)}.")
+    return head + verdict + switches + team

@@ -1,0 +1,48 @@
+import sys
+
+import pytest
+import torch
+
+from fastlab.comparisons import all_comparisons
+from fastlab.lessons import threads as T
+from fastlab.results import RunResult
+
+
+def fake(where, speed, switches=1.0):
+    return RunResult(config={}, label=where, window_throughput=[0.97 * speed, speed, 1.03 * speed],
+                     extras={"where": where, "torch_threads": 2, "switches_per_step": switches})
+
+
+def test_registered_for_the_profiling_notebook():
+    assert all_comparisons()[T.THREADS] is T.thread_effect
+
+
+def test_the_demo_runs_both_ways_alternately_and_describes_what_it_measured(quick):
+    results = T.thread_effect(quick, progress=False, repeats=1)
+    assert [r.extras["where"] for r in results] == ["main", "thread"]
+    assert all(r.status == "ok" and r.extras["comparison"] == T.THREADS for r in results)
+    assert all(r.extras["torch_threads"] == torch.get_num_threads() for r in results)
+    text = T.describe_thread_effect(results)
+    assert text.startswith("In a new thread: ") and ("Noise" in text or "outside the noise" in text)
+    assert "Voluntary context switches per step" in text
+
+
+def test_the_verdict_comes_from_the_numbers():
+    slower = [fake("main", 3000, 1), fake("thread", 2200, 140), fake("main", 3100, 1), fake("thread", 2300, 150)]
+    text = T.describe_thread_effect(slower)
+    assert "The new thread ran at 0.74x this thread's speed, outside the noise" in text
+    assert "145 in the new thread, 1 in this one" in text
+    same = [fake("main", 3000), fake("thread", 3030), fake("main", 2990), fake("thread", 2980)]
+    assert "Noise:" in T.describe_thread_effect(same)
+    assert T.describe_thread_effect(same[:1]) == "Not enough finished runs to compare the two threads."
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info()
+                    or torch.get_num_threads() < 2, reason="the mechanism shown is libgomp's, with 2+ threads")
+def test_in_a_second_team_the_openmp_workers_sleep_between_operations(quick):
+    """The mechanism: once this thread has its own OpenMP team, a run in a new thread makes libgomp manage more
+    threads than cores, and its workers stop spin-waiting: they sleep (a voluntary context switch) and are woken
+    again, over and over in every step. In this thread they spin and rarely sleep."""
+    results = T.thread_effect(quick.replace(steps=8, windows=2), progress=False, repeats=1)
+    main, other = (r.extras["switches_per_step"] for r in results)
+    assert other > 3 * main + 1, (main, other)
