@@ -7,7 +7,16 @@ effect is the ratio of two medians:
 
 where "the rung it was built on" is the last rung below it that was kept (a rung dropped as a trap is
 not built on, exactly as run_ladder does). A ratio whose medians lie inside each other's spread is
-marked noise (fastlab.measure.is_noise). No pandas: the table is plain Markdown.
+marked noise (fastlab.measure.is_noise). A rung that diverged says so: its speed is shown, never credited.
+
+Given the time-to-accuracy ladder too (fastlab.bench.run_tta_ladder, or the time to accuracy of the ladder's rungs
+as notebook 09 measures it), each row also says what the technique did to
+the training seconds to the target accuracy, over seeds:
+
+    outcome effect = median seconds to target of the rung it was built on / median seconds of the rung that added it
+
+so a technique that is faster per image but slower to a result reads above 1 in one column and below 1 in the
+other. No pandas: the table is plain Markdown.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .measure import is_noise
+from .outcomes import TimeToAccuracy
 from .results import RunResult
 
 
@@ -25,9 +35,10 @@ class Technique:
     """One checklist line: the ladder rung that adds it, the knobs it sets, and any condition on that rung."""
 
     name: str  # as in fastlab.environment_report.techniques_here()
-    rung: str
+    rung: str  # "" when the technique is not a ladder rung (see `elsewhere`)
     knobs: tuple[str, ...]
     when: dict[str, Any] = field(default_factory=dict)  # the rung's config must have these values
+    elsewhere: str = ""  # for a technique off the ladder: where the workbook measures it
 
 
 # The order of the checklist (the ladder's order), mapped onto the rungs of fastlab.bench.ladder.
@@ -42,7 +53,11 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("device-resident loader", "device_loader", ("loader",)),
     Technique("larger batch", "large_batch", ("batch_size",)),
     Technique("torch.compile", "all_on", ("compile",)),
-    Technique("TF32", "all_on", ("tf32",)),
+    # Conv TF32 is on in every rung, as in stock PyTorch (torch.backends.cudnn.allow_tf32 defaults to True), and the
+    # ladder keeps fp32 matmuls at torch's default: TF32 is not a rung. Notebook 03 compares it on its own.
+    Technique("TF32", "", ("tf32", "matmul_precision"),
+              elsewhere="not a ladder rung: conv TF32 is on in every rung, as in stock PyTorch; notebook 03 "
+                        "(03_cudnn_benchmark_and_channels_last:tf32) compares strict fp32, conv TF32 and TF32 matmuls"),
 )
 
 NO_REFERENCE = "none bundled yet"
@@ -54,6 +69,7 @@ class ChecklistRow:
     applies: str  # "yes" / "no", with the reason
     here: str  # the measured effect on this machine
     reference: dict[str, str]  # device name -> the measured effect there
+    outcome: str = ""  # the effect on time to accuracy over seeds, when the time-to-accuracy ladder was run
 
 
 def _rung_index(results: Sequence[RunResult], rung: str) -> int | None:
@@ -73,6 +89,8 @@ def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
 
 def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None = None) -> str:
     """What adding `technique` did on the ladder `results`, in words and a ratio computed from them."""
+    if not technique.rung:
+        return technique.elsewhere
     i = _rung_index(results, technique.rung)
     if i is None:
         why = (skipped or {}).get(technique.rung)
@@ -91,7 +109,10 @@ def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str
         return "no baseline to compare with"
     ratio = r.throughput.median / base.throughput.median
     text = f"{ratio:.2f}x"
-    if is_noise(base.throughput, r.throughput):
+    if r.status == "diverged":
+        step = f" at step {r.diverged_step}" if r.diverged_step is not None else ""
+        text = f"DIVERGED{step} ({r.error or 'non-finite loss'}): {ratio:.2f}x images/s, not credited"
+    elif is_noise(base.throughput, r.throughput):
         text += " (noise)"
     if r.extras.get("dropped"):
         text += ": a trap here, dropped from the rungs above"
@@ -101,14 +122,57 @@ def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str
     return text
 
 
+def _tta_built_on(ttas: Sequence[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
+    for t in reversed(ttas[:index]):
+        if t.runs and not t.runs[0].extras.get("dropped"):
+            return t
+    return None
+
+
+def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: Technique, skipped: dict[str, str] | None = None) -> str:
+    """What adding `technique` did to the training seconds to the target accuracy, over seeds, against the last
+    rung below it that was measured to the target and not dropped (named, as it may lie further down than in the
+    throughput ladder when not every rung was measured)."""
+    if not technique.rung:
+        return "not a ladder rung"
+    rungs = [t.runs[0].extras.get("rung") if t.runs else None for t in ttas]
+    if technique.rung not in rungs:
+        why = (skipped or {}).get(technique.rung)
+        return f"not measured: {why}" if why else "not measured (its rung was not run on this ladder)"
+    i = rungs.index(technique.rung)
+    t = ttas[i]
+    for knob, wanted in technique.when.items():
+        if t.runs[0].config.get(knob) != wanted:
+            return f"not on this ladder (its {technique.rung} rung used {knob}={t.runs[0].config.get(knob)})"
+    n = len(t.runs)
+    diverged = sum(r.status == "diverged" for r in t.runs)
+    if diverged:
+        return f"DIVERGED in {diverged} of {n} seeds: no time to accuracy"
+    if t.reached == 0:
+        return f"target {t.target:.0%} not reached in any of {n} seeds"
+    base = _tta_built_on(ttas, i)
+    if base is None or base.reached == 0:
+        return f"{t.seconds.median:.1f} s to {t.target:.0%} ({t.reached} of {n} seeds); no baseline that reached it"
+    b, o = base.seconds, t.seconds
+    text = f"{b.median / o.median:.2f}x"
+    if is_noise(b, o):
+        text += " (noise)"
+    text += f" ({t.reached} of {n} seeds reached {t.target:.0%}; against {base.label})"
+    return text
+
+
 def build_checklist(results: Sequence[RunResult], techniques_here: Sequence[tuple[str, bool, str]],
                     reference: dict[str, list[RunResult]] | None = None,
-                    skipped: dict[str, str] | None = None) -> list[ChecklistRow]:
+                    skipped: dict[str, str] | None = None,
+                    tta: Sequence[TimeToAccuracy] | None = None,
+                    tta_skipped: dict[str, str] | None = None) -> list[ChecklistRow]:
     """One row per technique of the ladder.
 
     techniques_here: (name, applies?, why) as from fastlab.environment_report.techniques_here().
     reference: bundled ladder results by device name (fastlab.reference_for(...)); empty or None when none.
     skipped: rung name -> why it was not run here.
+    tta: the time-to-accuracy ladder on this machine (adds the outcome column); tta_skipped: rung -> why its
+    time to accuracy was not measured.
     """
     if not results:
         raise ValueError("results is empty: build_checklist needs the ladder's results (fastlab.bench.run_ladder)")
@@ -121,6 +185,7 @@ def build_checklist(results: Sequence[RunResult], techniques_here: Sequence[tupl
             applies=f"{'yes' if ok else 'no'}: {why}",
             here=effect(results, t, skipped),
             reference={device: effect(ref, t) for device, ref in (reference or {}).items()},
+            outcome=outcome_effect(tta, t, {**(skipped or {}), **(tta_skipped or {})}) if tta else "",
         ))
     return rows
 
@@ -135,15 +200,23 @@ def checklist_markdown(rows: Sequence[ChecklistRow], results: Sequence[RunResult
     here = results[0].env.get("device_name", "this machine") if results else "this machine"
     data = "SYNTHETIC data" if results and results[0].synthetic else (results[0].dataset.get("name", "?") if results
                                                                        else "?")
-    heads = ["technique", "applies here?", f"measured effect here ({here}, {data})"]
+    outcome = any(row.outcome for row in rows)
+    heads = ["technique", "applies here?", f"measured effect here, images/s ({here}, {data})"]
+    heads += ["effect here on time to accuracy (over seeds)"] if outcome else []
     heads += [f"effect on {d}" for d in devices] or ["effect on the reference GPU"]
     lines = ["| " + " | ".join(_cell(h) for h in heads) + " |", "|" + " --- |" * len(heads)]
     for row in rows:
         ref = [row.reference.get(d, "not measured") for d in devices] or [NO_REFERENCE]
-        lines.append("| " + " | ".join(_cell(c) for c in [row.technique, row.applies, row.here, *ref]) + " |")
+        cells = [row.technique, row.applies, row.here] + ([row.outcome] if outcome else []) + ref
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", "Effect = median images/s of the rung that added the technique / median images/s of the rung it "
               "was built on (the last rung below it that was kept). 'noise': the two medians lie inside each other's "
-              "min-max range. A rung dropped as a trap is measured and shown, then left out of the rungs above it."]
+              "min-max range. A rung dropped as a trap is measured and shown, then left out of the rungs above it. "
+              "A rung that diverged (non-finite loss) says so: its speed is never credited."]
+    if outcome:
+        lines += ["", "Time to accuracy: median training seconds to the target of the rung it was built on / the "
+                  "rung's own, over seeds (above 1: it reached the target sooner). A technique faster per image can be "
+                  "slower to a result: read both columns."]
     if not devices:
         lines += ["", "No reference results from a real GPU are bundled yet: the last column fills in when they are."]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@ naming the fix, instead of passing unchecked.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -36,3 +38,6 @@ def _collect_with_expected_outputs(self):
 
 
 IPyNbFile.collect = _collect_with_expected_outputs
+
+# Notebooks record claim verdicts (fastlab.claims); under test they go to a fresh folder, never the reader's store.
+os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-results-")

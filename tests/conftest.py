@@ -6,6 +6,7 @@ import tempfile
 os.environ["FASTLAB_PROFILE"] = "smoke"
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["FASTLAB_DATA_DIR"] = tempfile.mkdtemp(prefix="fastlab-data-")
+os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-results-")  # claim verdicts
 os.environ.pop("FASTLAB_DATA", None)
 
 import pytest  # noqa: E402

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
@@ -66,6 +67,7 @@ def execute_and_clean(path: Path) -> None:
     from nbclient import NotebookClient
 
     os.environ["FASTLAB_PROFILE"] = "smoke"
+    os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-results-")  # not the reader's verdicts
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()

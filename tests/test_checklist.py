@@ -86,7 +86,68 @@ def test_every_checklist_technique_is_known_to_the_environment_report():
     missing = [t.name for t in TECHNIQUES if t.name not in names and t.name != "larger batch"]
     assert missing == []
     rung_names = set(fastlab.bench.RUNG_NAMES)
-    assert {t.rung for t in TECHNIQUES} <= rung_names
+    assert {t.rung for t in TECHNIQUES if t.rung} <= rung_names
+    assert all(t.elsewhere for t in TECHNIQUES if not t.rung)  # a technique off the ladder says where it is measured
+
+
+def test_tf32_is_not_a_rung_and_points_at_notebook_03():
+    tf32 = next(t for t in TECHNIQUES if t.name == "TF32")
+    assert tf32.rung == ""
+    rows = rows_by_name(build_checklist(ladder_results(), APPLIES_ALL))
+    assert rows["TF32"].here.startswith("not a ladder rung") and "notebook 03" in rows["TF32"].here
+    from fastlab.comparisons import all_comparisons
+
+    assert "03_cudnn_benchmark_and_channels_last:tf32" in all_comparisons()  # the comparison the row names
+    top = [r for r in fastlab.bench.ladder(fastlab.config_for("smoke")) if r.name == "all_on"][0]
+    assert set(top.changes) == {"compile"}  # the all_on rung adds torch.compile only
+
+
+def test_a_diverged_rung_says_so():
+    results = ladder_results()
+    results.append(rung("fused_adamw", [400, 400, 400], dropped="diverged: the training loss became nan"))
+    results[-1].status, results[-1].diverged_step = "diverged", 7
+    results[-1].error = "the training loss became nan at step 7"
+    row = rows_by_name(build_checklist(results, APPLIES_ALL))["fused / foreach optimisers"]
+    assert row.here.startswith("DIVERGED at step 7 (the training loss became nan at step 7): 1.33x images/s, "
+                               "not credited")
+    assert "a trap here, dropped" in row.here
+    stopped = rung("device_loader", [])
+    stopped.status, stopped.error = "diverged", "the training loss became inf at step 1"
+    row = rows_by_name(build_checklist(results + [stopped], APPLIES_ALL))["device-resident loader"]
+    assert row.here == "diverged: the training loss became inf at step 1"
+
+
+def _tta_group(name, seconds, status="ok", dropped=None, target=0.5, **config):
+    runs = []
+    for s in seconds:
+        r = rung(name, [100.0], **config)
+        r.status = status
+        reached = s is not None and status == "ok"
+        r.extras["tta"] = {"target": target, "reached": reached, "seconds": s if reached else None,
+                           "steps": 10 if reached else None, "images": None, "best_accuracy": 0.6, "curve": [],
+                           "why_not": None if reached else "diverged"}
+        if dropped:
+            r.extras["dropped"] = dropped
+        runs.append(r)
+    return fastlab.TimeToAccuracy(name, target, runs)
+
+
+def test_outcome_column_from_time_to_accuracy():
+    tta = [_tta_group("naive", [10.0, 11.0, 12.0]), _tta_group("workers", [5.0, 5.5, 6.0]),
+           _tta_group("amp", [None] * 3, status="diverged", dropped="diverged", amp="bf16"),
+           _tta_group("channels_last", [10.5, 11.5, 11.0])]
+    rows = rows_by_name(build_checklist(ladder_results(), APPLIES_ALL, tta=tta,
+                                        tta_skipped={"cudnn": "not measured under smoke"}))
+    assert rows["DataLoader workers"].outcome == "2.00x (3 of 3 seeds reached 50%; against naive)"
+    assert rows["bf16 autocast"].outcome == "DIVERGED in 3 of 3 seeds: no time to accuracy"
+    # the dropped rung is not built on: channels_last is measured against workers
+    assert rows["channels_last"].outcome == "0.50x (3 of 3 seeds reached 50%; against workers)"
+    assert rows["cudnn.benchmark"].outcome == "not measured: not measured under smoke"
+    assert rows["TF32"].outcome == "not a ladder rung"
+    table = checklist_markdown(list(rows.values()), ladder_results())
+    assert "| effect here on time to accuracy (over seeds) |" in table and "faster per image can be slower" in table
+    plain = checklist_markdown(build_checklist(ladder_results(), APPLIES_ALL), ladder_results())
+    assert "time to accuracy" not in plain
 
 
 # ---------------------------------------------------------------- notebook 09's ladder logic

@@ -144,3 +144,18 @@ def test_modes_plan_runs_one_compile_in_smoke_and_all_elsewhere(smoke):
     assert ce.modes_plan(cpu)[0] == list(ce.COMPILE_MODES)
     assert ce.mode_config(smoke, "default").compile == "default"
     assert ce.mode_config(smoke, "off") == smoke.replace(compile="off")
+
+
+def test_export_comparison_and_the_c14_verdict(trained, tmp_path):
+    net, x, _ = trained
+    cmp = ce.export_comparison(net, x, str(tmp_path), repeats=3, warmup=1)
+    assert [r.name for r in cmp.runtimes] == ["eager PyTorch", "torch.export program", "onnxruntime"]
+    assert set(cmp.sizes_kib) == {"state_dict", "torch.export", "onnx"} and set(cmp.memory_mb) == set(ce.RUNTIME_FILES)
+    assert "memory added" in cmp.summary()
+    ce.plot_export([cmp])
+    deprecated = {"torch.jit.script": ["FutureWarning: torch.jit.script is deprecated."], "torch.jit.trace": []}
+    finding = ce.judge_export(cmp, deprecated)
+    assert finding.verdict == "holds only when the route is ONNX (through torch.export)"
+    assert ce.judge_export(cmp, {"torch.jit.script": [], "torch.jit.trace": []}).verdict == "holds"
+    packed = ce.as_result(cmp, fastlab.config_for("smoke"), "batch")
+    assert ce.plot_export_results([packed]) is not None

@@ -105,3 +105,45 @@ def test_sizes_and_description(quick):
     b = RunResult(config={}, label="b", images_per_step=40, window_throughput=[300, 310, 320])
     text = B.describe_sizes([a, b])
     assert "batch 40" in text and "against batch 32" in text and "faster" in text
+
+
+def _size(batch, windows):
+    return RunResult(config={"batch_size": batch}, label=f"batch {batch}", images_per_step=batch,
+                     window_throughput=windows)
+
+
+def test_a_power_of_two_is_judged_against_its_neighbours_line():
+    trend = [_size(24, [100, 102]), _size(32, [130, 134]), _size(40, [160, 166])]
+    (reading,) = B.read_powers(trend)
+    assert reading.place == "on" and reading.line.median == pytest.approx(132)
+    assert "no power of two stands above" in B.judge_powers(trend).verdict
+    bump = [_size(24, [100, 102]), _size(32, [200, 204]), _size(40, [160, 166])]
+    assert B.judge_powers(bump).verdict == "holds"
+    noisy = [_size(24, [20, 80]), _size(32, [25, 71, 98]), _size(40, [37, 38])]  # its own range spans the line
+    assert B.read_powers(noisy)[0].place == "on"
+    assert "no power of two with a measured neighbour" in B.judge_powers(bump[:2]).verdict
+
+
+def _tta(label, batch, windows, seconds):
+    return RunResult(config={"batch_size": batch}, label=label, images_per_step=batch, window_throughput=windows,
+                     extras={"variant": label, "tta": {"target": 0.5, "reached": seconds is not None,
+                                                       "seconds": seconds, "steps": 10, "curve": [[1.0, 5, 0.6]],
+                                                       "best_accuracy": 0.6, "why_not": None if seconds else "step budget spent"}})
+
+
+def test_c8_counts_time_to_accuracy_as_well_as_images_per_second(smoke):
+    small = [_tta("batch 32", 32, [100, 102], s) for s in (10.0, 11.0)]
+    faster_but_later = [_tta("batch 256", 256, [300, 305], s) for s in (20.0, 21.0)]
+    assert B.judge_largest(small + faster_but_later).verdict == "holds only when counted in images/s"
+    both = [_tta("batch 256", 256, [300, 305], s) for s in (5.0, 6.0)]
+    assert B.judge_largest(small + both).verdict == "holds"
+    missed = [_tta("batch 256", 256, [300, 305], None) for _ in range(2)]
+    assert "reached in 0 of 2 seeds at the larger batch" in B.judge_largest(small + missed).evidence
+    assert B.judge_largest(small + missed).verdict == "holds only when counted in images/s"
+    small_missed = [_tta("batch 32", 32, [100, 102], None) for _ in range(2)]
+    assert B.judge_largest(small_missed + faster_but_later).verdict == "holds"  # only the larger batch got there
+    assert "neither batch" in B.judge_largest(small_missed + missed).evidence
+    assert B.large_batch(smoke, 10_000) == smoke.batch_size * B.LARGEST_FACTOR["smoke"]
+    assert B.large_batch(smoke, None) == smoke.batch_size * B.LR_DEMO_FACTOR
+    (_, a), (label, b) = B.tta_configs(smoke, 128)
+    assert b.batch_size == 128 and b.lr > a.lr and "sqrt rule" in label

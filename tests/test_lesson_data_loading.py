@@ -7,11 +7,12 @@ from fastlab.lessons import data_loading as dl
 from fastlab.results import RunResult
 
 
-def test_worker_counts_go_from_zero_to_the_core_count():
-    assert dl.worker_counts(1) == [0, 1]
-    assert dl.worker_counts(2) == [0, 1, 2]
-    assert dl.worker_counts(6) == [0, 1, 2, 4, 6]
-    assert dl.worker_counts(16) == [0, 1, 2, 4, 8, 16]
+def test_worker_counts_go_past_four_times_the_cores():
+    assert dl.worker_counts(1) == [0, 1, 2, 4, 6]
+    assert dl.worker_counts(2) == [0, 1, 2, 4, 8, 12]
+    assert dl.worker_counts(6) == [0, 1, 2, 4, 6, 12, 24, 36]
+    assert dl.worker_counts(16)[-3:] == [32, 64, 96] and max(dl.worker_counts(16)) > 4 * 16
+    assert dl.core_counts(16) == [0, 1, 2, 4, 8, 16]
     with pytest.raises(ValueError, match="cpu_count"):
         dl.worker_counts(0)
 
@@ -92,3 +93,54 @@ def test_comparisons_are_registered_and_slow_storage_runs(quick):
     assert all(r.synthetic and r.extras["comparison"] == "01_data_loading:slow_storage" for r in results)
     fig = dl.plot_busy_trace(results)
     assert "SYNTHETIC" in fig.get_suptitle()
+
+
+def _point(workers, windows, cores=2, wait=0.1):
+    return RunResult(config={"num_workers": workers, "warmup_steps": 0}, label=f"num_workers={workers}",
+                     window_throughput=windows, step_seconds=[1.0] * 4, data_wait_seconds=[wait] * 4,
+                     extras={"usable_cpus": cores})
+
+
+def test_the_sweep_reading_and_the_c1_verdict():
+    peak_at_4 = [_point(0, [50, 52]), _point(2, [90, 92]), _point(4, [120, 124]), _point(8, [118, 123]),
+                 _point(12, [80, 82])]
+    reading = dl.read_sweep(peak_at_4)
+    assert dl.workers_of(reading.peak) == 4 and reading.near_peak == [4, 8]
+    assert dl.workers_of(reading.costs_from) == 12 and "oversubscription (more workers than cores) costs from num_workers=12" in reading.describe()
+    assert dl.judge_workers(peak_at_4).verdict.startswith("holds")
+    peak_at_1 = [_point(0, [50, 52]), _point(1, [100, 102]), _point(2, [70, 72]), _point(4, [60, 62]),
+                 _point(8, [40, 42])]
+    assert "the peak is at num_workers=1" in dl.judge_workers(peak_at_1).verdict
+    flat = [_point(0, [50, 60]), _point(4, [52, 58]), _point(8, [51, 59])]
+    assert "loading is not the wall" in dl.judge_workers(flat).verdict
+
+
+def test_c2_and_c13_are_no_ops_on_a_cpu():
+    pipeline = [RunResult(config={"pin_memory": False, "loader": "dataloader"}, label="2 workers"),
+                RunResult(config={"pin_memory": True, "loader": "dataloader", "persistent_workers": False},
+                          label="+pin", no_ops={"pin_memory": "no GPU here"})]
+    assert dl.judge_pinning(pipeline).verdict == "no-op here (no GPU here)"
+    assert dl.time_copies(8, device="cpu").startswith("pinned memory only speeds copies to a CUDA GPU")
+    starved = [_point(0, [10, 11], wait=0.8), _point(2, [30, 31])]
+    assert dl.judge_swing(starved).verdict.startswith("no-op here (no GPU utilisation")
+
+
+def test_c13_reads_an_nvml_trace():
+    slow, fed = _point(0, [10, 11], wait=0.8), _point(2, [30, 31])
+    slow.gpu_util = [(i * 0.1, 0.0 if i % 2 else 100.0) for i in range(20)]
+    assert dl.utilisation_swing(slow) == (0.5, 0.5)
+    assert dl.judge_swing([slow, fed]).verdict.startswith("holds")
+    slow.gpu_util = [(i * 0.1, 55.0) for i in range(20)]
+    assert "did not swing" in dl.judge_swing([slow, fed]).verdict
+
+
+def test_c2_on_a_gpu_weighs_the_copy_and_training():
+    from fastlab.measure import Spread
+
+    before = RunResult(config={"pin_memory": False, "loader": "dataloader"}, label="2 workers",
+                       window_throughput=[100, 101])
+    pinned = RunResult(config={"pin_memory": True, "loader": "dataloader", "persistent_workers": False},
+                       label="+pin", window_throughput=[100, 102])
+    copies = [dl.CopyTiming("pageable", Spread(2.0, 1.9, 2.1, 5)), dl.CopyTiming("pinned", Spread(0.5, 0.45, 0.55, 5))]
+    assert dl.judge_pinning([before, pinned], copies).verdict == "holds only when measured on the copy alone"
+    assert "copy time" in dl.judge_pinning([before, pinned], copies).evidence

@@ -65,3 +65,26 @@ def test_eval_mode_comparison_runs(quick, monkeypatch):
     results = H.eval_modes(quick, progress=False)
     assert [r.config["eval_mode"] for r in results] == list(H.EVAL_MODES)
     assert all(r.steps_done == 1 and r.eval_seconds > 0 for r in results)
+
+
+def test_the_sync_comparison_runs_where_nothing_else_syncs(smoke):
+    cfg = H.sync_free_config(smoke.replace(amp="fp16", num_workers=2))
+    assert cfg.loader == "device" and cfg.num_workers == 0 and cfg.amp in ("bf16", "off")
+    runs = [RunResult(config={}, label=f"log_every={n}", window_throughput=[10, 11], env={"device_type": "cpu"})
+            for n in (1, 10)]
+    assert H.item_sync_finding(runs).verdict.startswith("no-op here (on cpu")
+    if not __import__("torch").cuda.is_available():
+        assert "CUDA feature" in H.find_syncs(smoke)
+
+
+def test_c9_c10_c11_verdicts_from_counts():
+    assert H.forward_saved_mb("no_grad", 4) == 0 < H.forward_saved_mb("autograd", 4)
+    evals = [RunResult(config={"eval_mode": m, "batch_size": 4, "model": "tiny"}, label=m, eval_seconds=s,
+                       eval_peak_memory_mb=100.0, memory_trace_mb=[100.0], memory_kind="process_rss",
+                       dataset={"eval_images": 64})
+             for m, s in (("autograd", 1.0), ("no_grad", 0.5), ("autograd", 1.1), ("no_grad", 0.55))]
+    assert H.judge_eval(evals).verdict == "holds"
+    rows = H.graph_memory_table(steps=2, batch_size=4)
+    assert H.judge_detach(rows).verdict.startswith("holds only when no backward() runs")
+    finding = H.judge_logging([], rows)
+    assert finding.verdict.startswith("holds only when no backward() runs")

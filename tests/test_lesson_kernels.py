@@ -56,8 +56,34 @@ def test_comparisons_record_gpu_knobs_as_no_ops_on_cpu(quick):
     names = all_comparisons()
     for what in ("cudnn_benchmark", "channels_last", "tf32"):
         assert f"{k.NAME}:{what}" in names
-    off, on = run_comparison(f"{k.NAME}:tf32", quick, progress=False)
-    assert not off.no_ops.get("tf32")
+    strict, default, matmuls = run_comparison(f"{k.NAME}:tf32", quick, progress=False)
+    assert not strict.config["tf32"] and default.config["tf32"] and matmuls.config["matmul_precision"] == "high"
     if not torch.cuda.is_available():
-        assert "tf32" in on.no_ops
-    assert "no-op here: tf32" in k.kernels_report([off, on]) or torch.cuda.is_available()
+        assert "tf32" in strict.no_ops  # strict fp32 convolutions: a cuDNN setting, nothing to switch off here
+        assert "no-op here: tf32" in k.kernels_report([strict, default])
+
+
+def test_fresh_thread_runs_elsewhere_and_hands_back_errors():
+    import threading
+
+    main = threading.get_ident()
+    assert k.in_fresh_thread(threading.get_ident) != main
+    with pytest.raises(ValueError, match="sizes"):
+        k.in_fresh_thread(lambda: k.time_shapes([8], benchmark=False))
+
+
+def _bench(on_windows, no_op=None):
+    off = RunResult(config={}, label="off", window_throughput=[100, 102, 104], warmup_seconds=0.5)
+    on = RunResult(config={}, label="on", window_throughput=on_windows, warmup_seconds=2.0,
+                   no_ops={"cudnn_benchmark": no_op} if no_op else {})
+    return [off, on]
+
+
+def test_c6_verdict():
+    assert k.judge_benchmark(_bench([100, 101], "cuDNN runs only on NVIDIA GPUs")).verdict.startswith("no-op here")
+    fixed = k.ShapeTiming("fixed", [32] * 3, True, "cuda", 0.1, step_seconds=[0.01] * 3)
+    slow = k.ShapeTiming("varying off", [24, 36, 40], False, "cuda", 0.1, step_seconds=[0.010, 0.011, 0.012])
+    slower = k.ShapeTiming("varying on", [24, 36, 40], True, "cuda", 0.1, step_seconds=[0.10, 0.11, 0.12])
+    verdict = k.judge_benchmark(_bench([150, 152, 154]), [fixed, slow, slower]).verdict
+    assert verdict == "holds only when shapes are fixed"
+    assert k.judge_benchmark(_bench([150, 152, 154])).verdict == "holds"

@@ -54,7 +54,8 @@ def test_final_loss_and_step_time_of_a_time_limited_run():
     assert mp.final_loss(r, last=2) == pytest.approx(8.5)
     assert mp.median_step_seconds(r) == 4.0
     report = mp.precision_report([_run("off", 8, [10, 11], steps=(1.0, 1.0)), r])
-    assert "4.0x the time per step" in report and "time_limited" in report
+    assert "hit the time budget: a median step took 4.00 s vs 1.00 s" in report
+    assert "no timed window" in report
     with pytest.raises(ValueError, match="last"):
         mp.final_loss(r, last=0)
 
@@ -82,3 +83,43 @@ def test_plots_draw(quick):
     fig = mp.plot_grad_scale([fp16], mp.scaler_history(steps=4))
     assert len(fig.axes) == 2
     assert torch.float16  # fp16 tensors exist on this CPU (the demo relies on it)
+
+
+def _seed(amp, seed, ips, acc, status="ok", batch=32):
+    return RunResult(config={"amp": amp, "batch_size": batch, "warmup_steps": 0, "seed": seed}, label=f"{amp} {seed}",
+                     status=status, window_throughput=list(ips), eval_accuracy=acc, peak_memory_mb=100.0,
+                     memory_kind="process_rss", extras={"variant": mp.LABELS[amp]},
+                     error="loss is nan" if status == "diverged" else None)
+
+
+def test_runs_group_by_precision_over_seeds():
+    runs = [_seed("off", s, [10, 11], 0.8) for s in (0, 1)] + [_seed("bf16", s, [20, 21], 0.8) for s in (0, 1)]
+    groups = mp.by_variant(runs)
+    assert list(groups) == ["fp32", "bf16"] and all(len(v) == 2 for v in groups.values())
+    assert [r.label for r in mp.first_seed(runs)] == ["off 0", "bf16 0"]
+    assert "2 seeds" in mp.precision_report(runs) and "same within seed noise" in mp.precision_report(runs)
+
+
+def test_c3_speed_and_quality():
+    fp32 = [_seed("off", s, [10, 11], a) for s, a in ((0, 0.80), (1, 0.82))]
+    fast_same = [_seed("bf16", s, [20, 21], a) for s, a in ((0, 0.81), (1, 0.80))]
+    small = [RunResult(config={"amp": a, "batch_size": 8}, label=f"8 {a}", window_throughput=w)
+             for a, w in (("off", [5, 6]), ("bf16", [5, 6]))]
+    assert mp.judge_speed_and_quality(fp32 + fast_same).verdict == "holds"
+    assert mp.judge_speed_and_quality(fp32 + fast_same, small).verdict == "holds only when bf16 at batch 32"
+    worse = [_seed("bf16", s, [20, 21], a) for s, a in ((0, 0.50), (1, 0.52))]
+    assert "quality lost" in mp.judge_speed_and_quality(fp32 + worse).evidence
+    diverged = [_seed("bf16", 0, [20, 21], 0.1, status="diverged"), _seed("bf16", 1, [20], 0.8)]
+    assert mp.quality_loss(fp32, diverged).startswith("1 of 2 runs diverged")
+
+
+def test_c4_on_cpu_uses_the_breakdown_and_c5_the_underflow_report():
+    from fastlab.lessons import memory
+
+    runs = [_seed("off", 0, [10], 0.8), _seed("bf16", 0, [20], 0.8)]
+    finding = mp.judge_memory(runs, memory.amp_pairs("tiny", (4,), "bf16"))
+    assert "stays fp32" in finding.evidence
+    assert "weak test" in mp.judge_memory(runs).evidence  # without the breakdown: RSS, said to be weak
+    report = mp.gradient_underflow(batch=512, residual=2.5e-4)
+    assert mp.judge_underflow(report).verdict.startswith("holds (")
+    assert mp.judge_underflow(mp.gradient_underflow(batch=64, residual=1.0)).verdict.startswith("does not hold")

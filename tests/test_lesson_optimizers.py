@@ -1,7 +1,10 @@
 import pytest
 
+import fastlab
+from fastlab.claims import JUDGES
 from fastlab.comparisons import all_comparisons
 from fastlab.lessons import optimizers as O
+from fastlab.outcomes import TimeToAccuracy
 from fastlab.results import RunResult
 
 
@@ -11,31 +14,131 @@ def test_presets_apply_and_reject_unknown(smoke):
     assert O.preset(smoke, "sgd").lr > O.preset(smoke, "adam").lr  # SGD needs the larger lr
     with pytest.raises(ValueError, match="name='lion' is not allowed: choose one of 'adam', 'adamw', 'sgd'"):
         O.preset(smoke, "lion")
-    assert O.seeds_for(smoke) == (0,) and len(O.seeds_for(smoke.replace(profile="gpu"))) == 3
+    assert len(O.tta_seeds(smoke)) >= 2 and len(O.tta_seeds(smoke.replace(profile="cpu"))) >= 3
+    assert len(O.tta_seeds(smoke.replace(profile="gpu"))) >= 3
 
 
-def _fake(variant, acc, seconds=1.0):
-    return RunResult(config={}, label=variant, eval_accuracy=acc, step_seconds=[seconds],
-                     extras={"variant": variant})
+def test_c12_changes_one_thing_at_a_time(smoke):
+    changes = O.c12_changes(smoke.replace(scheduler="onecycle", optimizer="sgd"))
+    assert [c.label for c in changes] == ["Adam", "AdamW", f"AdamW, wd {O.CLAIM_WEIGHT_DECAY:g}",
+                                          f"AdamW, wd {O.CLAIM_WEIGHT_DECAY:g} + cosine"]
+    assert changes[0].config.optimizer == "adam" and changes[0].config.scheduler == "none"
+    for before, after in zip(changes, changes[1:]):
+        assert len(before.config.diff(after.config)) == 1  # exactly one knob changes per step
+    assert changes[1].config.diff(changes[0].config) == {"optimizer": "adam"}  # same lr and weight decay
+    assert changes[-1].config.weight_decay == O.CLAIM_WEIGHT_DECAY
+    assert len({c.config.lr for c in changes}) == 1
 
 
-def test_accuracy_over_seeds_and_noise():
-    results = [_fake("adam", 0.50), _fake("adamw", 0.60), _fake("adam", 0.52), _fake("adamw", 0.61),
-               _fake("sgd", 0.51), _fake("sgd", 0.505)]
-    acc = O.accuracy_by_variant(results)
-    assert list(acc) == ["adam", "adamw", "sgd"] and acc["adam"].median == pytest.approx(0.51)
-    text = O.describe_accuracy(results)
-    assert "adamw: held-out accuracy 60.5%" in text and "+9.5 points" in text
-    assert "sgd" in text and text.splitlines()[2].endswith("noise")
-    one_seed = O.describe_accuracy([_fake("adam", 0.5), _fake("adamw", 0.6)])
-    assert "1 seed: no spread" in one_seed and "cannot tell it from noise" in one_seed
+def _tta(label, seconds, steps=None, statuses=None, target=0.5):
+    runs = []
+    for i, s in enumerate(seconds):
+        status = (statuses or ["ok"] * len(seconds))[i]
+        reached = s is not None and status == "ok"
+        st = (steps or [10 * (i + 1)] * len(seconds))[i]
+        r = RunResult(config={}, label=f"{label} (seed {i})", status=status,
+                      extras={"variant": label, "tta": {
+                          "target": target, "reached": reached, "seconds": s if reached else None,
+                          "steps": st if reached else None, "images": None, "best_accuracy": 0.6 if reached else 0.3,
+                          "curve": [[1.0, 5, 0.3], [s or 2.0, st, 0.6 if reached else 0.3]],
+                          "why_not": None if reached else ("diverged" if status == "diverged" else "step budget spent")}})
+        runs.append(r)
+    return TimeToAccuracy(label, target, runs)
+
+
+def test_tta_finding_rules():
+    base = _tta("Adam", [10.0, 11.0, 12.0], steps=[60, 65, 70])
+    faster = _tta("AdamW", [5.0, 6.0, 7.0], steps=[30, 35, 40])
+    assert O.tta_finding(base, faster).verdict.startswith("holds (1.83x faster to 50%")
+    assert O.tta_finding(base, _tta("same", [10.5, 11.5, 13.0])).verdict.startswith(
+        "does not hold here (no difference outside the seeds' spread")
+    assert "slower to 50%" in O.tta_finding(faster, base).verdict
+    # faster in seconds, the same steps: per-step speed (the machine's load), not convergence
+    quick_steps = _tta("load", [5.0, 6.0, 7.0], steps=[60, 65, 70])
+    assert O.tta_finding(base, quick_steps).verdict.startswith("holds")
+    assert "per-step speed, not convergence" in O.tta_finding(base, quick_steps, steps_too=True).verdict
+    diverged = _tta("bf16", [None, None, None], statuses=["diverged"] * 3)
+    assert O.tta_finding(base, diverged).verdict == "does not hold here (bf16 diverged in 3 of 3 seeds)"
+    missed = _tta("never", [None, None, None])
+    assert "did not reach 50% in any seed: step budget spent" in O.tta_finding(base, missed).verdict
+    partly = _tta("partly", [1.0, None, None])
+    assert "reached the target in 1 of 3 seeds, Adam in 3 of 3" in O.tta_finding(base, partly).verdict
+    assert O.tta_finding(missed, base).verdict.startswith("holds (Adam reached 50% in 3 of 3 seeds, never in none")
+
+
+def test_judge_c12_and_describe_changes():
+    ttas = [_tta("Adam", [10.0, 11.0, 12.0], steps=[60, 65, 70]),
+            _tta("AdamW", [5.0, 6.0, 7.0], steps=[30, 35, 40])]
+    for t, change in zip(ttas, ["the baseline", "the optimiser only"]):
+        for r in t.runs:
+            r.extras["change"] = change
+    f = O.judge_c12(ttas)
+    assert f.verdict.startswith("holds") and "Stability: AdamW: reached in 3 of 3 seeds, 0 diverged" in f.evidence
+    text = O.describe_changes(ttas)
+    assert "change: the optimiser only" in text and "against Adam: faster (" in text
+    with pytest.raises(ValueError, match="needs the Adam variant"):
+        O.judge_c12(ttas[:1])
+    runs = [r for t in ttas for r in t.runs]
+    assert [t.label for t in O.groups(runs)] == ["Adam", "AdamW"]
+    assert any(e.comparison == O.C12_COMPARISON for e in JUDGES["C12"])
+    fig = O.plot_tta_curves(ttas)
+    assert fig.axes[0].get_legend() is not None
+
+
+def test_lr_schedules_come_from_the_real_schedulers(smoke):
+    shapes = O.lr_schedules(smoke, 50)
+    assert set(shapes) == set(O.SCHEDULES) and all(len(v) == 50 for v in shapes.values())
+    assert set(shapes["none"]) == {smoke.lr}
+    cos = shapes["cosine"]
+    assert cos[0] == pytest.approx(smoke.lr) and all(a >= b for a, b in zip(cos, cos[1:])) and cos[-1] < smoke.lr / 50
+    one = shapes["onecycle"]
+    assert one[0] < smoke.lr / 10 and max(one) == pytest.approx(smoke.lr) and one[-1] < one[0]
+    assert O.tta_step_budget(smoke) == fastlab.config.tta_settings(smoke)["max_steps"]
+    fig = O.plot_lr_schedules(shapes, {"median step to target": 20.0, "none": float("nan")})
+    assert len(fig.axes[0].lines) == 4  # three schedules, one mark (the nan mark is skipped)
+    with pytest.raises(ValueError, match="total_steps=1 is not allowed"):
+        O.lr_schedules(smoke, 1)
+
+
+def test_optimizer_state_is_counted_from_the_tensors(smoke):
+    params, adam = O.optimizer_state_bytes(smoke, "adam")
+    _, sgd = O.optimizer_state_bytes(smoke, "sgd")
+    assert adam == pytest.approx(2 * params, rel=0.01)  # exp_avg and exp_avg_sq (+ tiny step counters)
+    assert sgd == pytest.approx(params, rel=0.01)  # one momentum buffer
+    assert "2.00x the parameters" in O.describe_state(smoke, ("adam",))
+
+
+def test_panel_describe_and_plot(quick):
+    r = fastlab.run(O.preset(quick, "adamw"), label="adamw", progress=False)
+    line = O.describe_run(r)
+    assert "images/s" in line and "adamw state" in line and "one run: it cannot support a comparison" in line
+    fig = O.plot_panel([r, r])
+    assert len(fig.axes) == 3 and "SYNTHETIC" in fig._suptitle.get_text()
+
+
+def test_c12_comparison_runs_seed_major(quick, monkeypatch):
+    monkeypatch.setitem(O.TTA_SEEDS, "smoke", (0, 1))
+    order = []
+    real = O.time_to_accuracy
+
+    def spy(cfg, seeds, label, progress):
+        order.append((label, seeds))
+        return real(cfg, seeds=seeds, label=label, progress=progress, max_steps=6, eval_every=3)
+
+    monkeypatch.setattr(O, "time_to_accuracy", spy)
+    runs = O.c12_time_to_accuracy(quick, progress=False)
+    labels = [c.label for c in O.c12_changes(quick)]
+    assert order == [(label, (seed,)) for seed in (0, 1) for label in labels]
+    ttas = O.groups(runs)
+    assert [t.label for t in ttas] == labels and all(len(t.runs) == 2 for t in ttas)
+    assert all("tta" in r.extras and r.extras["change"] for r in runs)
 
 
 def test_optimizer_step_micro_benchmark(quick):
     timings = O.benchmark_opt_impls(quick, impls=("for-loop", "fused"), repeats=3)
     assert [t.impl for t in timings] == ["for-loop", "fused"]
     assert all(t.steps_per_second.n == 3 and t.milliseconds > 0 for t in timings)
-    assert timings[0].params == sum(1 for _ in __import__("fastlab").models.build_model(quick.model).parameters())
+    assert timings[0].params == sum(1 for _ in fastlab.models.build_model(quick.model).parameters())
     assert "against for-loop" in O.describe_step_timings(timings)
     with pytest.raises(ValueError, match="impl='turbo' is not allowed"):
         O.time_optimizer_step(quick, "turbo")
@@ -51,12 +154,6 @@ def test_optimizer_step_changes_parameters_like_a_real_step(quick):
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["weight_decay"] == 0.05
 
 
-def test_comparisons_registered_and_run(quick):
+def test_comparisons_registered():
     names = set(all_comparisons())
-    assert {"06_adamw_and_schedules:optimizers", "06_adamw_and_schedules:schedules",
-            "06_adamw_and_schedules:opt_impl"} <= names
-    results = O.schedules(quick, progress=False)
-    assert [r.config["scheduler"] for r in results] == list(O.SCHEDULES)
-    assert all(r.config["optimizer"] == "adamw" and r.eval_accuracy is not None for r in results)
-    fig = O.plot_accuracy_vs_time(results)
-    assert "SYNTHETIC" in fig.axes[0].get_title()
+    assert {O.C12_COMPARISON, "06_adamw_and_schedules:opt_impl"} <= names

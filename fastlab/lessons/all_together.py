@@ -1,21 +1,28 @@
-"""09_all_together: the whole checklist stacked, as the ladder of `python -m fastlab bench`.
+"""09_all_together: the whole checklist stacked, as the ladder of `python -m fastlab bench`, in images/s and in time
+to accuracy; and C15 ("the checklist together shortens the experiment cycle") judged on both.
 
 The notebook runs the same rungs as the CLI (fastlab.bench.ladder), draws the cumulative-speedup
-waterfall, sets this machine beside the bundled reference results and ends with the checklist table
-(fastlab.checklist). Everything it prints is computed here from the results.
+waterfall, measures the time to accuracy of the same rung configurations over seeds and sets the two side by
+side, so a rung that is faster per image but slower to a result stands out. It sets this machine beside the
+bundled reference results, checks the torch.compile + bf16 divergence on this machine's torch, and ends with the
+checklist table (fastlab.checklist). Everything it prints is computed here from the results.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..bench import Rung, ladder, run_ladder, select_rungs
-from ..checklist import ChecklistRow, build_checklist
+from ..checklist import ChecklistRow, build_checklist, built_on
+from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import is_noise, resolve_device, verdict
+from ..measure import bf16_supported, device_name, is_noise, resolve_device, verdict
+from ..outcomes import TimeToAccuracy, time_to_accuracy
 from ..results import RunResult, load_reference, reference_for
 from ..train import run
+from .optimizers import plain_words, tta_finding
 
 NAME = "09_all_together:ladder"
 
@@ -126,12 +133,17 @@ def beside_reference(results: list[RunResult], reference: dict[str, list[RunResu
 
 
 def checklist(results: list[RunResult], base: TrainConfig,
-              reference: dict[str, list[RunResult]] | None = None) -> list[ChecklistRow]:
-    """The checklist rows for this ladder: techniques_here() on base's device, the reference ladders, the skips."""
+              reference: dict[str, list[RunResult]] | None = None,
+              tta: list[TimeToAccuracy] | None = None) -> list[ChecklistRow]:
+    """The checklist rows for this ladder: techniques_here() on base's device, the reference ladders, the skips;
+    with `tta` (the time-to-accuracy ladder), each row's effect on time to accuracy too."""
     from ..environment_report import techniques_here
 
     reference = reference_ladders() if reference is None else reference
-    return build_checklist(results, techniques_here(resolve_device(base.device)), reference, skipped_rungs(base))
+    return build_checklist(results, techniques_here(resolve_device(base.device)), reference, skipped_rungs(base),
+                           tta=tta, tta_skipped={**tta_skipped(base), **{r.extras["rung"]: r.extras["tta_skipped"]
+                                                                         for r in results if r.extras.get("tta_skipped")}}
+                           if tta else None)
 
 
 def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
@@ -180,3 +192,341 @@ def panel_knobs(base: TrainConfig, results: list[RunResult]) -> dict[str, Any]:
     workers = sorted({int(r.config["num_workers"]) for r in results} | {base.num_workers})
     return {"amp": None, "channels_last": None, "loader": None, "num_workers": workers, "batch_size": sizes,
             "compile": None}
+
+
+# ---------------------------------------------------------------- the ladder in time to accuracy
+
+# Seeds of the time-to-accuracy ladder per profile: three where a reader runs it; two under smoke (CI), where the
+# notebook must stay near a minute or two.
+TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1)}
+DEFAULT_TTA_SEEDS = (0, 1, 2)
+
+# Rungs whose time to accuracy is measured, per profile (absent: every rung the throughput ladder ran). Under smoke:
+# the checklist's stack (the rung where C15's last technique, AdamW, joins) and the larger batch, the classic case
+# of faster per image without a learning-rate change; the naive rung always runs, as the baseline.
+TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": ("fused_adamw", "large_batch")}
+
+# The rungs of the techniques C15 names: DataLoader settings, AMP, cudnn.benchmark and AdamW.
+C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")
+
+
+def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
+    return TTA_SEEDS.get(base.profile, DEFAULT_TTA_SEEDS)
+
+
+def tta_rung_names(base: TrainConfig) -> list[str]:
+    """The rungs whose time to accuracy this profile measures (naive first)."""
+    names = [r.name for r in rungs_for(base)]
+    only = TTA_ONLY.get(base.profile)
+    return [n for n in names if n == "naive" or not only or n in only]
+
+
+def tta_skipped(base: TrainConfig) -> dict[str, str]:
+    """Rung name -> why its time to accuracy is not measured under base's profile."""
+    measured = set(tta_rung_names(base))
+    out = dict(skipped_rungs(base))
+    for r in ladder(base):
+        if r.name not in measured and r.name not in out:
+            out[r.name] = (f"not measured under the {base.profile} profile, which keeps the notebook short (it "
+                           f"measures {', '.join(TTA_ONLY.get(base.profile, ()))}); the cpu and gpu profiles "
+                           f"measure every rung")
+    return out
+
+
+def tta_plan(base: TrainConfig) -> list[str]:
+    """What the time-to-accuracy ladder will run, and why, as lines to print."""
+    names = tta_rung_names(base)
+    seeds = tta_seeds(base)
+    lines = [f"time to accuracy: {len(names)} rungs x {len(seeds)} seeds ({', '.join(names)}), each rung with "
+             f"exactly the configuration the throughput ladder ran"]
+    if TTA_ONLY.get(base.profile):
+        lines.append(f"under the {base.profile} profile only naive, the checklist's stack (fused_adamw: where AdamW, "
+                     f"C15's last technique, joins) and the larger batch (without a learning-rate change) are "
+                     f"measured to the target, to keep the notebook short; the cpu and gpu profiles measure every rung")
+    if len(seeds) < len(DEFAULT_TTA_SEEDS):
+        lines.append(f"{len(seeds)} seeds under the {base.profile} profile for the same reason; the cpu and gpu "
+                     f"profiles use {len(DEFAULT_TTA_SEEDS)}")
+    for name, why in skipped_rungs(base).items():
+        lines.append(f"{name}: {why}")
+    return lines
+
+
+def noop_rung(results: list[RunResult], index: int) -> str | None:
+    """Why results[index] computes exactly what the rung it built on computes (every knob it changed was a no-op
+    on this device, e.g. cudnn.benchmark on a CPU), or None. Its time to accuracy would repeat that rung's."""
+    r, below = results[index], built_on(results, index)
+    if below is None or not r.no_ops:
+        return None
+    changed = [k for k, v in r.config.items() if below.config.get(k) != v]
+    if changed and all(k in r.no_ops for k in changed):
+        return f"every change of this rung is a no-op here ({r.no_ops[changed[0]]}): its time to accuracy is the " \
+               f"rung below's"
+    return None
+
+
+def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
+    """Time to accuracy of the throughput ladder's rungs (tta_rung_names), each with the exact configuration that
+    rung ran, over tta_seeds(base). A rung dropped from the throughput ladder is marked dropped here too, so both
+    ladders build on the same rungs; a rung whose every change was a no-op here is not run again (the reason is
+    kept in its result's extras["tta_skipped"]). Stops early (keeping what ran) when a run is interrupted."""
+    wanted = set(tta_rung_names(base))
+    out = []
+    for i, r in enumerate(results):
+        name = r.extras.get("rung")
+        if name not in wanted:
+            continue
+        same = noop_rung(results, i) if i else None
+        if same:
+            r.extras["tta_skipped"] = same
+            continue
+        cfg = TrainConfig.from_dict(r.config)
+        t = time_to_accuracy(cfg, seeds=tta_seeds(base), label=r.label, progress=progress)
+        for x in t.runs:
+            x.extras.update(rung=name, why=r.extras.get("why", ""), metric="time-to-accuracy",
+                            comparison=f"{NAME}:time_to_accuracy")
+            if r.extras.get("dropped"):
+                x.extras["dropped"] = r.extras["dropped"]
+        out.append(t)
+        if any(x.status == "interrupted" for x in t.runs):
+            break
+    return out
+
+
+def tta_skip_lines(results: list[RunResult], base: TrainConfig) -> list[str]:
+    """The rungs whose time to accuracy was not measured, each with why."""
+    skipped = {**tta_skipped(base), **{r.extras["rung"]: r.extras["tta_skipped"] for r in results
+                                       if r.extras.get("tta_skipped")}}
+    return [f"{name}: time to accuracy not measured: {why}" for name, why in skipped.items()]
+
+
+def _by_rung(ttas: list[TimeToAccuracy]) -> dict[str, tuple[int, TimeToAccuracy]]:
+    return {t.runs[0].extras.get("rung", t.label): (i, t) for i, t in enumerate(ttas) if t.runs}
+
+
+def _tta_below(ttas: list[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
+    for t in reversed(ttas[:index]):
+        if t.runs and not t.runs[0].extras.get("dropped"):
+            return t
+    return None
+
+
+def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tuple[str, str]]:
+    """(rung title, why) for each rung that was faster per image than the rung it built on, yet not faster to
+    the target (slower outside the seeds' spread, diverged, or never reached it)."""
+    tta = _by_rung(ttas)
+    out = []
+    for i, r in enumerate(results):
+        name = r.extras.get("rung")
+        if name not in tta or i == 0:
+            continue
+        below = built_on(results, i)
+        if below is None or not (r.window_throughput and below.window_throughput):
+            continue
+        speed = r.throughput.median / below.throughput.median
+        if speed <= 1 or is_noise(below.throughput, r.throughput):
+            continue
+        j, t = tta[name]
+        base = _tta_below(ttas, j)
+        if base is None:
+            continue
+        finding = tta_finding(base, t)
+        if finding.verdict.startswith("holds") or "no difference" in finding.verdict:
+            continue
+        out.append((r.label, f"{speed:.2f}x images/s over the rung it built on, but to the target: "
+                              f"{plain_words(finding.verdict)}"))
+    return out
+
+
+def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict[str, Any]]:
+    """Per throughput rung: cumulative images/s over naive, and seconds-to-target of naive / the rung's."""
+    tta = _by_rung(ttas)
+    naive = results[0].throughput.median if results and results[0].window_throughput else math.nan
+    naive_tta = ttas[0].seconds if ttas and ttas[0].reached else None
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {"label": r.label, "status": r.status, "dropped": bool(r.extras.get("dropped")),
+                               "speed": r.throughput.median / naive if r.window_throughput else math.nan,
+                               "speed_low": r.throughput.low / naive if r.window_throughput else math.nan,
+                               "speed_high": r.throughput.high / naive if r.window_throughput else math.nan,
+                               "tta": None}
+        name = r.extras.get("rung")
+        if r.extras.get("tta_skipped"):
+            row["tta"] = "no-op here"
+        elif name in tta:
+            t = tta[name][1]
+            diverged = any(x.status == "diverged" for x in t.runs)
+            if t.reached and naive_tta is not None and not diverged:
+                s = t.seconds
+                row["tta"] = (naive_tta.median / s.median, naive_tta.median / s.high, naive_tta.median / s.low,
+                              t.reached, len(t.runs), bool(t.runs[0].extras.get("dropped")))
+            else:
+                row["tta"] = "DIVERGED" if diverged else ("not reached" if not t.reached else "no naive time")
+        rows.append(row)
+    return rows
+
+
+def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy], title: str = ""):
+    """Two waterfalls side by side, one bar per rung in the same order: speed-up over naive in images/s (left)
+    and in training seconds to the target accuracy over seeds (right). A rung faster per image but slower to a
+    result is outlined in red on both; diverged, dropped and not-run rungs are marked."""
+    from matplotlib.patches import Patch
+
+    from ..plots import ShownFigure, data_note
+
+    rows = _speedups(results, ttas)
+    flagged = {label for label, _ in contrasts(results, ttas)}
+    n = len(rows)
+    fig = ShownFigure(figsize=(min(16.0, 4.0 + 1.4 * n), 5.6), layout="constrained")
+    ax_s, ax_t = fig.subplots(1, 2, sharex=True)
+    for i, row in enumerate(rows):
+        edge = "tab:red" if row["label"] in flagged else "black"
+        lw = 2.5 if row["label"] in flagged else 0.6
+        if math.isnan(row["speed"]):
+            ax_s.text(i, 0.02, row["status"].upper(), rotation=90, ha="center", va="bottom", fontsize=8,
+                      color="tab:red")
+        else:
+            face = "tab:orange" if row["status"] == "diverged" else ("white" if row["dropped"] else "tab:blue")
+            ax_s.bar(i, row["speed"], color=face, hatch="xx" if row["status"] == "diverged" else
+                     ("//" if row["dropped"] else None), edgecolor=edge, linewidth=lw)
+            ax_s.errorbar(i, row["speed"], yerr=[[row["speed"] - row["speed_low"]], [row["speed_high"] - row["speed"]]],
+                          color="black", capsize=3, lw=1)
+            note = "DIVERGED" if row["status"] == "diverged" else ""
+            ax_s.annotate(f"{row['speed']:.2f}x" + (f"\n{note}" if note else ""), (i, row["speed_high"]),
+                          textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7.5)
+        tta = row["tta"]
+        if tta is None:
+            ax_t.text(i, 0.02, "not run\nhere", ha="center", va="bottom", fontsize=7.5, color="gray")
+        elif isinstance(tta, str):
+            ax_t.text(i, 0.02, tta, rotation=90, ha="center", va="bottom", fontsize=8,
+                      color="gray" if tta == "no-op here" else "tab:red")
+        else:
+            med, low, high, reached, seeds, dropped = tta
+            ax_t.bar(i, med, color="white" if dropped else "tab:green", hatch="//" if dropped else None,
+                     edgecolor=edge, linewidth=lw)
+            ax_t.errorbar(i, med, yerr=[[med - low], [high - med]], color="black", capsize=3, lw=1)
+            ax_t.annotate(f"{med:.2f}x\n{reached}/{seeds} seeds", (i, high), textcoords="offset points",
+                          xytext=(0, 3), ha="center", fontsize=7.5)
+    for ax in (ax_s, ax_t):
+        ax.axhline(1.0, color="black", lw=0.6)
+        ax.set_ylim(bottom=0)
+        ax.margins(y=0.2)
+        ax.set_xticks(range(n), [row["label"] for row in rows], rotation=35, ha="right", fontsize=8)
+    ax_s.set_ylabel("speed-up over naive, images/s\n(median; whiskers: min-max over windows)")
+    ax_s.set_title("throughput: faster per image", fontsize=10)
+    target = f"{ttas[0].target:.0%}" if ttas else "the target"
+    ax_t.set_ylabel(f"speed-up over naive, seconds to {target}\n(median over seeds; whiskers: min-max)")
+    ax_t.set_title(f"time to {target} held-out accuracy: faster to a result", fontsize=10)
+    handles = [Patch(facecolor="tab:orange", hatch="xx", edgecolor="black", label="diverged: speed not credited")
+               if any(row["status"] == "diverged" for row in rows) else None,
+               Patch(facecolor="white", hatch="//", edgecolor="black", label="dropped: not carried up the ladder")
+               if any(row["dropped"] for row in rows) else None,
+               Patch(facecolor="white", edgecolor="tab:red", linewidth=2.5,
+                     label="faster per image, not faster to a result") if flagged else None]
+    handles = [h for h in handles if h is not None]
+    if handles:
+        fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=len(handles))
+    runs = results + [r for t in ttas for r in t.runs]
+    fig.suptitle(f"{title or 'the ladder'}: per image and to a result\n{data_note(runs)}", fontsize=10)
+    return fig
+
+
+def tta_lines(ttas: list[TimeToAccuracy]) -> list[str]:
+    """Each rung's time to accuracy over seeds, and against the rung it built on."""
+    lines = []
+    for i, t in enumerate(ttas):
+        dropped = t.runs[0].extras.get("dropped") if t.runs else None
+        lines.append(t.summary() + (f"\n    dropped from the rungs above: {dropped}" if dropped else ""))
+        below = _tta_below(ttas, i)
+        if i and below is not None:
+            lines.append(f"    against {below.label}: {plain_words(tta_finding(below, t).verdict)}")
+    return lines
+
+
+def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
+    """C15 on both measures: naive against the checklist's techniques as the ladder stacked them (the highest
+    C15 rung that ran), in images/s (pooled windows) and in training seconds to the target over seeds."""
+    names = [r.extras.get("rung") for r in results]
+    top = next((n for n in reversed(C15_RUNGS) if n in names), None)
+    if top is None or len(results) < 2:
+        raise ValueError(f"judge_c15 needs the naive rung and one of the checklist's rungs ({', '.join(C15_RUNGS)})")
+    stack = results[names.index(top)]
+    speed = verdict_speedup(results[0], stack)
+    findings = {"counted in images/s": speed}
+    tta = _by_rung(ttas)
+    if top in tta and ttas:
+        t = tta[top][1]
+        findings[f"counted in time to {t.target:.0%} held-out accuracy over {len(t.runs)} seeds"] = \
+            tta_finding(ttas[0], t)
+        head = f"naive against '{stack.label}' (the checklist's techniques as the ladder stacked them): "
+    else:
+        head = "time to accuracy not measured for the checklist's rung: images/s only. "
+    combined = verdict_conditions(findings)
+    return Finding(combined.verdict, head + combined.evidence)
+
+
+# ---------------------------------------------------------------- torch.compile + bf16 on this machine
+
+# The net of the case seen on a 2-core CPU (torch 2.14.1): compiled under bf16 autocast, its loss became NaN from
+# the second step, while bf16 eager and compiled fp32 trained normally (shared/NOTES.md; upstream issue
+# pytorch/pytorch#171764). The check runs it afresh on the reader's torch and device and reports what it saw.
+COMPILE_CHECK = dict(model="compact", batch_size=32, warmup_steps=1, windows=1, train_images=512, eval_images=128,
+                     max_seconds=0.0, log_every=1)
+COMPILE_CHECK_SKIPS: dict[str, str] = {
+    "smoke": "skipped under the smoke profile: a first torch.compile of a net on a 2-core CPU takes longer than this "
+             "whole smoke notebook; the cpu and gpu profiles run it",
+}
+
+
+def compile_check_skip(base: TrainConfig) -> str | None:
+    """Why the compile + bf16 check does not run under base's profile, or None when it does."""
+    return COMPILE_CHECK_SKIPS.get(base.profile)
+
+
+def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compact",
+                       progress: bool = False) -> list[RunResult]:
+    """bf16 autocast in eager mode, then the same under torch.compile (default mode), for a few steps each on
+    base's device; [] when this device has no native bf16. What happened is read from the runs' statuses
+    (describe_compile_check)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"compile_bf16_check: steps={steps!r} is not allowed: an integer >= 1")
+    if not bf16_supported(resolve_device(base.device)):
+        return []
+    cfg = base.replace(**{**COMPILE_CHECK, "model": model}, steps=steps, amp="bf16", compile="off")
+    eager = run(cfg, label="bf16 autocast, eager", progress=progress)
+    compiled = run(cfg.replace(compile="default"), label="bf16 autocast + torch.compile", progress=progress)
+    return [eager, compiled]
+
+
+def _final_loss(r: RunResult) -> str:
+    return f"{r.losses[-1][1]:.3f}" if r.losses else "none read"
+
+
+def describe_compile_check(runs: list[RunResult], base: TrainConfig | None = None) -> str:
+    """What the check saw, computed from the runs' statuses: whether compile + bf16 diverged here while bf16
+    eager did not (it reproduces), both did, or neither (it does not reproduce on this torch and device)."""
+    if not runs:
+        where = device_name(resolve_device(base.device)) if base is not None else "this device"
+        return f"not checked: {where} has no native bf16, so the bf16 case does not arise here"
+    eager, compiled = runs
+    env = compiled.env
+    n = compiled.steps_done
+    where = (f"torch {env.get('torch', '?')} on {env.get('device_name', '?')}, model {compiled.config.get('model')}, "
+             f"{n} step{'' if n == 1 else 's'} of the compiled run")
+    first = (f"; its first step (compilation included) took {compiled.step_seconds[0]:.1f} s"
+             if compiled.step_seconds else "")
+    lines = [f"{eager.label}: {eager.status}, last loss read {_final_loss(eager)}",
+             f"{compiled.label}: {compiled.status}"
+             + (f" at step {compiled.diverged_step} (last finite loss {compiled.last_finite_loss:.3f})"
+                if compiled.status == "diverged" and compiled.last_finite_loss is not None else "")
+             + f", last loss read {_final_loss(compiled)}{first}"]
+    if compiled.status == "failed":
+        lines.append(f"-> torch.compile failed here ({compiled.error}): the case could not be checked ({where})")
+    elif compiled.status == "diverged" and eager.status != "diverged":
+        lines.append(f"-> it reproduces here: torch.compile + bf16 diverged while bf16 in eager mode did not ({where})")
+    elif compiled.status == "diverged":
+        lines.append(f"-> both diverged here: the divergence is not torch.compile's on this machine ({where})")
+    elif eager.status == "diverged":
+        lines.append(f"-> bf16 eager diverged and the compiled run did not: not the case reported ({where})")
+    else:
+        lines.append(f"-> it does not reproduce here: both stayed finite ({where}); your torch may carry the fix")
+    return "\n".join(lines)

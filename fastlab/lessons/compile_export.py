@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .. import claims
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import DeviceLoader, load_images
@@ -264,3 +266,148 @@ def plot_step_times(results: list[RunResult], title: str = ""):
                  f"{' / '.join(sorted(names))} on {' / '.join(sorted(devices))}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ C14: export for deployment, compared
+
+
+@dataclass
+class ExportComparison:
+    """Eager PyTorch, the torch.export program and onnxruntime on one held-out batch: latency, parity with eager,
+    the memory each adds to the process, the size of each file, and how long each export took."""
+
+    batch_size: int
+    runtimes: list  # fastlab.export.RuntimeResult, eager first
+    sizes_kib: dict[str, float]  # "state_dict", "torch.export", "onnx"
+    export_seconds: dict[str, float]
+    memory_mb: dict[str, float]  # runtime name -> process RSS rise while it was built and first ran (approximate)
+    files: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"batch of {self.batch_size} held-out images, on the CPU"]
+        for r in self.runtimes:
+            lines.append(f"{r.summary()}; memory added {self.memory_mb.get(r.name, float('nan')):,.1f} MiB")
+        lines.append("files: " + ", ".join(f"{k} {v:,.1f} KiB" for k, v in self.sizes_kib.items()))
+        lines.append("export took: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.export_seconds.items()))
+        return "\n".join(lines)
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+RUNTIME_FILES = {"eager PyTorch": "state_dict", "torch.export program": "torch.export", "onnxruntime": "onnx"}
+
+
+def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repeats: int = 20,
+                      warmup: int = 3) -> ExportComparison:
+    """Export `net` (torch.export, then ONNX) and compare the three runtimes on `batch` (see ExportComparison).
+
+    Memory: the process's resident memory before and after building each runtime and running it once, in the
+    order eager, torch.export, onnxruntime (approximate: the allocator may reuse memory an earlier one freed).
+    """
+    from ..export import compare_runtimes, export_model, onnx_runner, onnx_session
+
+    exported = export_model(net, batch, folder)
+    memory: dict[str, float] = {}
+    builders = {"eager PyTorch": lambda: net.cpu().eval(),
+                "torch.export program": lambda: exported.program.module(),
+                "onnxruntime": lambda: onnx_runner(onnx_session(exported.files["onnx"]))}
+    keep = []
+    for name, build in builders.items():
+        before = _rss_mb()
+        fn = build()
+        with torch.inference_mode():
+            fn(batch.cpu())
+        memory[name] = _rss_mb() - before
+        keep.append(fn)
+    runtimes = compare_runtimes(net, batch, exported, repeats=repeats, warmup=warmup)
+    return ExportComparison(batch_size=len(batch), runtimes=runtimes, sizes_kib=exported.sizes_kib(),
+                            export_seconds=dict(exported.seconds), memory_mb=memory,
+                            files={k: str(v) for k, v in exported.files.items()})
+
+
+def plot_export(comparisons: list[ExportComparison], title: str = ""):
+    """Latency per runtime (median, min-max) for each batch size compared, the files' sizes, and the memory each
+    runtime added; parity with eager in the legend."""
+    from ..plots import ShownFigure as Figure
+
+    fig = Figure(figsize=(12, 3.8))
+    ax_l, ax_s, ax_m = fig.subplots(1, 3)
+    names = [r.name for r in comparisons[0].runtimes] if comparisons else []
+    width = 0.8 / max(len(comparisons), 1)
+    for i, c in enumerate(comparisons):
+        lat = [r.latency for r in c.runtimes]
+        xs = [j + i * width for j in range(len(lat))]
+        ax_l.bar(xs, [s.median for s in lat], width, yerr=[[s.median - s.low for s in lat],
+                                                          [s.high - s.median for s in lat]], capsize=3,
+                 label=f"batch {c.batch_size}")
+    ax_l.set_xticks([j + width * (len(comparisons) - 1) / 2 for j in range(len(names))])
+    ax_l.set_xticklabels([n.replace(" ", "\n", 1) for n in names], fontsize=8)
+    ax_l.set_ylabel("ms per batch (median, min-max)")
+    ax_l.set_title("latency", fontsize=9)
+    ax_l.legend(fontsize=7)
+    last = comparisons[-1] if comparisons else None
+    if last is not None:
+        ax_s.bar(list(last.sizes_kib), list(last.sizes_kib.values()), color="tab:gray")
+        ax_s.set_ylabel("KiB")
+        ax_s.set_title("file size", fontsize=9)
+        ax_s.tick_params(axis="x", labelsize=8)
+        ax_m.bar([n.replace(" ", "\n", 1) for n in last.memory_mb], list(last.memory_mb.values()), color="tab:purple")
+        ax_m.set_ylabel("MiB (process RSS rise, approximate)")
+        ax_m.set_title("memory added by building and first run", fontsize=9)
+        ax_m.tick_params(axis="x", labelsize=8)
+        parity = "; ".join(f"{r.name}: {r.parity}" for r in last.runtimes[1:])
+        fig.suptitle(f"{title + ' - ' if title else ''}eager vs torch.export vs ONNX Runtime on the CPU\n"
+                     f"parity with eager: {parity}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]) -> Finding:
+    """C14: TorchScript as a route (judged by torch's own warnings) and ONNX through torch.export (judged by a
+    parity check against eager: the same top-1 class on every image, logits within PARITY_TOLERANCE)."""
+    ts_words = [m for messages in torchscript.values() for m in messages]
+    deprecated = [m for m in ts_words if "deprecat" in m.lower()]
+    findings = {}
+    if deprecated:
+        findings["the route is TorchScript"] = Finding(
+            "does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
+    else:
+        findings["the route is TorchScript"] = Finding("holds (this PyTorch gives no deprecation warning)",
+                                                       "; ".join(ts_words) or "no warning")
+    onnx = next(r for r in comparison.runtimes if r.name == "onnxruntime")
+    ok = onnx.parity.top1_agreement == 1.0 and onnx.parity.max_abs_diff <= PARITY_TOLERANCE
+    findings["the route is ONNX (through torch.export)"] = Finding(
+        "holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)", str(onnx.parity))
+    combined = claims.verdict_conditions(findings)
+    return Finding(combined.verdict, combined.evidence)
+
+
+PARITY_TOLERANCE = 1e-3  # largest |logit difference| an export may have and still count as the same model
+
+
+def export_runner(net: nn.Module, cfg: TrainConfig, folder: str):
+    """A Panel runner: for the panel's batch_size, export and compare the runtimes; the result carries the
+    comparison in extras["export"] (the panel plots it with plot_export_results)."""
+
+    def runner(config: TrainConfig, *, label: str = "export", progress: bool = False, stop=None, on_step=None):
+        x, _ = held_out_batch(cfg.replace(batch_size=config.batch_size,
+                                          eval_images=max(cfg.eval_images, config.batch_size)))
+        comparison = export_comparison(net, x, folder)
+        return as_result(comparison, config, label)
+
+    return runner
+
+
+def as_result(comparison: ExportComparison, config: TrainConfig, label: str) -> RunResult:
+    """An ExportComparison packed as a RunResult (for the panel's list of results)."""
+    r = RunResult(config=config.to_dict(), label=label, images_per_step=comparison.batch_size)
+    r.extras["export"] = comparison
+    return r
+
+
+def plot_export_results(results: list[RunResult]):
+    return plot_export([r.extras["export"] for r in results if "export" in r.extras], title="panel")

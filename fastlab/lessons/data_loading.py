@@ -1,28 +1,32 @@
 """Notebook 01: the data path. Worker processes, pinned memory, persistent workers, prefetching, device-resident data.
 
 Comparisons registered here (run them with fastlab.comparisons.run_comparison):
-  01_data_loading:num_workers   DataLoader worker processes from 0 up to the core count
+  01_data_loading:num_workers   DataLoader worker processes from 0 past 4x the cores this process may use (C1)
   01_data_loading:pipeline      the DataLoader knobs added one by one, then the device-resident loader
   01_data_loading:slow_storage  a starved trainer: simulated per-image storage latency, 0 workers vs several
 
-Plus the picture of the symptom: a busy/idle trace over wall time (NVML GPU utilisation when it was sampled).
+Plus the picture of the symptom: a busy/idle trace over wall time (NVML GPU utilisation when it was sampled),
+the host-to-GPU copy timed alone (pinned or not), and the verdicts on claims C1, C2 and C13 (fastlab.claims).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
+from .. import claims
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
-from ..measure import verdict
+from ..measure import Spread, is_noise, resolve_device, usable_cpu_count, verdict
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
@@ -34,9 +38,16 @@ STARVE_BATCH_MS = 100.0
 MAX_PIPELINE_WORKERS = 8
 
 
+# The sweep goes past the advice's "2-4 x the cores" to this many times the cores, to show where it costs.
+OVERSUBSCRIBE = (2, 4, 6)
+
+
 def worker_counts(cpu_count: int | None = None) -> list[int]:
-    """0, then powers of two below the core count, then the core count: 0, 1, 2 on two cores; 0, 1, 2, 4, 8, 16 on 16."""
-    n = os.cpu_count() if cpu_count is None else cpu_count
+    """0, powers of two below the cores, the cores, then 2x, 4x and 6x them: 0, 1, 2, 4, 8, 12 on two cores.
+
+    cpu_count defaults to the cores this process may run on (fastlab.measure.usable_cpu_count), not the host's.
+    """
+    n = usable_cpu_count() if cpu_count is None else cpu_count
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"worker_counts(cpu_count={cpu_count!r}) is not allowed: cpu_count must be an integer >= 1")
     counts = [0]
@@ -44,12 +55,18 @@ def worker_counts(cpu_count: int | None = None) -> list[int]:
     while p < n:
         counts.append(p)
         p *= 2
-    return counts + [n]
+    return counts + [n] + [k * n for k in OVERSUBSCRIBE]
+
+
+def core_counts(cpu_count: int | None = None) -> list[int]:
+    """0, powers of two, up to the cores (the pipeline and the panel stay within them)."""
+    n = usable_cpu_count() if cpu_count is None else cpu_count
+    return [w for w in worker_counts(n) if w <= n]
 
 
 def pipeline_workers(cpu_count: int | None = None) -> int:
     """Workers for the pipeline comparison: every core, capped at MAX_PIPELINE_WORKERS."""
-    return min(worker_counts(cpu_count)[-1], MAX_PIPELINE_WORKERS)
+    return min(core_counts(cpu_count)[-1], MAX_PIPELINE_WORKERS)
 
 
 def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
@@ -67,15 +84,50 @@ def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
     return steps
 
 
+def sweep_config(base: TrainConfig) -> TrainConfig:
+    """The sweep's base: the DataLoader, workers not kept between epochs; under smoke, few steps per point."""
+    cfg = base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None)
+    return short_for_smoke(cfg)
+
+
+def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
+    """Under the smoke profile, a few steps per run: these comparisons have many runs, each starting workers."""
+    return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
+
+
 @comparison("01_data_loading:num_workers")
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    base = base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None)
-    return [run(base.replace(num_workers=n), label=f"num_workers={n}", progress=progress) for n in worker_counts()]
+    cfg, cores = sweep_config(base), usable_cpu_count()
+    results = []
+    for n in worker_counts(cores):
+        with warnings.catch_warnings(record=True) as caught:
+            # torch warns (twice per loader) when workers outnumber the cores; kept with the result, said once
+            warnings.filterwarnings("always", message=".*worker processes in total.*")
+            r = run(cfg.replace(num_workers=n), label=f"num_workers={n}", progress=progress)
+        said = [str(w.message) for w in caught if "worker processes in total" in str(w.message)]
+        for w in caught:
+            if "worker processes in total" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        r.extras["usable_cpus"] = cores
+        if said:
+            r.extras["torch_warning"] = said[0]
+        results.append(r)
+        if r.status == "interrupted":
+            break
+    return results
+
+
+def torch_worker_warning(results: list[RunResult]) -> str:
+    """What torch's DataLoader said about the first oversubscribed worker count, or that it said nothing."""
+    for r in results:
+        if r.extras.get("torch_warning"):
+            return f"torch, at num_workers={workers_of(r)}: UserWarning: {r.extras['torch_warning']}"
+    return "torch gave no warning about the worker counts"
 
 
 @comparison("01_data_loading:pipeline")
 def compare_pipeline(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    configs = [(label, base.replace(**changes)) for label, changes in pipeline_steps(pipeline_workers())]
+    configs = [(label, short_for_smoke(base.replace(**changes))) for label, changes in pipeline_steps(pipeline_workers())]
     return [run(cfg, label=label, progress=progress) for label, cfg in configs]
 
 
@@ -231,3 +283,181 @@ def plot_busy_trace(results: list[RunResult], title: str = ""):
     fig.suptitle(f"{title + ' - ' if title else ''}busy or waiting, over time\n{data_note(results)}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- C1: where the worker sweep peaks, and what it costs
+
+
+def workers_of(result: RunResult) -> int:
+    return int(result.config.get("num_workers", 0))
+
+
+def cores_of(results: list[RunResult]) -> int:
+    """The cores the sweep was measured against (recorded with it), else the machine's count."""
+    for r in results:
+        if r.extras.get("usable_cpus"):
+            return int(r.extras["usable_cpus"])
+    return int(results[0].env.get("cpu_count") or 1) if results else 1
+
+
+@dataclass
+class SweepReading:
+    cores: int
+    peak: RunResult  # the fastest point (median images/s)
+    near_peak: list[int]  # worker counts whose throughput is within the spread of the peak's
+    costs_from: RunResult | None  # the first point past the peak that is slower than it outside the spread
+    last: RunResult | None = None  # the last point of the sweep that finished a window
+
+    def describe(self) -> str:
+        p = self.peak.throughput
+        lines = [f"cores this process may use: {self.cores}; the sweep went to {workers_of(self.last)} workers "
+                 f"({workers_of(self.last) / self.cores:g}x the cores)" if self.last else "",
+                 f"peak: num_workers={workers_of(self.peak)} ({workers_of(self.peak) / self.cores:g}x the cores), "
+                 f"{p.median:,.0f} images/s (min {p.low:,.0f}, max {p.high:,.0f}); within the spread of the peak: "
+                 f"num_workers={', '.join(map(str, self.near_peak))}"]
+        if self.costs_from is not None:
+            c = self.costs_from
+            what = "oversubscription (more workers than cores)" if workers_of(c) > self.cores else "adding workers"
+            lines.append(f"{what} costs from num_workers={workers_of(c)} ({workers_of(c) / self.cores:g}x "
+                         f"the cores): {c.throughput.median / p.median:.2f}x the peak's images/s, data wait "
+                         f"{c.data_wait_fraction():.0%} of step time (the peak's: {self.peak.data_wait_fraction():.0%})")
+        else:
+            lines.append("no point past the peak was slower than it outside the spread: more workers did not cost here")
+        return "\n".join(line for line in lines if line)
+
+
+def read_sweep(results: list[RunResult]) -> SweepReading:
+    """Where a num_workers sweep peaks, which counts are as good (inside the spread), where more starts to cost."""
+    ok = [r for r in results if r.window_throughput and r.status == "ok"]
+    if not ok:
+        raise ValueError("read_sweep: no run of the sweep finished a timed window")
+    peak = max(ok, key=lambda r: r.throughput.median)
+    near = [workers_of(r) for r in ok if r is peak or is_noise(peak.throughput, r.throughput)]
+    costs = [r for r in ok if workers_of(r) > workers_of(peak) and r.throughput.median < peak.throughput.median
+             and not is_noise(peak.throughput, r.throughput)]
+    return SweepReading(cores_of(results), peak, near, costs[0] if costs else None, last=ok[-1])
+
+
+@claims.judge("C1", "01_data_loading:num_workers")
+def judge_workers(results: list[RunResult]) -> Finding:
+    """C1: is num_workers = 2-4 x the cores where the sweep peaks (or within the peak's spread)?"""
+    reading = read_sweep(results)
+    n = reading.cores
+    zero = next((r for r in results if workers_of(r) == 0 and r.window_throughput), None)
+    advised = [r for r in results if 2 * n <= workers_of(r) <= 4 * n and r.window_throughput]
+    evidence = reading.describe().replace("\n", "; ")
+    if zero is not None and all(is_noise(zero.throughput, r.throughput) or r.throughput.median <= zero.throughput.median
+                                for r in results if r.window_throughput):
+        return Finding("does not hold here (no worker count beat num_workers=0 outside the spread: loading is not "
+                       "the wall on this machine)", evidence)
+    if not advised:
+        return Finding("does not hold here (the sweep has no point at 2-4x the cores to judge)", evidence)
+    if any(workers_of(r) in reading.near_peak for r in advised):
+        return Finding(f"holds (2-4x the cores is at the peak, within its spread: peak at "
+                       f"num_workers={workers_of(reading.peak)})", evidence)
+    best = max(advised, key=lambda r: r.throughput.median)
+    return Finding(f"does not hold here (the peak is at num_workers={workers_of(reading.peak)}, "
+                   f"{workers_of(reading.peak) / n:g}x the cores; the best of 2-4x the cores reaches "
+                   f"{best.throughput.median / reading.peak.throughput.median:.2f}x of it)", evidence)
+
+
+# ---------------------------------------------------------------- C2: the copy alone, pinned or not
+
+
+@dataclass
+class CopyTiming:
+    label: str
+    ms: Spread  # milliseconds per copy of one batch (synchronised), or host-blocked time for non_blocking
+
+
+def time_copies(batch_size: int, repeats: int = 20, device: str = "auto") -> list[CopyTiming] | str:
+    """One batch of 3x32x32 fp32 images copied to the GPU: from pageable memory, from pinned memory, and from
+    pinned memory with non_blocking=True (time until the call returns: what the host waits). A CUDA GPU only;
+    elsewhere returns why it is a no-op."""
+    import torch
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"time_copies(batch_size={batch_size!r}) is not allowed: an integer >= 1")
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return f"pinned memory only speeds copies to a CUDA GPU; this machine trains on {dev.type}"
+    pageable = torch.randn(batch_size, 3, 32, 32)
+    pinned = pageable.pin_memory()
+    out = []
+    for label, src, non_blocking in (("pageable", pageable, False), ("pinned", pinned, False),
+                                     ("pinned, non_blocking (host wait only)", pinned, True)):
+        times = []
+        for i in range(repeats + 3):
+            torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            src.to(dev, non_blocking=non_blocking)
+            if not non_blocking:
+                torch.cuda.synchronize(dev)
+            if i >= 3:  # the first copies warm the allocator up
+                times.append(1000 * (time.perf_counter() - t0))
+        torch.cuda.synchronize(dev)
+        out.append(CopyTiming(label, Spread.of(times)))
+    return out
+
+
+def describe_copies(copies: list[CopyTiming] | str) -> str:
+    if isinstance(copies, str):
+        return f"copy timing: no-op here ({copies})"
+    return "\n".join(f"{c.label}: {c.ms.median:.3f} ms per batch (min {c.ms.low:.3f}, max {c.ms.high:.3f})"
+                     for c in copies)
+
+
+@claims.judge("C2", "01_data_loading:pipeline")
+def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | None = None) -> Finding:
+    """C2: pinned memory on the copy alone (when timed) and on training throughput, against the run before it."""
+    pinned = next((r for r in pipeline if r.config.get("pin_memory") and r.config.get("loader") == "dataloader"
+                   and not r.config.get("persistent_workers")), None)
+    if pinned is None or pipeline.index(pinned) == 0:
+        raise ValueError("judge_pinning needs the pipeline comparison's runs (a run without, then with pin_memory)")
+    before = pipeline[pipeline.index(pinned) - 1]
+    if "pin_memory" in pinned.no_ops:
+        return Finding(f"no-op here ({pinned.no_ops['pin_memory']})", f"'{pinned.label}': {pinned.summary()}")
+    findings = {"counted in training images/s": claims.verdict_speedup(before, pinned)}
+    if isinstance(copies, list) and len(copies) >= 2:
+        findings = {"measured on the copy alone": claims.verdict_less(copies[0].ms, copies[1].ms, what="copy time",
+                                                              unit="ms"), **findings}
+    return claims.verdict_conditions(findings)
+
+
+# ---------------------------------------------------------------- C13: what a utilisation swing says
+
+SWING_SHARE = 0.15  # a trace "swings hard" when at least this share of samples is near 0% and as many near 100%
+
+
+def utilisation_swing(result: RunResult) -> tuple[float, float] | None:
+    """(share of NVML samples at or below 10%, share at or above 90%), or None when none was sampled."""
+    if not result.gpu_util:
+        return None
+    values = [u for _, u in result.gpu_util]
+    return sum(u <= 10 for u in values) / len(values), sum(u >= 90 for u in values) / len(values)
+
+
+@claims.judge("C13", "01_data_loading:slow_storage")
+def judge_swing(starved: list[RunResult]) -> Finding:
+    """C13 on the slow-storage runs: does the starved run's GPU utilisation swing, and do workers fix it?"""
+    if len(starved) < 2:
+        raise ValueError("judge_swing needs the slow-storage runs: no workers, then workers")
+    slow, fed = starved[0], starved[-1]
+    swing = utilisation_swing(slow)
+    if swing is None:
+        return Finding(f"no-op here (no GPU utilisation to read on {slow.env.get('device_name', 'this machine')}: "
+                       f"NVML samples CUDA GPUs; the trace above is rebuilt from the step records instead)",
+                       f"data wait {slow.data_wait_fraction():.0%} with no workers, {fed.data_wait_fraction():.0%} "
+                       f"with {workers_of(fed)}")
+    low, high = swing
+    wait = slow.data_wait_fraction()
+    evidence = (f"no workers: {low:.0%} of utilisation samples at or below 10%, {high:.0%} at or above 90%, data "
+                f"wait {wait:.0%}; with {workers_of(fed)} workers: {claims.verdict_speedup(slow, fed).verdict}")
+    swings = low >= SWING_SHARE and high >= SWING_SHARE
+    if swings and wait > 0.3 and claims.verdict_speedup(slow, fed).verdict.startswith("holds"):
+        return Finding("holds (the starved run's utilisation swings and workers fix it)", evidence)
+    if not swings and wait > 0.3:
+        return Finding("does not hold here (the run waited for data, yet NVML's utilisation did not swing: it is the "
+                       "share of each sample period in which any kernel ran, averaged over that period)", evidence)
+    return Finding("does not hold here (the utilisation swing did not go with a data bottleneck that workers fix)",
+                   evidence)

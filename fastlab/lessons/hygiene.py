@@ -8,6 +8,7 @@ counts come from tensor shapes, not from a clock or the process's memory, so the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import claims
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import Spread, is_noise, verdict
+from ..measure import Spread, is_noise, preferred_amp, resolve_device, verdict
 from ..models import build_model
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
@@ -159,10 +162,68 @@ def describe_log_loss(results: list[RunResult]) -> str:
 # ------------------------------------------------------------------ .item() every step vs every 10
 
 
+def sync_free_config(base: TrainConfig) -> TrainConfig:
+    """base with nothing else that synchronises every step, so that .item()'s own sync is what is measured.
+
+    The DataLoader's copy from pageable memory is synchronous: the device-resident loader has no copy. fp16's
+    GradScaler reads found_inf every step: bf16 needs no scaler (where bf16 is not native, fp32 instead). The
+    fused optimiser step is one kernel launch per group of tensors, and reads nothing back.
+    """
+    dev = resolve_device(base.device)
+    amp = preferred_amp(dev)
+    cfg = base.replace(loader="device", num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False,
+                       prefetch_factor=None, amp="bf16" if amp == "bf16" else "off")
+    if dev.type == "cuda":
+        cfg = cfg.replace(opt_impl="fused")
+    return cfg
+
+
 @comparison("05_no_grad_detach_item:log_every")
 def log_every(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """Reading the loss (.item(), a host-device sync on a GPU) every step against every 10th step."""
-    return sweep("log_every", list(LOG_EVERY), base, progress=progress)
+    """Reading the loss (.item(), a host-device sync on a GPU) every step against every 10th step, on a
+    configuration where nothing else syncs every step (sync_free_config)."""
+    return sweep("log_every", list(LOG_EVERY), sync_free_config(base), progress=progress)
+
+
+def item_sync_finding(logging: list[RunResult]) -> Finding:
+    """Does reading the loss every 10th step instead of every step pay? A no-op where nothing runs asynchronously."""
+    every, rarely = logging[0], logging[-1]
+    measured = claims.verdict_speedup(every, rarely)
+    if every.env.get("device_type") != "cuda":
+        why = (f"no-op here (on {every.env.get('device_type', 'this device')} every operation has finished when it "
+               f"returns: .item() has nothing to wait for")
+        if not measured.verdict.startswith("does not hold here (no difference"):
+            why += ("; the difference measured between the two runs cannot come from a sync: they ran one after the "
+                    "other on a machine whose speed varies, so repeat them to see that variation")
+        return Finding(why + ")", f"log_every=10 against log_every=1: {measured.evidence}")
+    return measured
+
+
+def find_syncs(base: TrainConfig, steps: int = 3) -> list[str] | str:
+    """Train a few steps under torch.cuda.set_sync_debug_mode("warn") and return the distinct warnings: each is
+    an operation that made the host wait for the GPU. On a machine without CUDA, says why there is nothing to find."""
+    import warnings
+
+    import torch
+
+    dev = resolve_device(base.device)
+    if dev.type != "cuda":
+        return f"torch.cuda.set_sync_debug_mode is a CUDA feature: on {dev.type} nothing runs asynchronously"
+    cfg = base.replace(steps=steps, warmup_steps=1, windows=1)
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run(cfg, label="sync debug", progress=False)
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    out: list[str] = []
+    for w in caught:
+        text = str(w.message).strip().splitlines()[0]
+        if "synchroniz" in text.lower() and text not in out:
+            out.append(text)
+    return out
 
 
 # ------------------------------------------------------------------ detach(): what a kept loss keeps alive
@@ -276,3 +337,90 @@ def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
     fig.tight_layout()
     return fig
 
+
+
+# ------------------------------------------------------------------ the verdicts on C9, C10 and C11
+
+
+def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:
+    """MiB of activations autograd saves during one evaluation forward in `mode` (counted from tensor sizes,
+    through saved_tensors_hooks; parameters excluded): what an evaluation keeps alive while its output lives."""
+    import torch
+
+    if mode not in EVAL_MODES:
+        raise ValueError(f"forward_saved_mb: mode={mode!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, EVAL_MODES))}")
+    torch.manual_seed(seed)
+    net = build_model(model).eval()
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    x = torch.randn(batch_size, 3, 32, 32)
+    saved: list = []
+    ctx = {"autograd": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
+    with ctx(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = net(x)
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved
+             if t.untyped_storage().data_ptr() not in params}
+    del out
+    return sum(sizes.values()) / 2**20
+
+
+@claims.judge("C9", "05_no_grad_detach_item:eval_mode")
+def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Finding:
+    """C9: evaluation under no_grad against autograd, in time (measured) and memory (allocator on CUDA; computed
+    from tensor sizes elsewhere, where the process's resident memory cannot show it)."""
+    rows = {s.mode: s for s in summarize_eval(evals)}
+    if "autograd" not in rows or "no_grad" not in rows:
+        raise ValueError("judge_eval needs evaluations with eval_mode 'autograd' and 'no_grad'")
+    base, ng = rows["autograd"], rows["no_grad"]
+    findings = {"counted in time": claims.verdict_faster(base.speed, ng.speed, unit="eval images/s",
+                                                         what="repeats")}
+    if evals[0].memory_kind == "cuda_max_allocated":
+        findings["counted in memory"] = claims.verdict_less(base.growth_mb, ng.growth_mb, what="memory rise")
+    else:
+        cfg = evals[0].config
+        b, m = batch_size or int(cfg.get("batch_size", 32)), model or cfg.get("model", "tiny")
+        f = claims.verdict_less(forward_saved_mb("autograd", b, m), forward_saved_mb("no_grad", b, m),
+                                what="activations kept (computed from tensor sizes)")
+        findings["counted in memory"] = f
+    return claims.verdict_conditions(findings)
+
+
+def _row(rows: list[GraphMemory], keep: str, backward: bool) -> GraphMemory:
+    return next(g for g in rows if g.keep == keep and g.backward == backward)
+
+
+def judge_detach(rows: list[GraphMemory]) -> Finding:
+    """C10: keeping loss.detach() instead of loss, with and without a backward pass in the loop."""
+    findings = {}
+    for backward, where in ((False, "no backward() runs (evaluation with autograd on)"),
+                            (True, "backward() runs")):
+        loss, det = _row(rows, "loss", backward), _row(rows, "detach", backward)
+        ev = (f"after {loss.steps} steps keeping loss: {loss.saved_mb:.2f} MiB of activations, {loss.graph_nodes} "
+              f"graph nodes; keeping loss.detach(): {det.saved_mb:.2f} MiB, {det.graph_nodes} nodes")
+        if loss.saved_mb <= 0:
+            findings[where] = Finding(f"does not hold here (nothing to free: backward() already freed the "
+                                      f"activations; detach() cuts only {loss.graph_nodes} small graph nodes)", ev)
+        else:
+            findings[where] = Finding(claims.verdict_less(loss.saved_mb, det.saved_mb, what="activations kept").verdict,
+                                      ev)
+    return claims.verdict_conditions(findings)
+
+
+def judge_logging(leak: list[RunResult], rows: list[GraphMemory], sync: Finding | None = None) -> Finding:
+    """C11: does keeping the loss tensor leak the graph's memory? In the training loop (backward runs: the runs'
+    memory trace and the counted table), and where no backward runs; the .item() sync finding as evidence."""
+    with_bw, without = _row(rows, "loss", True), _row(rows, "loss", False)
+    by_mode = {r.config["log_loss"]: r for r in leak}
+    run_text = describe_log_loss(leak).replace("\n", "; ") if {"item", "tensor"} <= by_mode.keys() else ""
+    findings = {
+        "no backward() runs (validation with autograd on)":
+            Finding("holds" if without.saved_mb > 0 else "does not hold here",
+                    f"{without.saved_mb:.2f} MiB of activations kept after {without.steps} steps"),
+        "in a training loop":
+            Finding("holds" if with_bw.saved_mb > 0 else
+                    f"does not hold here (backward() frees the activations; only {with_bw.graph_nodes} graph nodes "
+                    f"stay)", f"{with_bw.saved_mb:.2f} MiB kept; training runs: {run_text}"),
+    }
+    combined = claims.verdict_conditions(findings)
+    extra = f"; .item() as a sync: {sync.verdict}" if sync is not None else ""
+    return Finding(combined.verdict, combined.evidence + extra)

@@ -3,21 +3,32 @@
 Comparisons registered here:
   03_cudnn_benchmark_and_channels_last:cudnn_benchmark  autotuning off vs on (fixed shapes): speed, warm-up, memory
   03_cudnn_benchmark_and_channels_last:channels_last    NCHW vs NHWC, in fp32 and in low precision
-  03_cudnn_benchmark_and_channels_last:tf32             TF32 matmuls/convolutions off vs on
+  03_cudnn_benchmark_and_channels_last:tf32             conv TF32 off vs on (torch.backends.cudnn.allow_tf32, on by
+                                                        default), and fp32 matmul precision "highest" vs "high"
 
 The training loop always feeds fixed 32x32 batches, so the pitfall of cudnn.benchmark (input shapes that
 change every step, each one autotuned again) has its own timing function here: time_shapes / shape_pitfall.
+
+cuDNN keeps the convolution plans it has found per thread (its v8 plan cache is thread_local, keyed by shape,
+dtype, layout and TF32, not by the benchmark flag): a plan found once in a thread is reused whatever
+cudnn.benchmark says afterwards. So every timing here runs in a fresh thread (fastlab.run does the same), and
+each starts with an empty plan cache.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
 
+from .. import claims
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import MemoryMeter, Spread, is_noise, now, resolve_device
@@ -48,8 +59,14 @@ def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunR
 
 @comparison(f"{NAME}:tf32")
 def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    return [run(base.replace(amp="off", tf32=on), label=f"tf32 {'on' if on else 'off'}", progress=progress)
-            for on in (False, True)]
+    """fp32 throughout: conv TF32 off (strict) against on (torch's default), then TF32 matmuls too."""
+    cfg = base.replace(amp="off")
+    return [run(cfg.replace(tf32=False, matmul_precision="highest"), label="strict fp32 (conv TF32 off)",
+                progress=progress),
+            run(cfg.replace(tf32=True, matmul_precision="highest"), label="conv TF32 on (torch's default)",
+                progress=progress),
+            run(cfg.replace(tf32=True, matmul_precision="high"), label="+ TF32 matmuls (matmul_precision='high')",
+                progress=progress)]
 
 
 # ---------------------------------------------------------------- reading the results
@@ -194,14 +211,36 @@ def mean_pixel_ratio(sizes: list[int]) -> float:
     return statistics.mean(s * s for s in sizes) / FIXED_SIZE**2
 
 
+T = TypeVar("T")
+
+
+def in_fresh_thread(fn: Callable[[], T]) -> T:
+    """fn() in a new thread, waited for: on CUDA that thread starts with an empty cuDNN plan cache."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed back to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="fastlab-fresh-plans")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
 def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[ShapeTiming]:
-    """Fixed vs varying input sizes, each with cudnn.benchmark off and on, with `base`'s model, batch and device."""
+    """Fixed vs varying input sizes, each with cudnn.benchmark off and on, with `base`'s model, batch and device;
+    each timing in a fresh thread, so each starts with an empty cuDNN plan cache."""
     out = []
     for benchmark in (False, True):
         for name, sizes in (("fixed 32x32", [FIXED_SIZE] * steps), ("varying sizes", varying_sizes(steps))):
-            out.append(time_shapes(sizes, benchmark=benchmark, model=base.model, batch_size=base.batch_size,
-                                   device=base.device, label=f"{name}, benchmark {'on' if benchmark else 'off'}",
-                                   seed=base.seed))
+            out.append(in_fresh_thread(lambda b=benchmark, n=name, s=sizes: time_shapes(
+                s, benchmark=b, model=base.model, batch_size=base.batch_size, device=base.device,
+                label=f"{n}, benchmark {'on' if b else 'off'}", seed=base.seed)))
     return out
 
 
@@ -245,3 +284,28 @@ def plot_shape_timing(timings: list[ShapeTiming]):
     fig.suptitle(f"fixed vs varying input sizes - random SYNTHETIC images on {', '.join(devices)}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- the verdict on C6
+
+
+def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = None) -> Finding:
+    """C6: does cudnn.benchmark pay with fixed shapes (training runs, warm-up apart) and what with changing
+    shapes (the shape timings, benchmark on against off)? No-op where cuDNN does not run."""
+    off, on = bench[0], bench[-1]
+    if "cudnn_benchmark" in on.no_ops:
+        return Finding(f"no-op here ({on.no_ops['cudnn_benchmark']})",
+                       f"benchmark on: {on.summary()}; warm-up {on.warmup_seconds:.2f} s vs {off.warmup_seconds:.2f} s")
+    findings = {"shapes are fixed": claims.verdict_speedup(off, on)}
+    if shapes:
+        varying = {t.benchmark: t for t in shapes if len(set(t.sizes)) > 1}
+        if True in varying and False in varying:
+            f = claims.verdict_less(varying[False].step_ms, varying[True].step_ms, what="step time", unit="ms")
+            findings["shapes change every step"] = Finding(f.verdict.replace("less step time", "faster steps"),
+                                                           f.evidence)
+    combined = claims.verdict_conditions(findings)
+    return Finding(combined.verdict, combined.evidence + f"; warm-up (autotuning) {on.warmup_seconds:.2f} s with "
+                                                         f"benchmark on vs {off.warmup_seconds:.2f} s off")
+
+
+claims.judge("C6", f"{NAME}:cudnn_benchmark")(judge_benchmark)

@@ -1,7 +1,7 @@
 """Notebook 02: mixed precision. fp32 vs fp16 (with GradScaler) vs bf16, and at which batch size it pays.
 
 Comparisons registered here:
-  02_mixed_precision:precision   fp32, fp16 + GradScaler, bf16 autocast on the same run
+  02_mixed_precision:precision   fp32, fp16 + GradScaler, bf16 autocast on the same run, over seeds (claims C3, C4)
   02_mixed_precision:batch_size  fp32 vs low precision at a small and at a large batch (launch-bound or not)
 
 Demos only this notebook needs: fp16 gradients underflowing to zero without loss scaling (gradient_underflow),
@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .. import claims
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import bf16_supported, resolve_device
+from ..measure import Spread, is_noise, preferred_amp, resolve_device
+from ..outcomes import accuracy_spread, describe_accuracy, outcome_verdict, run_seeds
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
@@ -32,9 +35,9 @@ GRADSCALER_INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default init_scale
 
 
 def low_precision(device: torch.device | str = "auto") -> str:
-    """The autocast dtype to try on this device: bf16 where supported, else fp16."""
+    """The autocast dtype to use on this device: bf16 where it is native, else fp16 with GradScaler."""
     dev = resolve_device(device) if isinstance(device, str) else device
-    return "bf16" if bf16_supported(dev) else "fp16"
+    return preferred_amp(dev)
 
 
 def batch_sizes(base: TrainConfig) -> tuple[int, int]:
@@ -42,11 +45,22 @@ def batch_sizes(base: TrainConfig) -> tuple[int, int]:
     return max(1, base.batch_size // 4), base.batch_size
 
 
+# Accuracy is compared over seeds: one short run's accuracy is mostly seed noise.
+SEEDS = {"smoke": (0, 1), "cpu": (0, 1, 2), "gpu": (0, 1, 2)}
+LABELS = {"off": "fp32", "fp16": "fp16 + GradScaler", "bf16": "bf16"}
+
+
+def seeds_for(base: TrainConfig) -> tuple[int, ...]:
+    return SEEDS.get(base.profile, (0, 1, 2))
+
+
 @comparison("02_mixed_precision:precision")
 def compare_precision(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    labels = {"off": "fp32", "fp16": "fp16 + GradScaler", "bf16": "bf16"}
-    configs = [(labels[amp], base.replace(amp=amp)) for amp in ("off", "fp16", "bf16")]
-    return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+    """fp32, fp16 + GradScaler and bf16 autocast, each over the profile's seeds (grouped by variant())."""
+    results: list[RunResult] = []
+    for amp in ("off", "fp16", "bf16"):
+        results += run_seeds(base.replace(amp=amp), seeds_for(base), label=LABELS[amp], progress=progress)
+    return results
 
 
 @comparison("02_mixed_precision:batch_size")
@@ -55,6 +69,23 @@ def compare_batch_size(base: TrainConfig, progress: bool = True) -> list[RunResu
     configs = [(f"batch {b}, {'fp32' if a == 'off' else a}", base.replace(batch_size=b, amp=a))
                for b in batch_sizes(base) for a in ("off", amp)]
     return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+
+
+def variant(result: RunResult) -> str:
+    return result.extras.get("variant") or LABELS.get(result.config.get("amp"), result.label)
+
+
+def by_variant(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs grouped by precision (over seeds), in the order they ran."""
+    out: dict[str, list[RunResult]] = {}
+    for r in results:
+        out.setdefault(variant(r), []).append(r)
+    return out
+
+
+def first_seed(results: list[RunResult]) -> list[RunResult]:
+    """One run per variant (the first seed's), for plots that show one bar per variant."""
+    return [runs[0] for runs in by_variant(results).values()]
 
 
 # ---------------------------------------------------------------- reading the results
@@ -76,23 +107,32 @@ def median_step_seconds(result: RunResult) -> float:
 
 
 def precision_report(results: list[RunResult]) -> str:
-    """Per run: throughput (or, for a time-limited run, its step time), peak memory, final loss, verdict."""
-    if not results:
+    """Per precision (over seeds): images/s pooled over every window, peak memory, final loss, held-out accuracy;
+    each against fp32 for speed (noise called noise) and outcome (accuracy over seeds, divergence first)."""
+    groups = by_variant(results)
+    if not groups:
         return "no results"
-    base = results[0]
+    base_name, base = next(iter(groups.items()))
     lines = []
-    for r in results:
-        lines.append(f"{r.summary()}; final loss {final_loss(r):.3f} (mean of the last 5 logged)")
-        if r is base:
+    for name, runs in groups.items():
+        t = claims.pooled_throughput(runs)
+        speed = (f"{t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows over "
+                 f"{len(runs)} seeds)" if t.n else f"no timed window ({runs[0].status}: {runs[0].error})")
+        peak = Spread.of([r.peak_memory_mb for r in runs])
+        lines.append(f"{name}: {speed}; peak memory {peak.median:,.0f} MiB ({runs[0].memory_kind.replace('_', ' ')}); "
+                     f"final loss {statistics.median(final_loss(r) for r in runs):.3f} (median over seeds of the mean of "
+                     f"the last 5 logged); held-out accuracy {describe_accuracy(runs)}")
+        if runs is base:
             continue
-        if r.window_throughput and base.window_throughput:
-            lines.append(f"    vs '{base.label}': {vs_baseline(base, r)}")
-        else:
-            ratio = median_step_seconds(r) / median_step_seconds(base)
-            lines.append(f"    vs '{base.label}': a median step took {median_step_seconds(r):.2f} s vs "
-                         f"{median_step_seconds(base):.2f} s ({ratio:.1f}x the time per step; {r.status})")
-        if r.no_ops:
-            lines.append("    no-ops: " + "; ".join(f"{k}: {v}" for k, v in r.no_ops.items()))
+        lines.append(f"    vs {base_name}: speed {claims.verdict_speedup(base, runs).verdict}; outcome: "
+                     f"{outcome_verdict(base, runs)}")
+        limited = [r for r in runs if r.status == "time_limited"]
+        if limited:
+            lines.append(f"    {len(limited)} run(s) hit the time budget: a median step took "
+                         f"{median_step_seconds(limited[0]):.2f} s vs {median_step_seconds(base[0]):.2f} s in fp32")
+        no_ops = {k: v for r in runs for k, v in r.no_ops.items()}
+        if no_ops:
+            lines.append("    no-ops: " + "; ".join(f"{k}: {v}" for k, v in no_ops.items()))
     return "\n".join(lines)
 
 
@@ -306,3 +346,99 @@ def deprecation_warnings() -> list[str]:
         with torch.cuda.amp.autocast(enabled=False):
             pass
     return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+# ---------------------------------------------------------------- the verdicts on C3, C4 and C5
+
+
+def quality_loss(base_runs: list[RunResult], other_runs: list[RunResult]) -> str | None:
+    """Why `other` lost quality against `base` (divergence, or accuracy lower outside the seeds' spread), else None."""
+    diverged = [r for r in other_runs if r.status == "diverged"]
+    if diverged:
+        return f"{len(diverged)} of {len(other_runs)} runs diverged ({diverged[0].error})"
+    base, other = accuracy_spread(base_runs), accuracy_spread(other_runs)
+    if base.n >= 2 and other.n >= 2 and not is_noise(base, other) and other.median < base.median:
+        return f"held-out accuracy {other.median:.1%} vs {base.median:.1%}, lower outside the seeds' spread"
+    return None
+
+
+@claims.judge("C3", "02_mixed_precision:precision")
+def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult] | None = None) -> Finding:
+    """C3: faster, with no loss of quality? Per low-precision dtype at the profile's batch (over seeds), and for
+    the preferred dtype at the small batch too; combined into holds / holds only when ... / does not hold."""
+    groups = by_variant(precision)
+    fp32 = groups.get("fp32")
+    if not fp32:
+        raise ValueError("judge_speed_and_quality needs the fp32 runs of the precision comparison")
+    batch = int(fp32[0].config["batch_size"])
+    findings: dict[str, Finding] = {}
+    notes = []
+    for name, runs in groups.items():
+        if runs is fp32:
+            continue
+        dtype = runs[0].config["amp"]
+        lost = quality_loss(fp32, runs)
+        notes.append(f"{name}: {outcome_verdict(fp32, runs)}")
+        speed = claims.verdict_speedup(fp32, runs)
+        findings[f"{dtype} at batch {batch}"] = Finding(f"does not hold here (quality lost: {lost})", "") if lost \
+            else speed
+    for b, pair in _batch_pairs(by_batch or []).items():
+        if b != batch:
+            findings[f"{pair[1].config['amp']} at batch {b}"] = claims.verdict_speedup(pair[0], pair[1])
+    combined = claims.verdict_conditions(findings)
+    return Finding(combined.verdict, combined.evidence + "; " + "; ".join(notes)
+                   + "; the advice says up to 2-3x faster")
+
+
+def _batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
+    out = {}
+    for batch in dict.fromkeys(int(r.config["batch_size"]) for r in results):
+        pair = [r for r in results if int(r.config["batch_size"]) == batch]
+        fp32 = [r for r in pair if r.config["amp"] == "off"]
+        low = [r for r in pair if r.config["amp"] != "off"]
+        if fp32 and low:
+            out[batch] = (fp32[0], low[0])
+    return out
+
+
+@claims.judge("C4", "02_mixed_precision:precision")
+def judge_memory(precision: list[RunResult], breakdowns: dict | None = None) -> Finding:
+    """C4 ("about 50% less memory"). On CUDA: the allocator's peak of the same runs, per dtype. Elsewhere the
+    process's resident memory cannot show it, so the breakdown computed from tensor sizes (lessons.memory
+    amp_pairs) decides when it is given."""
+    groups = by_variant(precision)
+    fp32 = groups.get("fp32", [])
+    if fp32 and fp32[0].memory_kind == "cuda_max_allocated":
+        findings = {}
+        for runs in groups.values():
+            if runs is not fp32:
+                findings[f"in {runs[0].config['amp']}"] = claims.verdict_less(
+                    Spread.of([r.peak_memory_mb for r in fp32]), Spread.of([r.peak_memory_mb for r in runs]), 0.5,
+                    what="peak memory")
+        combined = claims.verdict_conditions(findings)
+        return Finding(combined.verdict, combined.evidence + "; master weights, gradients and optimiser state stay "
+                                                             "fp32 under autocast")
+    if breakdowns:
+        from .memory import judge_amp_memory
+
+        return judge_amp_memory(breakdowns)
+    low = [runs for runs in groups.values() if runs is not fp32]
+    f = claims.verdict_less(Spread.of([r.peak_memory_mb for r in fp32]),
+                            Spread.of([r.peak_memory_mb for r in low[0]]), 0.5, what="process memory (RSS)")
+    return Finding(f.verdict, f.evidence + " (resident memory includes PyTorch itself: a weak test)")
+
+
+def judge_underflow(report: UnderflowReport) -> Finding:
+    """C5: do gradients underflow in fp16 without the scaler, and does the scaler keep them?"""
+    evidence = (f"parameter gradients zero in fp16: {report.param_zero_unscaled:,} of {report.param_grads:,} without "
+                f"scaling, {report.param_zero_scaled:,} with GradScaler at {report.loss_scale:g}; output gradients: "
+                f"{report.output_zero_unscaled:,} and {report.output_zero_scaled:,} of {report.output_grads:,}")
+    lost, kept = report.param_zero_unscaled + report.output_zero_unscaled, \
+        report.param_zero_scaled + report.output_zero_scaled
+    if lost == 0:
+        return Finding("does not hold here (no gradient underflowed without the scaler in this demo)", evidence)
+    if kept >= lost:
+        return Finding("does not hold here (the scaler did not keep the gradients that underflowed)", evidence)
+    share = report.param_zero_unscaled / report.param_grads
+    return Finding(f"holds ({share:.0%} of the parameter gradients underflow to zero without the scaler; "
+                   f"{'none' if kept == 0 else kept} with it)", evidence)

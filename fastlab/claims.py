@@ -1,0 +1,489 @@
+"""The advice's claims C1-C15, the verdicts this machine's measurements give them, and where they are kept.
+
+The workbook puts a popular kind of advice to the test (../shared/CLAIMS.md restates it). Each claim is plain
+data here: its id, the claim in the advice's words, its figures, what a fair test needs, and the notebook and
+section that test it. A notebook quotes it (quote(), a `>` blockquote attributed to "the common advice"),
+measures it, and prints a verdict computed from the measurement by one of the verdict functions below, never
+typed. A verdict reads as one of:
+
+    holds                     the measurement supports the claim, figures included
+    holds only when ...       it holds under some of the conditions measured, not the others
+    does not hold here        no gain outside the spread, the opposite, or well short of the claimed figure
+    no-op here (why)          the technique cannot act on this machine (pin_memory without a GPU)
+
+Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with
+the date, device and profile, so that notebook 00's claim map can show the reader's own latest verdicts. Where
+the reader has none, a claim whose lesson registered a judge (@judge) is judged on the bundled reference
+results from a real GPU (fastlab.results.reference_for); else it is "not measured yet".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from .measure import Spread, is_noise
+from .results import RunResult
+
+ATTRIBUTION = "the common advice"
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str  # "C1" .. "C15"
+    text: str  # the claim, as the advice states it (CLAIMS.md's restatement)
+    figures: str  # its figures ("-" when it gives none)
+    fair_test: str  # what a fair test of it needs
+    notebook: str  # the notebook that tests it, e.g. "01_data_loading"
+    section: str  # the section of that notebook, as its heading reads
+
+    def where(self) -> str:
+        return f"{self.notebook}, {self.section}"
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("C1", "Set `num_workers` to use the CPU cores for loading in parallel; the usual recommendation is 2-4 "
+                "times the number of CPU cores.", "workers = 2-4 x cores",
+          "a sweep of num_workers from 0 past 4 x the cores this process may use, data wait and throughput per "
+          "point; where it peaks and where oversubscription starts to cost",
+          "01_data_loading", "§1 num_workers from 0 past 4x the cores"),
+    Claim("C2", "`pin_memory=True` puts batches in page-locked memory and speeds up the transfer to the GPU "
+                "dramatically.", "\"dramatically\"",
+          "the copy time with and without pinning (and with non_blocking), on a GPU; a no-op with its reason on a CPU",
+          "01_data_loading", "§2 the rest of the pipeline"),
+    Claim("C3", "Mixed precision (fp16 via autocast) speeds training up with no loss of quality.", "up to 2-3x faster",
+          "fp32 vs fp16 vs bf16: throughput with spread, final loss and held-out accuracy over seeds, at a small "
+          "and a large batch", "02_mixed_precision", "§1 speed and quality, §3 small vs large batch"),
+    Claim("C4", "Mixed precision cuts memory use.", "about 50% less memory",
+          "peak memory of the same runs, with what stays in fp32 (master weights, optimiser state) named",
+          "02_mixed_precision", "§2 memory: what autocast halves and what stays fp32"),
+    Claim("C5", "fp16 needs GradScaler to avoid gradient underflow.", "-",
+          "gradients that underflow without the scaler, kept with it", "02_mixed_precision", "§4 what GradScaler is for"),
+    Claim("C6", "`torch.backends.cudnn.benchmark = True` picks the fastest convolution algorithms when the input "
+                "size is fixed (for example image classification).", "-",
+          "fixed vs varying shapes, on vs off, warm-up apart; each run with a fresh cuDNN plan cache",
+          "03_cudnn_benchmark_and_channels_last", "§1 cudnn.benchmark with fixed shapes, §4 shapes that change"),
+    Claim("C7", "Batch sizes that are powers of two (32, 64, 128, ...) are best for the GPU's architecture.",
+          "powers of 2", "powers of two against their neighbours (e.g. 96, 128, 160) at equal images per second measured",
+          "04_batch_size", "§1 powers of two against their neighbours"),
+    Claim("C8", "Make the batch as large as GPU memory allows, to get the most parallelism.", "as large as fits",
+          "throughput and memory against batch size up to the largest that fits, and what a larger batch does to "
+          "the learning rate and to time-to-accuracy", "04_batch_size", "§3 as large as fits, against time-to-accuracy"),
+    Claim("C9", "`torch.no_grad()` during validation or testing saves memory and time.", "-",
+          "validation with autograd vs no_grad vs inference_mode: time and memory",
+          "05_no_grad_detach_item", "§1 evaluation with and without autograd"),
+    Claim("C10", "Use `detach()` where the graph must be cut, so that it holds no memory it does not need.", "-",
+          "memory over steps with and without detach", "05_no_grad_detach_item", "§3 what a kept loss keeps alive"),
+    Claim("C11", "Logging `loss` itself (appending the tensor to a list) keeps the computation graph in memory: a "
+                 "memory leak; log `loss.item()`.", "-",
+          "memory over steps for both, including what really stays alive after backward(), and the cost of "
+          ".item() as a host-device sync", "05_no_grad_detach_item", "§2 total_loss += loss, §4 .item() as a sync"),
+    Claim("C12", "AdamW (decoupled weight decay, e.g. lr 1e-3, weight decay 1e-2) with `CosineAnnealingLR` converges "
+                 "faster and more stably than plain Adam.", "-",
+          "time-to-accuracy and final accuracy over several seeds; one change at a time (optimiser, then schedule)",
+          "06_adamw_and_schedules", "§1-§2 optimisers, then schedules"),
+    Claim("C13", "When GPU utilisation swings hard between 0% and 100%, data loading is the bottleneck; tune "
+                 "num_workers.", "0% / 100% swing",
+          "a utilisation trace of a starved run and a fed run on a GPU; what utilisation does and does not mean "
+          "(a launch-bound run can read high and still be slow)", "01_data_loading", "§3 diagnosing a data bottleneck"),
+    Claim("C14", "For edge or NPU deployment, design for TorchScript (tracing) or ONNX export from the start of "
+                 "training.", "-",
+          "TorchScript's status in current PyTorch (deprecated), torch.export and ONNX export with a parity check "
+          "against eager, latency, memory and file size", "07_compile_and_export", "§6-§7 export for deployment"),
+    Claim("C15", "The checklist: DataLoader settings, AMP (fp16), cudnn.benchmark and AdamW together shorten the "
+                 "experiment cycle.", "-",
+          "the checklist's techniques stacked on one run, time-to-accuracy as well as throughput",
+          "09_all_together", "§1-§5 the ladder"),
+)
+BY_ID: dict[str, Claim] = {c.id: c for c in CLAIMS}
+
+
+def get(claim_id: str) -> Claim:
+    if claim_id not in BY_ID:
+        raise ValueError(f"claim_id={claim_id!r} is not allowed: choose one of {', '.join(BY_ID)}")
+    return BY_ID[claim_id]
+
+
+def claims_for(notebook: str) -> list[Claim]:
+    """The claims a notebook tests (its name with or without .ipynb)."""
+    name = notebook.removesuffix(".ipynb")
+    return [c for c in CLAIMS if c.notebook == name]
+
+
+def quote(claim_id: str, width: int = 112) -> str:
+    """The claim as a markdown `>` blockquote, id first, attributed to the common advice (paste it into a notebook)."""
+    c = get(claim_id)
+    figures = "" if c.figures == "-" else f" (its figure: {c.figures})"
+    body = f"**{c.id}**, {ATTRIBUTION}: \"{c.text}\"{figures}"
+    return "\n".join("> " + line for line in textwrap.wrap(body, width - 2, break_on_hyphens=False))
+
+
+# ---------------------------------------------------------------- verdicts, computed from measurements
+
+VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "no-op here")
+
+
+class Finding(NamedTuple):
+    """What a verdict function concludes: the verdict words, and the measurement they rest on."""
+
+    verdict: str
+    evidence: str
+
+
+def check_verdict(words: str) -> str:
+    if not isinstance(words, str) or not words.startswith(VERDICT_HEADS):
+        raise ValueError(f"verdict={words!r} is not allowed: it must start with one of "
+                         f"{', '.join(repr(h) for h in VERDICT_HEADS)}")
+    return words
+
+
+def _as_list(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
+    return [runs] if isinstance(runs, RunResult) else list(runs)
+
+
+def pooled_throughput(runs: RunResult | Sequence[RunResult]) -> Spread:
+    """Images/s over every timed window of the runs (several seeds pool into one median with its range)."""
+    return Spread.of([w for r in _as_list(runs) for w in r.window_throughput])
+
+
+def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
+    if knob and runs and all(knob in r.no_ops for r in runs):
+        return runs[0].no_ops[knob]
+    return None
+
+
+def _uncredited(runs: list[RunResult]) -> RunResult | None:
+    return next((r for r in runs if r.status != "ok"), None)
+
+
+def _range(s: Spread, fmt: str = ",.0f") -> str:
+    return f"{s.median:{fmt}} ({s.low:{fmt}}-{s.high:{fmt}})"
+
+
+def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunResult | Sequence[RunResult],
+                    claimed_ratio: float | None = None, *, knob: str | None = None,
+                    unit: str = "images/s") -> Finding:
+    """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows.
+
+    A difference inside the spread (fastlab.is_noise) is no gain. A run that diverged or stopped early is not
+    credited. knob: when every other run recorded it as a no-op, the verdict is "no-op here (why)".
+    """
+    base, other = _as_list(base_runs), _as_list(other_runs)
+    if not base or not other:
+        raise ValueError("verdict_speedup needs at least one run on each side")
+    why = _no_op(other, knob)
+    if why:
+        return Finding(f"no-op here ({why})", f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
+    bad = _uncredited(other)
+    if bad is not None and bad.status != "time_limited":
+        return Finding(f"does not hold here ('{bad.label}' {bad.status}: {bad.error or 'no result'}; "
+                       f"speed not credited)", bad.summary())
+    b, o = pooled_throughput(base), pooled_throughput(other)
+    if not o.n:
+        return Finding("does not hold here (no timed window finished: slower than the time budget allows)",
+                       "; ".join(r.summary() for r in other))
+    return verdict_faster(b, o, claimed_ratio, unit=unit, what="windows")
+
+
+def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
+                   what: str = "measurements") -> Finding:
+    """verdict_speedup's rule on two spreads of a rate (higher is better)."""
+    ratio = o.median / b.median
+    evidence = f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}"
+    if is_noise(b, o):
+        return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x)", evidence)
+    if ratio < 1:
+        return Finding(f"does not hold here (slower: {ratio:.2f}x)", evidence)
+    if claimed_ratio is not None and ratio < claimed_ratio:
+        return Finding(f"does not hold here as stated ({ratio:.2f}x faster, short of the claimed {claimed_ratio:g}x)",
+                       evidence)
+    return Finding(f"holds ({ratio:.2f}x faster)", evidence)
+
+
+def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: float | None = None, *,
+                 what: str = "memory", unit: str = "MiB", tolerance: float = 0.05, about: float = 0.1) -> Finding:
+    """Does `other` use less (memory, latency) than `base`, by about the claimed share (0.5 = 50% less)?
+
+    A difference inside the spread, or under `tolerance` of the base, is none. "About" a claimed share means
+    within `about` of it.
+    """
+    b = base if isinstance(base, Spread) else Spread.of([float(base)])
+    o = other if isinstance(other, Spread) else Spread.of([float(other)])
+    if not (b.median > 0) or math.isnan(o.median):
+        raise ValueError(f"verdict_less needs a positive base and a measured other: got {b.median} and {o.median}")
+    saving = 1 - o.median / b.median
+    change = f"{saving:.0%} less" if saving >= 0 else f"{-saving:.0%} more"
+    evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}"
+    if (b.n > 1 or o.n > 1) and is_noise(b, o) or abs(saving) < tolerance:
+        return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
+    if saving < 0:
+        return Finding(f"does not hold here ({-saving:.0%} more {what})", evidence)
+    if claimed_saving is not None and saving < claimed_saving - about:
+        return Finding(f"does not hold here as stated ({saving:.0%} less {what}, not about {claimed_saving:.0%})",
+                       evidence)
+    return Finding(f"holds ({saving:.0%} less {what})", evidence)
+
+
+def verdict_conditions(findings: dict[str, Finding]) -> Finding:
+    """Combine one finding per condition ("at batch 8", "at batch 32"): holds, holds only when ..., or not."""
+    if not findings:
+        raise ValueError("verdict_conditions needs at least one condition")
+    holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
+    evidence = "; ".join(f"{c}: {f.verdict}" + (f" [{f.evidence}]" if f.evidence else "") for c, f in findings.items())
+    if all(f.verdict.startswith("no-op here") for f in findings.values()):
+        return Finding(next(iter(findings.values())).verdict, evidence)
+    if len(holding) == len(findings):
+        return Finding("holds", evidence)
+    if holding:
+        return Finding("holds only when " + " and ".join(holding), evidence)
+    return Finding("does not hold here", evidence)
+
+
+# ---------------------------------------------------------------- a verdict, and the store it is kept in
+
+
+@dataclass
+class Verdict:
+    claim: str
+    verdict: str
+    evidence: str = ""
+    result_summary: str = ""
+    device: str = ""
+    profile: str = ""
+    date: str = ""
+    notebook: str = ""
+    source: str = "this machine"  # or "reference" (judged from bundled results)
+
+    def __post_init__(self) -> None:
+        get(self.claim)
+        check_verdict(self.verdict)
+
+    def __str__(self) -> str:
+        text = f"{self.claim} verdict: {self.verdict}"
+        if self.evidence:
+            text += f"\n    measured: {self.evidence}"
+        return text
+
+    def where(self) -> str:
+        return f"{self.source}: {self.device}, profile {self.profile}, {self.date}"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _context(results: Sequence[RunResult]) -> tuple[str, str]:
+    """(device, profile) from results' environment, else from this process."""
+    for r in results:
+        if r.env:
+            return r.env.get("device_name", "?"), r.env.get("profile", "?")
+    from .config import active_profile
+    from .measure import device_name, resolve_device
+
+    return device_name(resolve_device()), active_profile()
+
+
+def verdict_for(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *,
+                result_summary: str | None = None) -> Verdict:
+    """A Verdict for a claim from a finding, dated, with the device and profile of the results it came from."""
+    device, profile = _context(results)
+    summary = result_summary if result_summary is not None else "; ".join(r.summary() for r in results[:6])
+    return Verdict(claim=claim_id, verdict=finding.verdict, evidence=finding.evidence, result_summary=summary,
+                   device=device, profile=profile, date=_now(), notebook=get(claim_id).notebook)
+
+
+STORE_VERSION = 1
+STORE_NAME = "verdicts.json"
+MAX_KEPT = 500  # the store keeps the newest verdicts only, so it never grows without bound
+
+
+def results_dir() -> Path:
+    """Where the reader's own verdicts are kept: FASTLAB_RESULTS_DIR, else ~/.cache/fastlab."""
+    env = os.environ.get("FASTLAB_RESULTS_DIR", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fastlab"
+
+
+def store_path() -> Path:
+    return results_dir() / STORE_NAME
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock beside the store, so two kernels appending at once both keep their verdict."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: appends are still atomic, only a race could lose one
+            yield
+            return
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def load_verdicts(path: str | os.PathLike | None = None) -> list[Verdict]:
+    """Every verdict in the store, oldest first; [] when there is none (or the file is not a verdict store)."""
+    path = Path(path) if path is not None else store_path()
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    if not isinstance(doc, dict) or doc.get("schema_version") != STORE_VERSION:
+        return []
+    out = []
+    for item in doc.get("verdicts", []):
+        try:
+            out.append(Verdict(**item))
+        except (TypeError, ValueError):  # a verdict written by another version: skipped, not fatal
+            continue
+    return out
+
+
+def _write(path: Path, verdicts: list[Verdict]) -> None:
+    doc = {"schema_version": STORE_VERSION, "verdicts": [asdict(v) for v in verdicts[-MAX_KEPT:]]}
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def record(verdict: Verdict) -> Verdict:
+    """Append a verdict to the store (atomically: a reader never sees half a file). Returns it."""
+    path = store_path()
+    with _locked(path):
+        _write(path, load_verdicts(path) + [verdict])
+    return verdict
+
+
+def record_verdict(claim_id: str, verdict: str, evidence: str, result_summary: str = "", *,
+                   device: str | None = None, profile: str | None = None) -> Verdict:
+    """Append one verdict to the store, with the date, device and profile (default: this process's)."""
+    here_device, here_profile = _context(())
+    v = Verdict(claim=claim_id, verdict=verdict, evidence=evidence, result_summary=result_summary,
+                device=device or here_device, profile=profile or here_profile, date=_now(),
+                notebook=get(claim_id).notebook)
+    return record(v)
+
+
+def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]:
+    """The newest verdict of each claim (from the store unless given)."""
+    out: dict[str, Verdict] = {}
+    for v in load_verdicts() if verdicts is None else verdicts:
+        if v.claim not in out or v.date >= out[v.claim].date:
+            out[v.claim] = v
+    return out
+
+
+# ---------------------------------------------------------------- judges: the same verdict on reference results
+
+Judge = Callable[[list[RunResult]], Finding]
+
+
+@dataclass(frozen=True)
+class Registered:
+    claim: str
+    comparison: str
+    judge: Judge
+
+
+JUDGES: dict[str, list[Registered]] = {}
+
+
+def judge(claim_id: str, comparison_name: str) -> Callable[[Judge], Judge]:
+    """Register fn(results of `comparison_name`) -> Finding as a judge of the claim, so that bundled reference
+    results of that comparison can be judged exactly as the reader's own runs are."""
+    get(claim_id)
+
+    def register(fn: Judge) -> Judge:
+        entries = JUDGES.setdefault(claim_id, [])
+        entries[:] = [e for e in entries if e.comparison != comparison_name] + [Registered(claim_id, comparison_name, fn)]
+        return fn
+
+    return register
+
+
+def reference_verdicts() -> dict[str, Verdict]:
+    """The verdict of each claim with a judge, on the bundled reference results (one device: the first found)."""
+    from .comparisons import all_comparisons
+    from .results import reference_for
+
+    all_comparisons()  # imports every lesson module, which registers the judges
+    out: dict[str, Verdict] = {}
+    for claim_id, entries in JUDGES.items():
+        for entry in entries:
+            for device, results in reference_for(entry.comparison).items():
+                try:
+                    finding = entry.judge(results)
+                except (ValueError, KeyError, IndexError):  # reference runs this judge cannot read: no verdict
+                    continue
+                v = verdict_for(claim_id, finding, results)
+                v.source, v.device = "reference", device
+                v.date = results[0].env.get("date", v.date)
+                out[claim_id] = v
+                break
+            if claim_id in out:
+                break
+    return out
+
+
+# ---------------------------------------------------------------- notebook 00's map
+
+
+def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
+              width: int = 110) -> str:
+    """Each claim, where it is tested, and its verdict: the reader's latest, else the bundled reference's,
+    else "not measured yet". mine/reference default to the store and the bundled results."""
+    mine = latest_verdicts() if mine is None else mine
+    if reference is None:
+        reference = reference_verdicts()
+    lines = []
+    for c in CLAIMS:
+        lines.append(f"{c.id:<4} {c.text}")
+        lines.append(f"     figures: {c.figures}; tested in {c.notebook}, {c.section}")
+        v = mine.get(c.id) or reference.get(c.id)
+        if v is None:
+            lines.append("     verdict: not measured yet")
+        else:
+            head = "your latest run" if v.source == "this machine" else "bundled reference results"
+            lines.append(f"     verdict ({head}: {v.device}, profile {v.profile}, {v.date[:10]}): {v.verdict}")
+        lines.append("")
+    counts = {"yours": sum(c.id in mine for c in CLAIMS),
+              "reference": sum(c.id not in mine and c.id in reference for c in CLAIMS)}
+    lines.append(f"{counts['yours']} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "
+                 f"{counts['reference']} from bundled reference results, the rest not measured yet.")
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="     ") if len(line) > width else line
+                     for line in lines)
+
+
+def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *, save: bool = True,
+             result_summary: str | None = None) -> Verdict:
+    """The notebook's one call per claim: build the verdict from the finding, record it, return it to print."""
+    v = verdict_for(claim_id, finding, results, result_summary=result_summary)
+    if save:
+        record(v)
+    return v
+
+
+def describe_store() -> str:
+    """Where the verdicts are kept and how many there are."""
+    n = len(load_verdicts())
+    return f"{n} verdict(s) recorded in {store_path()} (set FASTLAB_RESULTS_DIR to keep them elsewhere)"
+

@@ -1,0 +1,332 @@
+"""Notebook 12: what uses memory in training, measured. Parameters, gradients, optimiser state, activations.
+
+One training step of a workbook net is taken apart:
+
+    parameters        every weight (fp32, whatever autocast does)
+    gradients         one per parameter, the parameter's dtype (fp32), alive from backward to zero_grad
+    optimiser state   Adam/AdamW keep two fp32 tensors per parameter (exp_avg, exp_avg_sq); SGD one (momentum)
+    activations       what autograd saves in forward for backward: counted through
+                      torch.autograd.graph.saved_tensors_hooks, one count per storage, parameters excluded
+    weight copies     under autocast, the low-precision copies of weights that are saved for backward
+
+On a CPU these are computed from tensor sizes (exact for what they count; the process's resident memory also
+holds PyTorch itself, the allocator's cache and temporaries, so it cannot show them apart). On a CUDA GPU the
+caching allocator's figures are measured beside them: memory in use after each phase and the peak of a step.
+
+Activation checkpointing (torch.utils.checkpoint, non-reentrant) keeps only each segment's input and recomputes
+the segment's activations during backward, one segment at a time: less kept, more compute (timed here).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from .. import claims
+from ..claims import Finding
+from ..measure import Spread, resolve_device, synchronize
+from ..models import build_model
+
+MiB = 2**20
+AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+OPTIMIZERS = ("sgd", "adam", "adamw")
+COMPONENTS = ("parameters", "gradients", "optimiser state", "activations", "weight copies")
+
+
+def _check(name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed: choose one of {', '.join(map(repr, allowed))}")
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not allowed: an integer >= 1")
+
+
+def _bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+class Segmented(nn.Module):
+    """A workbook net whose forward checkpoints its blocks (torch.utils.checkpoint, use_reentrant=False).
+
+    Nets with a `features` Sequential and a `head` (tiny, compact) are split into `segments` pieces; a torchvision
+    ResNet checkpoints layer1..layer4. The inputs each checkpointed piece keeps are recorded in `kept`.
+    """
+
+    def __init__(self, net: nn.Module, segments: int = 2) -> None:
+        super().__init__()
+        _positive("segments", segments)
+        self.net, self.segments = net, segments
+        self.kept: list[torch.Tensor] = []
+        if not (hasattr(net, "features") and hasattr(net, "head")) and not hasattr(net, "layer1"):
+            raise ValueError(f"{type(net).__name__} has neither features/head nor layer1..layer4 to checkpoint")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.kept = []
+        net = self.net
+        if hasattr(net, "features"):
+            self.kept.append(x)
+            feats = checkpoint_sequential(net.features, self.segments, x, use_reentrant=False)
+            return net.head(feats if feats.dim() == 2 else torch.amax(feats, dim=(2, 3)))
+        x = net.relu(net.bn1(net.conv1(x)))  # torchvision ResNet: stem in the open, the four stages checkpointed
+        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
+            self.kept.append(x)
+            x = checkpoint(layer, x, use_reentrant=False)
+        return net.fc(torch.flatten(net.avgpool(x), 1))
+
+
+@dataclass
+class MemoryBreakdown:
+    """One training step's memory, component by component (MiB)."""
+
+    label: str
+    model: str
+    batch_size: int
+    amp: str
+    optimizer: str
+    checkpointing: bool
+    device: str
+    source: str  # "computed from tensor sizes" or "computed from tensor sizes; CUDA allocator measured beside"
+    parameters_mb: float
+    gradients_mb: float
+    optimizer_mb: float
+    activations_mb: float  # saved for backward (and, with checkpointing, the segment inputs kept)
+    weight_copies_mb: float  # autocast's low-precision weight copies saved for backward
+    grads_held_between_steps_mb: float  # gradients still allocated after zero_grad
+    recompute_mb: float = 0.0  # checkpointing: the largest segment's activations, rebuilt one segment at a time
+    dtypes: dict[str, str] = field(default_factory=dict)
+    cuda: dict[str, float] = field(default_factory=dict)  # allocator: "after_forward", "peak_step", "between_steps"
+
+    def component_mb(self) -> dict[str, float]:
+        return {"parameters": self.parameters_mb, "gradients": self.gradients_mb,
+                "optimiser state": self.optimizer_mb, "activations": self.activations_mb,
+                "weight copies": self.weight_copies_mb}
+
+    def total_mb(self) -> float:
+        """Everything alive at the end of forward, gradients included (a step's peak is near it):
+        parameters + gradients + optimiser state + activations + weight copies (+ recompute, checkpointing)."""
+        return sum(self.component_mb().values()) + self.recompute_mb
+
+    def summary(self) -> str:
+        parts = [f"{k} {v:,.2f}" + (f" ({self.dtypes[k]})" if self.dtypes.get(k) else "")
+                 for k, v in self.component_mb().items()]
+        text = f"{self.label}: " + ", ".join(parts) + f" MiB; total {self.total_mb():,.2f} MiB"
+        if self.recompute_mb:
+            text += f" (including {self.recompute_mb:,.2f} MiB recomputed per segment in backward)"
+        if self.cuda:
+            text += "; CUDA allocator: " + ", ".join(f"{k.replace('_', ' ')} {v:,.1f} MiB" for k, v in self.cuda.items())
+        return text + f" [{self.source}]"
+
+
+def _optimizer(name: str, params) -> torch.optim.Optimizer:
+    return {"sgd": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9), "adam": lambda: torch.optim.Adam(params),
+            "adamw": lambda: torch.optim.AdamW(params)}[name]()
+
+
+def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "off", optimizer: str = "adam",
+                      checkpointing: bool = False, segments: int = 2, set_to_none: bool = True,
+                      device: str = "cpu", seed: int = 0, label: str = "") -> MemoryBreakdown:
+    """Take one training step apart (after a first step has created the optimiser state); see the module doc."""
+    _check("amp", amp, tuple(AMP_DTYPES))
+    _check("optimizer", optimizer, OPTIMIZERS)
+    _positive("batch_size", batch_size)
+    dev = resolve_device(device)
+    dtype = AMP_DTYPES[amp]
+    torch.manual_seed(seed)
+    base = build_model(model).to(dev)
+    net = Segmented(base, segments) if checkpointing else base
+    params = list(base.parameters())
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    shapes = {tuple(p.shape) for p in params}
+    opt = _optimizer(optimizer, params)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, 3, 32, 32, generator=gen).to(dev)
+    y = torch.randint(0, 10, (batch_size,), generator=gen).to(dev)
+    saved: list[torch.Tensor] = []
+    cuda: dict[str, float] = {}
+
+    def step(record: bool) -> None:
+        opt.zero_grad(set_to_none=set_to_none)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t) if record \
+                else _nothing(), torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = nn.functional.cross_entropy(net(x), y)
+        if record and dev.type == "cuda":
+            synchronize(dev)
+            cuda["after_forward"] = torch.cuda.memory_allocated(dev) / MiB
+        loss.backward()
+        opt.step()
+
+    step(record=False)  # creates the optimiser state
+    if dev.type == "cuda":
+        synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    step(record=True)
+    grads_mb = _bytes(p.grad for p in params if p.grad is not None) / MiB
+    kept_inputs = list(net.kept) if checkpointing else []
+    opt.zero_grad(set_to_none=set_to_none)
+    if dev.type == "cuda":
+        synchronize(dev)
+        cuda["peak_step"] = torch.cuda.max_memory_allocated(dev) / MiB
+        cuda["between_steps"] = torch.cuda.memory_allocated(dev) / MiB
+    held = _bytes(p.grad for p in params if p.grad is not None) / MiB
+    copies = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs and t.dtype != torch.float32
+              and tuple(t.shape) in shapes and t.dim() > 1]
+    copy_ptrs = {t.untyped_storage().data_ptr() for t in copies}
+    acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs | copy_ptrs]
+    acts_mb = _bytes(acts + kept_inputs) / MiB
+    recompute = _largest_segment_mb(base, x, dtype, segments) if checkpointing else 0.0
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
+    dtypes = {"parameters": _dtype_name(params), "gradients": _dtype_name(params),
+              "optimiser state": _dtype_name(state), "activations": _dtype_name(acts),
+              "weight copies": _dtype_name(copies)}
+    return MemoryBreakdown(
+        label=label or f"{model}, batch {batch_size}, {'fp32' if amp == 'off' else amp + ' autocast'}, {optimizer}"
+                       + (", checkpointed" if checkpointing else ""),
+        model=model, batch_size=batch_size, amp=amp, optimizer=optimizer, checkpointing=checkpointing,
+        device=str(dev), source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
+        parameters_mb=_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=_bytes(state) / MiB,
+        activations_mb=acts_mb, weight_copies_mb=_bytes(copies) / MiB, grads_held_between_steps_mb=held,
+        recompute_mb=recompute, dtypes=dtypes, cuda=cuda)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _dtype_name(tensors) -> str:
+    names = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if isinstance(t, torch.Tensor)})
+    return "/".join(names)
+
+
+def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | None, segments: int) -> float:
+    """Activations one checkpointed segment saves when it is recomputed in backward (the largest segment)."""
+    if hasattr(net, "features"):
+        layers = list(net.features)
+        size = -(-len(layers) // segments)
+        pieces = [nn.Sequential(*layers[i:i + size]) for i in range(0, len(layers), size)]
+    else:
+        pieces = [net.layer1, net.layer2, net.layer3, net.layer4]
+        with torch.no_grad():
+            x = net.relu(net.bn1(net.conv1(x)))
+    largest = 0
+    for piece in pieces:
+        saved: list[torch.Tensor] = []
+        ptrs = {p.untyped_storage().data_ptr() for p in piece.parameters()}
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=saved: kept.append(t) or t, lambda t: t), \
+                torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = piece(x.detach().requires_grad_())
+        largest = max(largest, _bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
+        x = out.detach()
+    return largest / MiB
+
+
+def describe_breakdowns(rows: list[MemoryBreakdown]) -> str:
+    return "\n".join(r.summary() for r in rows)
+
+
+def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
+    """Stacked bars, one per breakdown: parameters, gradients, optimiser state, activations, weight copies."""
+    from ..plots import ShownFigure as Figure
+
+    fig = Figure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
+    ax = fig.subplots()
+    colors = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state": "tab:green",
+              "activations": "tab:red", "weight copies": "tab:purple"}
+    bottoms = [0.0] * len(rows)
+    for comp in COMPONENTS:
+        values = [r.component_mb()[comp] for r in rows]
+        ax.bar(range(len(rows)), values, bottom=bottoms, color=colors[comp], label=comp)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    recompute = [r.recompute_mb for r in rows]
+    if any(recompute):
+        ax.bar(range(len(rows)), recompute, bottom=bottoms, color="none", edgecolor="tab:red", hatch="//",
+               label="recomputed in backward (one segment)")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r.label.replace(", ", "\n") for r in rows], fontsize=7)
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=7)
+    devices = sorted({r.device for r in rows})
+    ax.set_title(f"{title + ' - ' if title else ''}one training step's memory, by component\nrandom SYNTHETIC inputs "
+                 f"on {', '.join(devices)}; {rows[0].source if rows else ''}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- what checkpointing costs in time
+
+
+def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool = False, segments: int = 2,
+               repeats: int = 8, warmup: int = 2, device: str = "cpu", seed: int = 0) -> Spread:
+    """Milliseconds per training step (forward, backward, Adam step), each step timed alone, synchronised."""
+    _positive("repeats", repeats)
+    dev = resolve_device(device)
+    torch.manual_seed(seed)
+    base = build_model(model).to(dev)
+    net = Segmented(base, segments) if checkpointing else base
+    opt = torch.optim.Adam(base.parameters())
+    x = torch.randn(batch_size, 3, 32, 32).to(dev)
+    y = torch.randint(0, 10, (batch_size,)).to(dev)
+    times = []
+    for i in range(warmup + repeats):
+        synchronize(dev)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        synchronize(dev)
+        if i >= warmup:
+            times.append(1000 * (time.perf_counter() - t0))
+    return Spread.of(times)
+
+
+def checkpoint_cost(plain: Spread, checkpointed: Spread) -> str:
+    ratio = checkpointed.median / plain.median
+    from ..measure import is_noise
+
+    word = "noise: inside the spread" if is_noise(plain, checkpointed) else f"{ratio:.2f}x the step time"
+    return (f"step time {checkpointed.median:.1f} ms checkpointed vs {plain.median:.1f} ms (median; ranges "
+            f"{checkpointed.low:.1f}-{checkpointed.high:.1f} and {plain.low:.1f}-{plain.high:.1f}): {word}")
+
+
+# ---------------------------------------------------------------- C4 from the breakdown
+
+
+def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) -> Finding:
+    """C4 ("about 50% less memory") per condition: (fp32 breakdown, autocast breakdown) -> holds only when ..."""
+    findings = {}
+    for condition, (fp32, low) in pairs.items():
+        findings[condition] = claims.verdict_less(fp32.total_mb(), low.total_mb(), 0.5, what="training memory")
+    combined = claims.verdict_conditions(findings)
+    fp32, low = next(iter(pairs.values()))
+    stays = (f"stays fp32: parameters {fp32.parameters_mb:,.1f} MiB, gradients {fp32.gradients_mb:,.1f} MiB, "
+             f"optimiser state {fp32.optimizer_mb:,.1f} MiB; activations {fp32.activations_mb:,.1f} -> "
+             f"{low.activations_mb:,.1f} MiB; autocast adds weight copies of {low.weight_copies_mb:,.2f} MiB")
+    return Finding(combined.verdict, combined.evidence + "; " + stays)
+
+
+def amp_pairs(model: str, batch_sizes: tuple[int, ...], amp: str, optimizer: str = "adam",
+              device: str = "cpu") -> dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]:
+    """fp32 and `amp` breakdowns at each batch size, keyed "at batch N"."""
+    return {f"at batch {b}": (measure_breakdown(model, b, amp="off", optimizer=optimizer, device=device),
+                              measure_breakdown(model, b, amp=amp, optimizer=optimizer, device=device))
+            for b in batch_sizes}
+
+
+def share_of_activations(row: MemoryBreakdown) -> float:
+    return row.activations_mb / row.total_mb() if row.total_mb() else float("nan")
+

@@ -1,0 +1,119 @@
+"""How long each notebook takes, measured: notebooks/timings.json, written by tests/notebook_timings.py.
+
+The tool executes each notebook under each CPU profile (smoke, cpu) and records the wall seconds with the
+date and the machine. A notebook's first cells print its time from here (notebook_time), and the
+instructor's guide pastes timings_table()'s output. Nothing here is typed by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TIMINGS_VERSION = 1
+TIMINGS_NAME = "timings.json"
+REPO_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+PACKAGED_NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"  # where a wheel carries the notebooks
+
+
+def timings_path() -> Path:
+    """FASTLAB_TIMINGS if set; else the checkout's notebooks/timings.json; else the one a wheel carries beside its
+    notebooks; else ./timings.json (a notebook's kernel runs in its own folder)."""
+    env = os.environ.get("FASTLAB_TIMINGS", "").strip()
+    if env:
+        return Path(env)
+    for folder in (REPO_NOTEBOOKS, PACKAGED_NOTEBOOKS):
+        if (folder / TIMINGS_NAME).exists():
+            return folder / TIMINGS_NAME
+    return Path.cwd() / TIMINGS_NAME
+
+
+def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """notebook -> profile -> {"seconds", "date", "machine", "status"}; {} when nothing was measured."""
+    path = Path(path) if path is not None else timings_path()
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("schema_version") != TIMINGS_VERSION:
+        return {}
+    return doc.get("notebooks", {})
+
+
+def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
+                  machine: str, date: str | None = None, load: float | None = None) -> None:
+    """Set one notebook's time on one profile in the timings file (atomically; other entries kept).
+
+    load: the machine's 1-minute load average while it ran (other work slows a notebook down; a reader is told)."""
+    path = Path(path)
+    notebooks = load_timings(path)
+    entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
+             "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    if load is not None:
+        entry["load"] = round(float(load), 1)
+    notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
+    doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def notebook_time(notebook: str, profile: str | None = None) -> str:
+    """One sentence: how long `notebook` took top to bottom on `profile` (default: the active one), or that it
+    was not measured yet on that profile."""
+    from .config import active_profile
+
+    profile = profile or active_profile()
+    entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile)
+    if not entry:
+        return (f"{notebook}: not measured yet on profile {profile} (tests/notebook_timings.py measures the "
+                f"CPU profiles)")
+    status = "" if entry.get("status") == "ok" else f" (that run ended: {entry.get('status')})"
+    busy = f" while other work kept it busy (load average {entry['load']:g})" if entry.get("load") else ""
+    return (f"{notebook} took {_duration(entry['seconds'])} top to bottom on profile {profile}{status}, measured "
+            f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ")
+
+
+def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.PathLike | None = None) -> str:
+    """A markdown table: each measured notebook's time per profile, and the machines and dates behind them."""
+    data = load_timings(path)
+    if not data:
+        return "No notebook has been timed yet: run `python tests/notebook_timings.py`."
+    rows = ["| notebook | " + " | ".join(f"{p} profile" for p in profiles) + " |",
+            "| --- | " + " | ".join("---" for _ in profiles) + " |"]
+    machines = set()
+    loads = []
+    for name, by_profile in sorted(data.items()):
+        cells = []
+        for p in profiles:
+            e = by_profile.get(p)
+            if e:
+                machines.add((e["machine"], e["date"][:10]))
+                loads += [e["load"]] if e.get("load") is not None else []
+                cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})"))
+            else:
+                cells.append("not measured yet")
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.append("Measured on: " + "; ".join(f"{m} ({d})" for m, d in sorted(machines)) + ".")
+    if loads:
+        rows.append(f"The machine's 1-minute load average during these runs: {min(loads):g} to {max(loads):g} "
+                    f"(other work on it slows a notebook down).")
+    return "\n".join(rows)

@@ -1,0 +1,83 @@
+"""Time each notebook top to bottom under each CPU profile and record it in notebooks/timings.json.
+
+    python tests/notebook_timings.py                                   # every notebook, smoke then cpu
+    python tests/notebook_timings.py --profiles smoke 01_data_loading  # some notebooks, one profile
+
+Each notebook runs in a fresh kernel (as a reader's would) with FASTLAB_PROFILE set, its claim verdicts kept in a
+temporary folder (never the reader's store), and nothing written back into the notebook. The wall seconds, the
+date, the machine, the machine's load average and how the run ended go into the timings file (fastlab.timings),
+which the notebooks' first cells and docs/workshop.md print from. A timeout or an error is recorded as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def machine() -> str:
+    import platform
+
+    from fastlab.measure import usable_cpu_count
+
+    return f"CPU ({usable_cpu_count()} cores usable, {platform.machine()}), no GPU"
+
+
+def time_notebook(path: Path, profile: str, timeout: float) -> tuple[float, str, float]:
+    """(wall seconds, "ok" / "timeout" / "error: ...", mean 1-minute load average over the run)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    os.environ["FASTLAB_PROFILE"] = profile
+    os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-timing-results-")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    status = "ok"
+    try:
+        client.execute()
+    except CellTimeoutError:
+        status = "timeout"
+    except CellExecutionError as e:
+        status = f"error: {e.ename}"
+    seconds = time.perf_counter() - t0
+    return seconds, status, (load0 + os.getloadavg()[0]) / 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebooks", nargs="*", help="names (with or without .ipynb); default: all")
+    parser.add_argument("--profiles", default="smoke,cpu", help="comma-separated CPU profiles (default smoke,cpu)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a cell may run (default 1800)")
+    parser.add_argument("--out", default=str(NOTEBOOKS / "timings.json"))
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from fastlab.timings import record_timing
+
+    names = [n.removesuffix(".ipynb") for n in args.notebooks] or sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    for profile in profiles:
+        if profile not in ("smoke", "cpu"):
+            parser.error(f"--profiles: {profile!r} is not a CPU profile (smoke, cpu)")
+    where = machine()
+    for profile in profiles:
+        for name in names:
+            seconds, status, load = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout)
+            record_timing(args.out, name, profile, seconds, status, where, load=load)
+            print(f"{name} [{profile}]: {seconds:.0f} s, {status}, load average {load:.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

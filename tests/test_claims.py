@@ -1,0 +1,169 @@
+"""fastlab.claims: the claims as data, verdicts computed from measurements, the store, the claim map; and the
+notebooks' side of it (every claim quoted, exercises with solutions, timings printed, Next links)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fastlab import claims, timings
+from fastlab.measure import Spread
+from fastlab.results import RunResult
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+# The technique notebooks this part of the workbook owns (06, 09 and 10 have their own tests).
+TECHNIQUE = ["01_data_loading", "02_mixed_precision", "03_cudnn_benchmark_and_channels_last", "04_batch_size",
+             "05_no_grad_detach_item", "07_compile_and_export", "08_profiling", "11_multi_gpu_ddp", "12_memory"]
+
+
+def fake(label: str, windows: list[float], status: str = "ok", no_ops: dict | None = None, **extra) -> RunResult:
+    return RunResult(config={"warmup_steps": 0}, label=label, status=status, window_throughput=windows,
+                     no_ops=no_ops or {}, env={"device_name": "Test GPU", "profile": "smoke",
+                                               "date": "2026-01-02T00:00:00+00:00"}, **extra)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLAB_RESULTS_DIR", str(tmp_path / "results"))
+    return tmp_path / "results" / claims.STORE_NAME
+
+
+def test_fifteen_claims_each_with_a_notebook_and_a_quote():
+    assert [c.id for c in claims.CLAIMS] == [f"C{i}" for i in range(1, 16)]
+    for c in claims.CLAIMS:
+        q = claims.quote(c.id)
+        assert all(line.startswith("> ") for line in q.splitlines())
+        assert q.startswith(f"> **{c.id}**, the common advice:")
+        assert (NOTEBOOKS / f"{c.notebook}.ipynb").exists()
+    with pytest.raises(ValueError, match="claim_id='C16' is not allowed"):
+        claims.quote("C16")
+
+
+def test_speedup_verdicts():
+    base = fake("base", [100, 105, 110])
+    assert claims.verdict_speedup(base, fake("x", [250, 260, 270]), 2.0).verdict.startswith("holds (")
+    short = claims.verdict_speedup(base, fake("x", [150, 155, 160]), 2.0).verdict
+    assert short.startswith("does not hold here as stated") and "claimed 2x" in short
+    assert "no difference outside the spread" in claims.verdict_speedup(base, fake("x", [104, 106, 108])).verdict
+    assert "slower" in claims.verdict_speedup(base, fake("x", [50, 55, 60])).verdict
+    noop = claims.verdict_speedup(base, fake("x", [100], no_ops={"pin_memory": "no GPU"}), knob="pin_memory")
+    assert noop.verdict == "no-op here (no GPU)"
+    diverged = fake("x", [900, 950], status="diverged", error="loss is nan at step 3")
+    assert "not credited" in claims.verdict_speedup(base, diverged).verdict
+    # several seeds pool their windows
+    assert claims.pooled_throughput([fake("a", [1, 2]), fake("b", [3])]) == Spread(2, 1, 3, 3)
+
+
+def test_less_and_conditions():
+    assert claims.verdict_less(1000, 520, 0.5).verdict.startswith("holds (48% less")
+    assert claims.verdict_less(1000, 800, 0.5).verdict.startswith("does not hold here as stated")
+    assert claims.verdict_less(1000, 990, 0.5).verdict.startswith("does not hold here (no memory saving")
+    assert "more memory" in claims.verdict_less(1000, 1200).verdict
+    yes, no = claims.Finding("holds (2x)", ""), claims.Finding("does not hold here", "")
+    assert claims.verdict_conditions({"at batch 256": yes, "at batch 8": no}).verdict == "holds only when at batch 256"
+    assert claims.verdict_conditions({"a": yes, "b": yes}).verdict == "holds"
+    assert claims.verdict_conditions({"a": no}).verdict == "does not hold here"
+    with pytest.raises(ValueError, match="must start with one of"):
+        claims.Verdict(claim="C1", verdict="probably fine")
+
+
+def test_store_appends_atomically_and_keeps_the_latest(store):
+    assert claims.load_verdicts() == []
+    first = claims.record_verdict("C1", "holds (1.5x faster)", "a sweep", "runs", device="CPU", profile="smoke")
+    second = claims.conclude("C1", claims.Finding("does not hold here (slower: 0.90x)", "another sweep"),
+                             [fake("a", [1.0])])
+    assert [v.verdict for v in claims.load_verdicts()] == [first.verdict, second.verdict]
+    assert claims.latest_verdicts()["C1"].verdict == second.verdict
+    assert second.device == "Test GPU" and second.profile == "smoke" and second.date
+    doc = json.loads(store.read_text())
+    assert doc["schema_version"] == claims.STORE_VERSION and len(doc["verdicts"]) == 2
+    assert not list(store.parent.glob("*.tmp"))
+    store.write_text("{not json")
+    assert claims.load_verdicts() == []  # a broken store reads as empty, and the next record starts it again
+    claims.record_verdict("C2", "no-op here (no GPU)", "pin_memory on cpu")
+    assert [v.claim for v in claims.load_verdicts()] == ["C2"]
+
+
+def test_claim_map_prefers_the_readers_verdict_then_the_reference(store, monkeypatch):
+    mine = {"C3": claims.Verdict(claim="C3", verdict="holds only when at batch 256", device="CPU", profile="cpu",
+                                 date="2026-01-03T00:00:00+00:00")}
+    ref = {"C3": claims.Verdict(claim="C3", verdict="holds", source="reference", device="H200", date="2026"),
+           "C6": claims.Verdict(claim="C6", verdict="holds", source="reference", device="H200", profile="gpu",
+                                date="2026-01-01")}
+    text = claims.claim_map(mine=mine, reference=ref)
+    for c in claims.CLAIMS:
+        assert re.search(rf"^{c.id}\s", text, re.M), c.id
+    c3 = text.split("\nC4")[0].split("C3 ")[1]
+    assert "your latest run" in c3 and "holds only when at batch 256" in c3
+    assert "bundled reference results: H200" in text.split("\nC7")[0].split("C6 ")[1]
+    assert text.count("not measured yet") >= 13
+
+
+def test_judges_apply_to_bundled_reference_results(monkeypatch):
+    from fastlab.comparisons import all_comparisons
+
+    all_comparisons()  # the lessons register their judges on import: import them before the registry is swapped
+    monkeypatch.setattr(claims, "JUDGES", {})
+
+    @claims.judge("C2", "01_data_loading:pipeline")
+    def c2(results):
+        return claims.verdict_speedup(results[0], results[1])
+
+    ref = {"H200": [fake("a", [100, 101]), fake("b", [300, 310])]}
+    monkeypatch.setattr("fastlab.results.reference_for", lambda name: ref if name == "01_data_loading:pipeline" else {})
+    got = claims.reference_verdicts()
+    assert got["C2"].verdict.startswith("holds") and got["C2"].source == "reference" and got["C2"].device == "H200"
+
+    @claims.judge("C3", "01_data_loading:pipeline")
+    def broken(results):
+        raise ValueError("these are not the runs it judges")
+
+    assert "C3" not in claims.reference_verdicts()  # a judge that cannot read the reference is skipped, not fatal
+
+
+def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
+    path = tmp_path / "timings.json"
+    monkeypatch.setenv("FASTLAB_TIMINGS", str(path))
+    assert "not measured yet on profile smoke" in timings.notebook_time("01_data_loading", "smoke")
+    timings.record_timing(path, "01_data_loading.ipynb", "smoke", 47.26, "ok", "CPU (2 cores)", "2026-01-02T00:00")
+    assert timings.notebook_time("01_data_loading", "smoke").startswith("01_data_loading took 47 s")
+    assert "not measured yet on profile cpu" in timings.notebook_time("01_data_loading", "cpu")
+    table = timings.timings_table()
+    assert "| `01_data_loading` | 47 s | not measured yet |" in table and "CPU (2 cores) (2026-01-02)" in table
+
+
+# ---------------------------------------------------------------- the notebooks
+
+
+def markdown(name: str) -> str:
+    nb = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
+    return "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def code(name: str) -> str:
+    nb = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())
+    return "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_every_claim_is_quoted_in_a_notebook_and_00_maps_them():
+    texts = {p.stem: markdown(p.stem) for p in NOTEBOOKS.glob("*.ipynb")}
+    missing = [c.id for c in claims.CLAIMS if not any(claims.quote(c.id) in t for t in texts.values())]
+    assert not missing, f"paste fastlab.claims.quote(id) into a markdown cell of the notebook that tests {missing}"
+    assert "claims.claim_map()" in code("00_start_here")
+
+
+@pytest.mark.parametrize("name", TECHNIQUE)
+def test_technique_notebook_scaffolding(name):
+    text, src = markdown(name), code(name)
+    first = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"][0]
+    assert first["cell_type"] == "markdown" and "What you will learn" in "".join(first["source"])
+    assert f'notebook_time("{name}")' in src
+    assert len(re.findall(r"^### Exercise \d", text, re.M)) >= 2
+    assert text.count("<details>") >= 2 and "Predict" in text
+    assert re.search(r"\*\*Next:\*\*", text) and "## Guard rails" in text
+    for c in claims.claims_for(name):
+        assert claims.quote(c.id) in text
+        assert f'"{c.id}"' in src, f"{name} records no verdict for {c.id}"
+        for number in re.findall(r"§(\d+)", c.section):  # the map's section numbers are the notebook's headings
+            assert re.search(rf"^## {number}\. ", text, re.M), f"{c.id}: {name} has no section {number}"

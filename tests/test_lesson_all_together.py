@@ -1,0 +1,175 @@
+"""Notebook 09's new parts: time to accuracy of the ladder's rungs, the two ladders side by side, C15's verdict,
+and the torch.compile + bf16 check (fastlab.lessons.all_together)."""
+
+import pytest
+
+import fastlab
+from fastlab.claims import check_verdict
+from fastlab.lessons import all_together as at
+
+
+def rung(name, speeds, status="ok", dropped=None, **config):
+    r = fastlab.RunResult(config={"amp": "off", "batch_size": 32, **config}, label=f"+{name}", status=status,
+                          window_throughput=list(speeds), dataset={"name": "synthetic", "synthetic": True},
+                          env={"device_name": "CPU (test)", "torch": "2.x"}, peak_memory_mb=100.0)
+    r.extras["rung"] = name
+    if dropped:
+        r.extras["dropped"] = dropped
+    return r
+
+
+def tta(name, seconds, steps=None, status="ok", dropped=None, target=0.5):
+    runs = []
+    for i, s in enumerate(seconds):
+        r = rung(name, [100.0], status=status, dropped=dropped)
+        reached = s is not None and status == "ok"
+        st = (steps or [10] * len(seconds))[i]
+        r.extras["tta"] = {"target": target, "reached": reached, "seconds": s if reached else None,
+                           "steps": st if reached else None, "images": 32 * st if reached else None,
+                           "best_accuracy": 0.6 if reached else 0.2, "curve": [[s or 1.0, st, 0.6]],
+                           "why_not": None if reached else ("diverged" if status == "diverged" else "step budget spent")}
+        runs.append(r)
+    return fastlab.TimeToAccuracy(f"+{name}", target, runs)
+
+
+def ladder():
+    return [rung("naive", [100, 100, 100]), rung("workers", [150, 150, 150]),
+            rung("amp", [300, 300, 300], status="diverged", dropped="diverged: loss nan"),
+            rung("fused_adamw", [160, 160, 160]), rung("large_batch", [320, 320, 320])]
+
+
+def ttas():
+    return [tta("naive", [10.0, 11.0, 12.0]), tta("workers", [7.0, 7.5, 8.0]),
+            tta("amp", [None] * 3, status="diverged", dropped="diverged: loss nan"),
+            tta("fused_adamw", [6.0, 6.5, 7.0]), tta("large_batch", [12.0, 13.0, 14.0])]
+
+
+def test_profiles_choose_rungs_and_seeds(smoke):
+    assert at.tta_rung_names(smoke) == ["naive", "fused_adamw", "large_batch"]
+    assert len(at.tta_seeds(smoke)) >= 2
+    cpu = fastlab.config_for("cpu", device="cpu")
+    assert at.tta_rung_names(cpu) == [r.name for r in at.rungs_for(cpu)] and len(at.tta_seeds(cpu)) >= 3
+    skipped = at.tta_skipped(smoke)
+    assert "workers" in skipped and "smoke" in skipped["all_on"] and "fused_adamw" not in skipped
+    plan = "\n".join(at.tta_plan(smoke))
+    assert "3 rungs x 2 seeds" in plan and "cpu and gpu profiles" in plan
+    assert at.tta_skipped(cpu) == {}
+
+
+def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
+    results = [rung("naive", [1.0], **quick.to_dict()), rung("workers", [1.0], **quick.to_dict()),
+               rung("fused_adamw", [1.0], dropped="a trap", **quick.replace(optimizer="adamw").to_dict())]
+    seen = []
+
+    def fake(cfg, seeds, label, progress):
+        seen.append((cfg, seeds, label))
+        return tta(label.lstrip("+"), [1.0] * len(seeds))
+
+    monkeypatch.setattr(at, "time_to_accuracy", fake)
+    monkeypatch.setitem(at.TTA_ONLY, "smoke", ("fused_adamw",))
+    out = at.run_tta(results, quick, progress=False)
+    assert [label for _, _, label in seen] == ["+naive", "+fused_adamw"]  # workers is not in the smoke subset
+    assert seen[1][0] == fastlab.TrainConfig.from_dict(results[2].config)
+    assert seen[0][1] == at.tta_seeds(quick)
+    assert all(r.extras["rung"] == "fused_adamw" and r.extras["dropped"] == "a trap" for r in out[1].runs)
+    assert all(r.extras["comparison"] == f"{at.NAME}:time_to_accuracy" for t in out for r in t.runs)
+
+
+def test_a_rung_faster_per_image_but_slower_to_a_result_stands_out():
+    found = dict(at.contrasts(ladder(), ttas()))
+    # amp: 2x images/s over workers, but diverged; large_batch: 2x images/s over fused_adamw, but 0.5x to the target
+    assert list(found) == ["+amp", "+large_batch"]
+    assert "but to the target: not faster (+amp diverged in 3 of 3 seeds)" in found["+amp"]
+    assert found["+large_batch"].startswith("2.00x images/s over the rung it built on, but to the target: not faster")
+    lines = "\n".join(at.tta_lines(ttas()))
+    assert "+amp: target 50% not reached" in lines and "dropped from the rungs above: diverged" in lines
+    assert "+fused_adamw" in lines and "against +workers" in lines  # the dropped amp rung is not built on
+    fig = at.plot_speed_and_outcome(ladder(), ttas())
+    ax_speed, ax_tta = fig.axes[:2]
+    assert "per image" in ax_speed.get_title() and "50%" in ax_tta.get_title()
+    texts = [t.get_text() for t in ax_tta.texts]
+    assert "DIVERGED" in texts and any("3/3 seeds" in t for t in texts)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "diverged: speed not credited", "dropped: not carried up the ladder", "faster per image, not faster to a result"]
+
+
+def test_rungs_without_a_time_to_accuracy_are_marked_not_run():
+    fig = at.plot_speed_and_outcome(ladder(), ttas()[:2])
+    assert sum("not run" in t.get_text() for t in fig.axes[1].texts) == 3
+
+
+def test_c15_verdict_on_both_measures():
+    f = at.judge_c15(ladder(), ttas())
+    check_verdict(f.verdict)
+    assert f.verdict == "holds"  # fused_adamw: 1.60x images/s, and 11.0 s -> 6.5 s to target
+    assert "'+fused_adamw'" in f.evidence and "counted in time to 50% held-out accuracy over 3 seeds" in f.evidence
+    slow = ttas()
+    slow[3] = tta("fused_adamw", [20.0, 21.0, 22.0])
+    assert at.judge_c15(ladder(), slow).verdict == "holds only when counted in images/s"
+    only_speed = at.judge_c15(ladder(), [])
+    assert only_speed.verdict == "holds" and "images/s only" in only_speed.evidence
+    with pytest.raises(ValueError, match="needs the naive rung"):
+        at.judge_c15(ladder()[:1], [])
+
+
+def _check_runs(eager_status, compiled_status):
+    eager = rung("eager", [1.0], status=eager_status, model="compact")
+    eager.label, eager.losses = "bf16 autocast, eager", [(0, 2.3), (1, 2.2)]
+    compiled = rung("compiled", [1.0], status=compiled_status, model="compact")
+    compiled.label, compiled.steps_done, compiled.step_seconds = "bf16 autocast + torch.compile", 2, [30.0, 0.1]
+    compiled.losses = [(0, 2.3), (1, float("nan"))] if compiled_status == "diverged" else [(0, 2.3), (1, 2.2)]
+    if compiled_status == "diverged":
+        compiled.diverged_step, compiled.last_finite_loss = 1, 2.3
+    return [eager, compiled]
+
+
+@pytest.mark.parametrize("eager, compiled, words", [
+    ("ok", "diverged", "-> it reproduces here: torch.compile + bf16 diverged while bf16 in eager mode did not"),
+    ("ok", "ok", "-> it does not reproduce here: both stayed finite"),
+    ("diverged", "diverged", "-> both diverged here"),
+    ("diverged", "ok", "-> bf16 eager diverged and the compiled run did not"),
+    ("ok", "failed", "-> torch.compile failed here"),
+])
+def test_compile_check_reads_the_statuses(eager, compiled, words):
+    text = at.describe_compile_check(_check_runs(eager, compiled))
+    assert words in text and "torch 2.x on CPU (test), model compact" in text
+    assert "first step (compilation included) took 30.0 s" in text
+    if compiled == "diverged":
+        assert "diverged at step 1 (last finite loss 2.300)" in text
+
+
+def test_compile_check_guards(smoke, monkeypatch):
+    assert "smoke profile" in at.compile_check_skip(smoke)
+    assert at.compile_check_skip(fastlab.config_for("cpu")) is None
+    with pytest.raises(ValueError, match="steps=0 is not allowed"):
+        at.compile_bf16_check(smoke, steps=0)
+    monkeypatch.setattr(at, "bf16_supported", lambda device: False)
+    assert at.compile_bf16_check(smoke) == []
+    assert "has no native bf16" in at.describe_compile_check([], smoke)
+
+
+@pytest.mark.slow
+def test_compile_check_runs_for_real(quick):
+    # a torch.compile of the tiny net on a 2-core CPU: over a minute with a cold inductor cache
+    runs = at.compile_bf16_check(quick.replace(device="cpu"), steps=2, model="tiny")
+    assert [r.label for r in runs] == ["bf16 autocast, eager", "bf16 autocast + torch.compile"]
+    assert runs[0].config["amp"] == runs[1].config["amp"] == "bf16"
+    assert runs[0].config["compile"] == "off" and runs[1].config["compile"] == "default"
+    assert all(r.status in ("ok", "diverged") for r in runs)
+    assert at.describe_compile_check(runs).splitlines()[-1].startswith("-> ")
+
+
+def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch):
+    cfg = quick.to_dict()
+    results = [rung("naive", [1.0], **cfg), rung("cudnn", [1.0], **{**cfg, "cudnn_benchmark": True}),
+               rung("channels_last", [1.0], **{**cfg, "cudnn_benchmark": True, "channels_last": True})]
+    results[1].no_ops = {"cudnn_benchmark": "cuDNN runs only on NVIDIA GPUs"}
+    assert at.noop_rung(results, 1).startswith("every change of this rung is a no-op here (cuDNN runs only")
+    assert at.noop_rung(results, 2) is None
+    monkeypatch.setattr(at, "time_to_accuracy", lambda cfg, seeds, label, progress: tta(label.lstrip("+"), [1.0]))
+    out = at.run_tta(results, fastlab.config_for("cpu", device="cpu"), progress=False)
+    assert [t.label for t in out] == ["+naive", "+channels_last"]
+    assert "cudnn: time to accuracy not measured: every change" in "\n".join(
+        at.tta_skip_lines(results, fastlab.config_for("cpu")))
+    fig = at.plot_speed_and_outcome(results, out)
+    assert "no-op here" in [t.get_text() for t in fig.axes[1].texts]
