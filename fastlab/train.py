@@ -105,7 +105,7 @@ def run_in_fresh_thread(fn: Callable[..., Any], *args: Any, stop: threading.Even
 
 
 @contextlib.contextmanager
-def _exclusive(label: str) -> Iterator[None]:
+def exclusive_run(label: str) -> Iterator[None]:
     """Serialise runs in this process: two runs at once would each time the other's contention."""
     while not _RUN_LOCK.acquire(timeout=0.1):  # a timeout keeps Ctrl-C working while waiting
         pass
@@ -139,7 +139,7 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
 
 
 def _run(training: TrainingRun, comparison: str | None = None) -> RunResult:
-    with _exclusive(training.result.label):
+    with exclusive_run(training.result.label):
         result = run_in_fresh_thread(training.execute, stop=training.halt)
     if comparison:
         result.extras["comparison"] = comparison
@@ -597,5 +597,5 @@ class _NoBar:
         pass
 
 
-__all__ = ["run", "compare", "sweep", "active_run", "run_in_fresh_thread", "TrainingRun", "WindowClock",
+__all__ = ["run", "compare", "sweep", "active_run", "exclusive_run", "run_in_fresh_thread", "TrainingRun", "WindowClock",
            "DivergenceWatch", "Checkpoints", "window_ends", "is_out_of_memory", "describe_changes", "ImageSet"]

@@ -16,7 +16,6 @@ timed the same way.
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import statistics
 import threading
@@ -48,8 +47,7 @@ def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunRes
         box["threads"] = torch.get_num_threads()
         box["result"] = train.TrainingRun(cfg, label, None, None, progress, None, None).execute()
 
-    exclusive = getattr(train, "_exclusive", None)  # one run at a time in this process, as fastlab.run does
-    with exclusive(label) if exclusive is not None else contextlib.nullcontext():
+    with train.exclusive_run(label):  # one run at a time in this process, as fastlab.run does
         before = _switches()
         if where == "main":
             work()
