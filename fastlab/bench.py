@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from .config import TrainConfig, config_for
 from .device_support import no_op_reasons
 from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
-from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, time_to_accuracy
+from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, TrapLimits, median_step_seconds, time_to_accuracy
 from .results import RunResult, load_document, save_results
 from .train import run
 
@@ -165,6 +166,17 @@ def tta_drop_reason(tta: TimeToAccuracy) -> str | None:
     return None
 
 
+def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
+    """The limits of a rung above naive, from the rung it builds on and the throughput ladder's trap rule (under
+    DROP_BELOW_RATIO = 0.5x): each seed may train 2x the slowest seed's seconds to the target there, and a first
+    seed stopped while stepping 2x slower than there is a speed trap (see outcomes.TrapLimits)."""
+    if below is None or not below.reached:
+        return None
+    steps = [median_step_seconds(r) for r in below.runs if r.step_seconds]
+    return TrapLimits(max_training_seconds=below.seconds.high / DROP_BELOW_RATIO,
+                      max_step_seconds=statistics.median(steps) / DROP_BELOW_RATIO if steps else None)
+
+
 def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
                    progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None,
                    not_run: dict[str, str] | None = None) -> list[TimeToAccuracy]:
@@ -172,6 +184,7 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
     A rung whose every knob is a no-op on this device is not run; not_run (when given) gets its reason."""
     out: list[TimeToAccuracy] = []
     kept: dict[str, Any] = {}
+    below: TimeToAccuracy | None = None
     bar = _rung_bar(len(rungs), "time-to-accuracy ladder", progress)
     device = resolve_device(base.device)
     for rung in rungs:
@@ -184,7 +197,7 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
             if bar is not None:
                 bar.update(1)
             continue
-        tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress)
+        tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress, limits=tta_limits(below))
         reason = tta_drop_reason(tta)
         for r in tta.runs:
             r.extras.update(rung=rung.name, why=rung.why, metric="time-to-accuracy")
@@ -192,6 +205,7 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
                 r.extras["dropped"] = reason
         if not reason:
             kept.update(rung.changes)
+            below = tta
         out.append(tta)
         if on_result is not None:
             on_result(tta.runs)
@@ -275,7 +289,12 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
         if key not in groups:
             groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
         groups[key].runs.append(r)
+        groups[key].seeds_not_run = groups[key].seeds_not_run or r.extras["tta"].get("seeds_not_run", "")
     return list(groups.values())
+
+
+def _number(value: float) -> str:
+    return "" if math.isnan(value) else f"{value:,.0f}"
 
 
 def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | None = None) -> str:
@@ -287,26 +306,32 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
     data = "SYNTHETIC data" if first.synthetic else f"real {first.dataset.get('name', '?')}"
     lines = [f"fastlab time-to-accuracy ladder on {env.get('device_name')}, torch {env.get('torch')}, profile "
              f"{env.get('profile')}, model {first.config.get('model')}, {data}, target {ttas[0].target:.0%} held-out "
-             f"accuracy, {len(ttas[0].runs)} seeds per rung, {env.get('date')}", "",
+             f"accuracy, {len(ttas[0].runs)} seeds per rung (fewer where a note says why), {env.get('date')}", "",
              "| rung | training s to target, median (min-max) | reached | vs naive | median steps | best accuracy "
              "median (min-max) | images/s median | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = ttas[0].seconds
+    notes: list[str] = []
     for t in ttas:
         s, b = t.seconds, t.best_accuracy
         dropped = t.runs[0].extras.get("dropped")
         name = t.label + (f" (dropped: {dropped})" if dropped else "")
         speed = Spread.of([r.throughput.median for r in t.runs if r.window_throughput])
         no_ops = ", ".join(sorted({k for r in t.runs for k in r.no_ops}))
+        if t.seeds_not_run:
+            notes.append(f"{t.label}: {t.seeds_not_run}.")
         if t.reached:
             vs = f"{base.median / s.median:.2f}x" if base.n and s.median else ""
-            if base.n and is_noise(base, s):
+            if base.n and t is not ttas[0] and is_noise(base, s):
                 vs += " (noise)"
             time_cell, steps = f"{s.median:.1f} ({s.low:.1f}-{s.high:.1f})", f"{t.steps.median:.0f}"
         else:
             time_cell, vs, steps = "not reached", "", ""
-        lines.append(f"| {name} | {time_cell} | {t.reached}/{len(t.runs)} | {vs} | {steps} | {b.median:.1%} "
-                     f"({b.low:.1%}-{b.high:.1%}) | {speed.median:,.0f} | {no_ops} |")
+        best = f"{b.median:.1%} ({b.low:.1%}-{b.high:.1%})" if b.n else "not evaluated (stopped first)"
+        lines.append(f"| {name} | {time_cell} | {t.reached}/{len(t.runs)} | {vs} | {steps} | {best} "
+                     f"| {_number(speed.median)} | {no_ops} |")
+    if notes:
+        lines += ["", "Seeds not run: " + " ".join(notes)]
     if not_run:
         lines += ["", "Not run here (every knob of the rung is a no-op on this device): " +
                   "; ".join(f"{k}: {v}" for k, v in not_run.items()) + "."]
@@ -314,7 +339,9 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
               "to the evaluation checkpoint that first reached the target; evaluation time excluded. Median, min and "
               "max over the seeds that reached it; 'vs naive' = naive's median / the rung's median; 'noise': a "
               "median inside the other's range. Each rung keeps the changes of the rungs below it that reached "
-              "the target without diverging."]
+              "the target without diverging. Above naive, a seed that takes over twice the slowest time of the rung "
+              "it builds on is stopped (the throughput ladder's trap rule, 0.5x); a rung whose first seed diverges, "
+              "or is stopped while stepping over twice as slowly, runs no more seeds."]
     return "\n".join(lines) + "\n"
 
 

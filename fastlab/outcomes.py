@@ -11,6 +11,7 @@ evaluation's time kept apart (as DAWNBench and the CIFAR-10 speed records report
 
 from __future__ import annotations
 
+import statistics
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ class TimeToAccuracy:
     label: str
     target: float
     runs: list[RunResult] = field(default_factory=list)
+    seeds_not_run: str = ""  # why some seeds were not run (a first seed that was a trap), else empty
 
     @property
     def reached(self) -> int:
@@ -97,15 +99,19 @@ class TimeToAccuracy:
 
     @property
     def best_accuracy(self) -> Spread:
-        return Spread.of([r.extras["tta"]["best_accuracy"] for r in self.runs])
+        """Best held-out accuracy over the seeds that were evaluated at all (a trap may stop before its first)."""
+        return Spread.of([b for r in self.runs if (b := r.extras["tta"]["best_accuracy"]) is not None])
 
     def summary(self) -> str:
         n = len(self.runs)
+        b = self.best_accuracy
+        best = (f"best accuracy {b.median:.1%}" + (f" (min {b.low:.1%}, max {b.high:.1%})" if b.n > 1 else "")
+                if b.n else "stopped before its first evaluation")
+        if self.seeds_not_run:
+            return f"{self.label}: target {self.target:.0%} not reached ({self.seeds_not_run}); {best}"
         if self.reached == 0:
             why = "; ".join(sorted({r.extras["tta"]["why_not"] for r in self.runs}))
-            b = self.best_accuracy
-            return (f"{self.label}: target {self.target:.0%} not reached in any of {n} seeds ({why}); best accuracy "
-                    f"{b.median:.1%} (min {b.low:.1%}, max {b.high:.1%})")
+            return f"{self.label}: target {self.target:.0%} not reached in any of {n} seeds ({why}); {best}"
         s, st = self.seconds, self.steps
         text = (f"{self.label}: {s.median:.1f} s of training to {self.target:.0%} (min {s.low:.1f}, max {s.high:.1f}; "
                 f"median {st.median:.0f} steps), reached in {self.reached} of {n} seeds")
@@ -115,20 +121,26 @@ class TimeToAccuracy:
 def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds: Sequence[int] = DEFAULT_SEEDS,
                      eval_every: int | None = None, max_steps: int | None = None, label: str = "",
                      progress: bool = True, stop: threading.Event | None = None, model: ModelArg = None,
-                     dataset: Data | None = None) -> TimeToAccuracy:
+                     dataset: Data | None = None, limits: TrapLimits | None = None) -> TimeToAccuracy:
     """Train each seed until held-out accuracy reaches `target` (default: the profile's, see
     fastlab.config.target_accuracy), evaluating every `eval_every` steps, for at most `max_steps` steps (and
-    config.max_seconds of timed steps). A run that stops first says "not reached" with its best accuracy."""
+    config.max_seconds of timed steps). A run that stops first says "not reached" with its best accuracy.
+    `limits` (the ladders' rungs above naive) cut a trap short; `seeds_not_run` says when they did."""
     settings = tta_settings(config)
-    data, info = builders.load_data(config, dataset)
-    target = target if target is not None else target_accuracy(config, info["synthetic"])
     every = eval_every or settings["eval_every"]
-    steps = max_steps or settings["max_steps"]
-    cfg = config.replace(steps=max(steps - config.warmup_steps, config.windows))
+    steps = max(max_steps or settings["max_steps"], config.warmup_steps + 1)
+    timed = steps - config.warmup_steps
+    # windows of about `every` steps, so a run that stops at its first checkpoints still has some
+    changes: dict[str, Any] = dict(steps=timed, windows=max(1, timed // every))
+    if dataset is None and "eval_images" in settings:
+        changes["eval_images"] = min(config.eval_images, settings["eval_images"])
+    cfg = config.replace(**changes)
+    data, info = builders.load_data(cfg, dataset)
+    target = target if target is not None else target_accuracy(cfg, info["synthetic"])
     out = TimeToAccuracy(label or "time to accuracy", target)
     for seed in seeds:
         training = TrainingRun(cfg.replace(seed=seed), f"{out.label} (seed {seed})", model, data, progress, stop,
-                               None, checkpoints=Checkpoints(every, target))
+                               None, checkpoints=Checkpoints(every, target, limits.max_training_seconds if limits else None))
         r = _run(training)
         r.dataset = info
         r.extras["variant"] = out.label
@@ -136,7 +148,44 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
         out.runs.append(r)
         if r.status == "interrupted":
             break
+        trap = limits.trap(r) if limits is not None and len(out.runs) == 1 else None
+        if trap:
+            rest = [str(s) for s in seeds[1:]]
+            if rest:
+                out.seeds_not_run = (f"seed{'s' if len(rest) > 1 else ''} {', '.join(rest)} not run: seed {seed} "
+                                     f"{trap}")
+                r.extras["tta"]["seeds_not_run"] = out.seeds_not_run  # kept in the results file
+            break
     return out
+
+
+@dataclass(frozen=True)
+class TrapLimits:
+    """How the ladders cut a rung above naive short. Each seed stops after `max_training_seconds` of training
+    (warm-up included). A first seed that diverged or failed, or that was stopped while stepping slower than
+    `max_step_seconds`, makes the other seeds pointless (no seed makes a 10x slower precision fast), so they
+    are not run; a first seed that was merely slow to learn is not a trap, and the other seeds run."""
+
+    max_training_seconds: float | None = None
+    max_step_seconds: float | None = None
+
+    def trap(self, r: RunResult) -> str | None:
+        """Why this first seed ends its rung, or None."""
+        if r.extras["tta"]["reached"]:
+            return None
+        if r.status in ("diverged", "failed"):
+            return f"{r.extras['tta']['why_not']} before reaching the target"
+        step = median_step_seconds(r)
+        if r.status == "time_limited" and self.max_step_seconds and step > self.max_step_seconds:
+            return (f"was stopped at {step:.2f} s a step, over {self.max_step_seconds:.2f} s (twice the rung "
+                    f"below's): a speed trap")
+        return None
+
+
+def median_step_seconds(r: RunResult) -> float:
+    """The median wall time of a run's steps after the first (which carries compilation and allocation)."""
+    steps = r.step_seconds[1:] or r.step_seconds
+    return statistics.median(steps) if steps else float("nan")
 
 
 def tta_record(r: RunResult, target: float) -> dict[str, Any]:
@@ -144,7 +193,7 @@ def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     curve = r.extras.get("tta_curve", [])
     hit = next((c for c in curve if c[2] >= target), None)
     record: dict[str, Any] = {"target": target, "reached": hit is not None, "curve": curve,
-                              "best_accuracy": max((c[2] for c in curve), default=r.eval_accuracy or 0.0),
+                              "best_accuracy": max((c[2] for c in curve), default=r.eval_accuracy),
                               "seconds": None, "steps": None, "images": None, "why_not": None}
     if hit is not None:
         record.update(seconds=hit[0], steps=hit[1], images=hit[1] * r.images_per_step)

@@ -117,3 +117,16 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
         rows.append(f"The machine's 1-minute load average during these runs: {min(loads):g} to {max(loads):g} "
                     f"(other work on it slows a notebook down).")
     return "\n".join(rows)
+
+
+TABLE_START = "<!-- timings table:"
+TABLE_END = "<!-- end of timings table -->"
+
+
+def with_timings_table(text: str, table: str) -> str:
+    """`text` (docs/workshop.md) with the block between the table markers replaced by `table`."""
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no timings table block ({TABLE_START!r} ... {TABLE_END!r}) in the text")
+    head_end = text.index("\n", start) + 1
+    return text[:head_end] + "\n" + table + "\n" + text[end:]

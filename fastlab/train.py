@@ -307,10 +307,12 @@ class Parallel(Protocol):
 
 @dataclass(frozen=True)
 class Checkpoints:
-    """Evaluate held-out accuracy every `every` steps (time kept apart) and stop once it reaches `target`."""
+    """Evaluate held-out accuracy every `every` steps (time kept apart) and stop once it reaches `target`;
+    stop as time_limited once `max_training_seconds` of training (warm-up included) pass without reaching it."""
 
     every: int
     target: float
+    max_training_seconds: float | None = None
 
 
 # ------------------------------------------------------------------ one run
@@ -420,7 +422,10 @@ class TrainingRun:
             self.loader = None
         if par:
             par.finish(self.net, res)
-        if par is None or par.evaluates:
+        # a time-to-accuracy run that diverged or ran out of time has its checkpoints' accuracies; one more pass over
+        # the held-out set on such weights (NaN, or a precision 10x slower here) would cost more than it tells
+        trap = self.checkpoints is not None and res.status in ("diverged", "time_limited")
+        if (par is None or par.evaluates) and res.eval_accuracy is None and not trap:
             self._evaluate(meter)
 
     def _steps(self, meter: MemoryMeter, watch: DivergenceWatch) -> None:
@@ -450,12 +455,17 @@ class TrainingRun:
                         self.on_step(step + 1, clock.total)
                     if self.checkpoints and (step + 1) % self.checkpoints.every == 0:
                         self._checkpoint(step, clock, meter)
+                    if self._over_training_budget(clock, t1):
+                        res.error = (f"stopped after {t1 - clock.t_start:.0f} s of training without reaching the "
+                                     f"target (its budget: {self.checkpoints.max_training_seconds:.0f} s)")
+                        raise _OverBudget
                     if self._over_budget(clock, step + 1, t1):
                         raise _OverBudget
             self._final_check(clock.total - 1, loss, watch)
         except _OverBudget:
             res.status = "time_limited"
-            res.error = f"stopped at its max_seconds={cfg.max_seconds:g} budget after {res.steps_done} steps"
+            res.error = res.error or (f"stopped at its max_seconds={cfg.max_seconds:g} budget after "
+                                      f"{res.steps_done} steps")
             self._final_check(res.steps_done - 1, loss, watch)
         finally:
             bar.close()
@@ -464,6 +474,12 @@ class TrainingRun:
                 kept = [(s, float(v)) for s, v in res.extras.pop("_logged", [])]
                 res.losses.extend(kept)
             kept_losses.clear()
+
+    def _over_training_budget(self, clock: WindowClock, t1: float) -> bool:
+        """A time-to-accuracy run's budget, warm-up included: read from the step's own clock (no extra sync; on a
+        GPU it may lag the queued work by a step, which is fine for a budget)."""
+        limit = self.checkpoints.max_training_seconds if self.checkpoints else None
+        return bool(limit) and t1 - clock.t_start > limit
 
     def _over_budget(self, clock: WindowClock, done: int, t1: float) -> bool:
         if self.parallel is None:
@@ -537,11 +553,13 @@ class TrainingRun:
         res = self.result
         with clock.paused():
             seconds = clock.training_seconds()
-            accuracy, _ = self._accuracy()
+            accuracy, eval_seconds = self._accuracy()
             self.net.train()
         curve = res.extras.setdefault("tta_curve", [])
         curve.append([seconds, step + 1, accuracy])
         if accuracy >= self.checkpoints.target:
+            # the run ends on these weights: this evaluation is its held-out accuracy (no second pass)
+            res.eval_accuracy, res.eval_seconds = accuracy, eval_seconds
             raise _Reached
 
     def _eval_batches(self):

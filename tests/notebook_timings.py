@@ -76,7 +76,16 @@ def main(argv: list[str] | None = None) -> int:
             seconds, status, load = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout)
             record_timing(args.out, name, profile, seconds, status, where, load=load)
             print(f"{name} [{profile}]: {seconds:.0f} s, {status}, load average {load:.1f}", flush=True)
+    write_workshop_table(Path(args.out))
     return 0
+
+
+def write_workshop_table(timings_file: Path) -> None:
+    """The instructor's guide prints the table from the same file (tests/test_claims.py checks they agree)."""
+    from fastlab.timings import timings_table, with_timings_table
+
+    guide = ROOT / "docs" / "workshop.md"
+    guide.write_text(with_timings_table(guide.read_text(), timings_table(path=timings_file)))
 
 
 if __name__ == "__main__":

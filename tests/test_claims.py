@@ -167,3 +167,11 @@ def test_technique_notebook_scaffolding(name):
         assert f'"{c.id}"' in src, f"{name} records no verdict for {c.id}"
         for number in re.findall(r"§(\d+)", c.section):  # the map's section numbers are the notebook's headings
             assert re.search(rf"^## {number}\. ", text, re.M), f"{c.id}: {name} has no section {number}"
+
+
+def test_the_workshop_guide_prints_the_timings_file():
+    """docs/workshop.md's table is the timings file's (tests/notebook_timings.py rewrites it), never typed."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "workshop.md").read_text()
+    assert timings.with_timings_table(guide, timings.timings_table()) == guide
+    with pytest.raises(ValueError, match="no timings table block"):
+        timings.with_timings_table("no markers", "x")

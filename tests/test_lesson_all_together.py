@@ -61,9 +61,12 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
                rung("fused_adamw", [1.0], dropped="a trap", **quick.replace(optimizer="adamw").to_dict())]
     seen = []
 
-    def fake(cfg, seeds, label, progress):
+    def fake(cfg, seeds, label, progress, limits):
         seen.append((cfg, seeds, label))
+        limited.append(limits)
         return tta(label.lstrip("+"), [1.0] * len(seeds))
+
+    limited = []
 
     monkeypatch.setattr(at, "time_to_accuracy", fake)
     monkeypatch.setitem(at.TTA_ONLY, "smoke", ("fused_adamw",))
@@ -71,6 +74,7 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
     assert [label for _, _, label in seen] == ["+naive", "+fused_adamw"]  # workers is not in the smoke subset
     assert seen[1][0] == fastlab.TrainConfig.from_dict(results[2].config)
     assert seen[0][1] == at.tta_seeds(quick)
+    assert limited[0] is None and limited[1] == fastlab.bench.tta_limits(out[0])  # naive has none; above, naive's
     assert all(r.extras["rung"] == "fused_adamw" and r.extras["dropped"] == "a trap" for r in out[1].runs)
     assert all(r.extras["comparison"] == f"{at.NAME}:time_to_accuracy" for t in out for r in t.runs)
 
@@ -166,7 +170,7 @@ def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch
     results[1].no_ops = {"cudnn_benchmark": "cuDNN runs only on NVIDIA GPUs"}
     assert at.noop_rung(results, 1).startswith("every change of this rung is a no-op here (cuDNN runs only")
     assert at.noop_rung(results, 2) is None
-    monkeypatch.setattr(at, "time_to_accuracy", lambda cfg, seeds, label, progress: tta(label.lstrip("+"), [1.0]))
+    monkeypatch.setattr(at, "time_to_accuracy", lambda cfg, seeds, label, progress, limits: tta(label.lstrip("+"), [1.0]))
     out = at.run_tta(results, fastlab.config_for("cpu", device="cpu"), progress=False)
     assert [t.label for t in out] == ["+naive", "+channels_last"]
     assert "cudnn: time to accuracy not measured: every change" in "\n".join(

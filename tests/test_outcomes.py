@@ -171,3 +171,86 @@ def test_tta_ladder_does_not_train_a_rung_that_is_a_no_op_here(monkeypatch):
     assert [t.label for t in ttas] == ["naive"]
     assert "cudnn.benchmark" in " ".join(not_run) and "cuDNN" in " ".join(not_run.values())
     assert "Not run here" in bench.tta_markdown_table(ttas, not_run)
+
+
+def test_a_reached_run_keeps_the_checkpoint_as_its_accuracy_and_has_windows(quick, monkeypatch):
+    """The checkpoint that reached the target is the run's held-out accuracy (no second pass over the held-out
+    set), and windows are about eval_every steps long, so images/s exists for a run that stops early."""
+    from fastlab import train
+
+    calls = []
+    real = train.TrainingRun._accuracy
+
+    def counting(self, meter=None):
+        calls.append(self.result.label)
+        return real(self, meter)
+
+    monkeypatch.setattr(train.TrainingRun, "_accuracy", counting)
+    tta = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=0.0, seeds=(0,), eval_every=3,
+                                   max_steps=30, progress=False)
+    r = tta.runs[0]
+    assert len(calls) == 1 and r.eval_accuracy == r.extras["tta"]["curve"][0][2]
+    assert r.config["windows"] == (30 - 1) // 3  # windows about eval_every steps long
+    long = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=1.01, seeds=(0,), eval_every=3,
+                                    max_steps=10, progress=False).runs[0]
+    assert len(long.window_throughput) == (10 - 1) // 3 == len(long.extras["tta_curve"])
+
+
+def test_the_cpu_profile_evaluates_time_to_accuracy_on_fewer_images(monkeypatch):
+    from fastlab import outcomes
+
+    seen = {}
+
+    def fake_run(training, comparison=None):
+        seen["eval_images"] = training.cfg.eval_images
+        return RunResult(config=training.cfg.to_dict(), label=training.result.label, status="ok")
+
+    monkeypatch.setattr(outcomes, "_run", fake_run)
+    monkeypatch.setattr(outcomes.builders, "load_data", lambda cfg, dataset: (None, {"synthetic": True}))
+    cfg = config_for("cpu", device="cpu", dataset="synthetic")
+    fastlab.time_to_accuracy(cfg, seeds=(0,), progress=False)
+    assert seen["eval_images"] == fastlab.config.TIME_TO_ACCURACY["cpu"]["eval_images"] < cfg.eval_images
+
+
+def test_a_rung_whose_first_seed_is_a_trap_runs_no_more_seeds(quick):
+    from fastlab.outcomes import TrapLimits
+
+    tta = fastlab.time_to_accuracy(quick, target=0.99, seeds=(0, 1, 2), eval_every=2, model=lambda: TurnsNaN(at=3),
+                                   progress=False, limits=TrapLimits())
+    assert len(tta.runs) == 1 and tta.seeds_not_run.startswith("seeds 1, 2 not run: seed 0 diverged")
+    assert tta.runs[0].extras["tta"]["seeds_not_run"] == tta.seeds_not_run
+    assert "not run" in tta.summary()
+    regrouped = bench.tta_groups(tta.runs)  # read back from a results file, the note stays
+    assert regrouped[0].seeds_not_run == tta.seeds_not_run
+    assert "Seeds not run:" in bench.tta_markdown_table(regrouped)
+    # without limits (naive), every seed runs
+    every = fastlab.time_to_accuracy(quick, target=0.99, seeds=(0, 1), eval_every=2, model=lambda: TurnsNaN(at=3),
+                                     progress=False)
+    assert len(every.runs) == 2 and every.seeds_not_run == ""
+
+
+def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(quick):
+    from fastlab.outcomes import TrapLimits
+
+    slow = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
+                                    limits=TrapLimits(max_training_seconds=1e-6, max_step_seconds=1e-9))
+    r = slow.runs[0]
+    assert r.status == "time_limited" and r.steps_done == 1 and "without reaching the target" in r.error
+    assert r.extras["tta"]["why_not"] == "time budget spent" and r.eval_accuracy is None  # no pass on a trap
+    assert len(slow.runs) == 1 and "a speed trap" in slow.seeds_not_run
+    assert "stopped before its first evaluation" in slow.summary()
+    # stopped by the budget but stepping at an ordinary speed: slow to learn, not a trap; the other seeds run
+    learner = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
+                                       limits=TrapLimits(max_training_seconds=1e-6, max_step_seconds=1e6))
+    assert len(learner.runs) == 2 and learner.seeds_not_run == ""
+
+
+def test_the_limits_come_from_the_rung_below():
+    below = fastlab.TimeToAccuracy("below", 0.5)
+    for seconds, step in ((10.0, 0.2), (14.0, 0.4)):
+        below.runs.append(RunResult(config={}, label="x", step_seconds=[3.0, step, step],
+                                    extras={"tta": {"reached": True, "seconds": seconds, "steps": 5,
+                                                    "best_accuracy": 0.6}}))
+    limits = bench.tta_limits(below)
+    assert limits.max_training_seconds == 28.0 and limits.max_step_seconds == pytest.approx(0.6)
+    assert bench.tta_limits(None) is None and bench.tta_limits(fastlab.TimeToAccuracy("none", 0.5)) is None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..bench import Rung, ladder, run_ladder, select_rungs
+from ..bench import Rung, ladder, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
@@ -270,7 +270,8 @@ def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) 
     ladders build on the same rungs; a rung whose every change was a no-op here is not run again (the reason is
     kept in its result's extras["tta_skipped"]). Stops early (keeping what ran) when a run is interrupted."""
     wanted = set(tta_rung_names(base))
-    out = []
+    out: list[TimeToAccuracy] = []
+    below: TimeToAccuracy | None = None
     for i, r in enumerate(results):
         name = r.extras.get("rung")
         if name not in wanted:
@@ -280,13 +281,16 @@ def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) 
             r.extras["tta_skipped"] = same
             continue
         cfg = TrainConfig.from_dict(r.config)
-        t = time_to_accuracy(cfg, seeds=tta_seeds(base), label=r.label, progress=progress)
+        # the limits of `bench --metric time-to-accuracy`, from the rung below (none for naive)
+        t = time_to_accuracy(cfg, seeds=tta_seeds(base), label=r.label, progress=progress, limits=tta_limits(below))
         for x in t.runs:
             x.extras.update(rung=name, why=r.extras.get("why", ""), metric="time-to-accuracy",
                             comparison=f"{NAME}:time_to_accuracy")
             if r.extras.get("dropped"):
                 x.extras["dropped"] = r.extras["dropped"]
         out.append(t)
+        if not r.extras.get("dropped"):
+            below = t
         if any(x.status == "interrupted" for x in t.runs):
             break
     return out
