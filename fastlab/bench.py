@@ -371,6 +371,12 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy")
     return fig
 
 
+def only_no_ops(r: RunResult, below: RunResult) -> bool:
+    """Whether every config field in which r differs from the rung below is a no-op of r on its device."""
+    changed = [k for k, v in r.config.items() if below.config.get(k) != v and k not in ("max_seconds",)]
+    return bool(changed) and all(k in r.no_ops for k in changed)
+
+
 def markdown_table(results: list[RunResult]) -> str:
     """The ladder as a Markdown table; each figure is computed from the results, with its formula below."""
     if not results:
@@ -384,6 +390,7 @@ def markdown_table(results: list[RunResult]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = results[0]
     below: RunResult | None = None  # the last rung carried up: what each rung is built on
+    drifts: list[str] = []
     for r in results:
         t = r.throughput
         if r.status == "failed" or not r.window_throughput:
@@ -397,6 +404,10 @@ def markdown_table(results: list[RunResult]) -> str:
             vs_prev = f"{t.median / below.throughput.median:.2f}x (noise)"
         else:
             vs_prev = f"{t.median / below.throughput.median:.2f}x"
+        if below is not None and vs_prev and only_no_ops(r, below):
+            # the same computation as the rung below: a difference is the machine drifting, not the knob
+            drifts.append(f"{r.label} ({vs_prev})")
+            vs_prev += " (no-op: drift)"
         if not r.extras.get("dropped"):
             below = r
         acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else ""
@@ -410,6 +421,10 @@ def markdown_table(results: list[RunResult]) -> str:
     reasons = {k: v for r in results for k, v in r.no_ops.items()}
     if reasons:
         lines += ["", "No-ops here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()) + "."]
+    if drifts:
+        lines += ["", "Every change of " + ", ".join(drifts) + " is a no-op here, so it computed exactly what the "
+                  "rung below it did: the difference is how the machine's speed drifted between the two runs, and "
+                  "a bound on how far any other difference in this table can be trusted."]
     dropped = [f"{r.label}: {r.extras['dropped']}" for r in results if r.extras.get("dropped")]
     if dropped:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]

@@ -72,3 +72,18 @@ def test_time_budget_stops_a_run_and_keeps_its_steps(quick):
     r = fastlab.run(quick.replace(steps=40, windows=2, max_seconds=1.0), on_step=slow, progress=False)
     assert r.status == "time_limited" and 2 <= r.steps_done < 41
     assert "max_seconds=1 budget" in r.error and "TIME LIMITED" in r.summary()
+
+
+def test_a_rung_of_no_ops_is_marked_as_drift_not_as_a_speed_up():
+    from fastlab.results import RunResult
+
+    def rung(label, speed, no_ops=None, **config):
+        return RunResult(config={"num_workers": 0, "cudnn_benchmark": False, **config}, label=label,
+                         window_throughput=[speed * 0.99, speed, speed * 1.01], no_ops=no_ops or {})
+
+    naive = rung("naive", 50)
+    cudnn = rung("+cudnn.benchmark", 75, {"cudnn_benchmark": "no cuDNN here"}, cudnn_benchmark=True)
+    workers = rung("+workers", 80, {"cudnn_benchmark": "no cuDNN here"}, cudnn_benchmark=True, num_workers=2)
+    table = markdown_table([naive, cudnn, workers])
+    assert "1.50x (no-op: drift)" in table and "Every change of +cudnn.benchmark (1.50x) is a no-op here" in table
+    assert "| +workers |" in table and table.count("no-op: drift") == 1  # num_workers applies: a real change

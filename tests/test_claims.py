@@ -12,9 +12,10 @@ from fastlab.measure import Spread
 from fastlab.results import RunResult
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-# The technique notebooks this part of the workbook owns (06, 09 and 10 have their own tests).
+# Every notebook but the start and the dashboard: a lesson, with the same scaffolding.
 TECHNIQUE = ["01_data_loading", "02_mixed_precision", "03_cudnn_benchmark_and_channels_last", "04_batch_size",
-             "05_no_grad_detach_item", "07_compile_and_export", "08_profiling", "11_multi_gpu_ddp", "12_memory"]
+             "05_no_grad_detach_item", "06_adamw_and_schedules", "07_compile_and_export", "08_profiling",
+             "09_all_together", "10_your_own_model", "11_multi_gpu_ddp", "12_memory"]
 
 
 def fake(label: str, windows: list[float], status: str = "ok", no_ops: dict | None = None, **extra) -> RunResult:
