@@ -93,8 +93,11 @@ def test_ctrl_c_in_the_caller_ends_the_run_interrupted_with_its_steps(quick):
     cfg = quick.replace(steps=400, windows=2, max_seconds=0.0)
 
     def on_step(done: int, total: int) -> None:
-        if done == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # delivered to the main thread, which is waiting for the run
+        # delivered to the main thread, which is waiting for the run. Again every 20 steps, as a person would press
+        # it again: once, in the full suite, a single SIGINT was lost and the run ended ok (a KeyboardInterrupt
+        # raised while the main thread runs a finaliser is dropped by Python; the likely cause, not proven)
+        if done % 20 == 3:
+            os.kill(os.getpid(), signal.SIGINT)
 
     r = fastlab.run(cfg, progress=False, on_step=on_step)
     assert r.status == "interrupted"
