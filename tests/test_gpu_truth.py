@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import threading
 import types
 import weakref
@@ -90,21 +89,37 @@ def test_each_run_trains_in_its_own_fresh_thread(quick):
     assert threading.current_thread() not in threads
 
 
-def test_ctrl_c_in_the_caller_ends_the_run_interrupted_with_its_steps(quick):
-    cfg = quick.replace(steps=400, windows=2, max_seconds=0.0)
+CTRL_C = """
+import signal, threading
+import fastlab
+from fastlab.config import config_for
 
-    main = threading.main_thread().ident
+cfg = config_for("smoke", steps=400, warmup_steps=1, windows=2, train_images=128, eval_images=64, max_seconds=0.0)
+main = threading.main_thread().ident
 
-    def on_step(done: int, total: int) -> None:
-        # SIGINT to the main thread, which is waiting for the run, as Linux delivers a terminal's or Jupyter's
-        # Ctrl-C. Not os.kill from this thread: the kernel may hand that signal to another thread, and then the main
-        # thread may not notice it before the run ends (the likely reason the full suite twice saw a run end ok)
-        if done == 3:
-            signal.pthread_kill(main, signal.SIGINT)
+def on_step(done, total):
+    if done == 3:  # SIGINT to the main thread, which is waiting for the run, as a terminal or Jupyter delivers it
+        signal.pthread_kill(main, signal.SIGINT)
 
-    r = fastlab.run(cfg, progress=False, on_step=on_step)
-    assert r.status == "interrupted"
-    assert 3 <= r.steps_done < 400
+r = fastlab.run(cfg, progress=False, on_step=on_step)
+print(r.status, r.steps_done)
+"""
+
+
+def test_ctrl_c_in_the_caller_ends_the_run_interrupted_with_its_steps():
+    # In a fresh interpreter, as a reader's kernel is: inside the full suite a SIGINT to the main thread was twice
+    # not acted on before the run ended (never alone; the cause is not known), and a test must not depend on what
+    # hundreds of earlier tests left behind.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", CTRL_C], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "FASTLAB_PROFILE": "smoke"}, cwd=os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    status, steps = out.stdout.split()[-2:]
+    assert status == "interrupted"
+    assert 3 <= int(steps) < 400
 
 
 def test_runs_are_serialised_and_report_the_active_one(quick):
