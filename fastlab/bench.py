@@ -169,12 +169,12 @@ def tta_drop_reason(tta: TimeToAccuracy) -> str | None:
 def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
     """The limits of a rung above naive, from the rung it builds on and the throughput ladder's trap rule (under
     DROP_BELOW_RATIO = 0.5x): each seed may train 2x the slowest seed's seconds to the target there, and a first
-    seed stopped while stepping 2x slower than there is a speed trap (see outcomes.TrapLimits)."""
+    seed stopped while taking 2x longer per image than there is a speed trap (see outcomes.TrapLimits)."""
     if below is None or not below.reached:
         return None
-    steps = [median_step_seconds(r) for r in below.runs if r.step_seconds]
+    per_image = [median_step_seconds(r) / r.images_per_step for r in below.runs if r.step_seconds and r.images_per_step]
     return TrapLimits(max_training_seconds=below.seconds.high / DROP_BELOW_RATIO,
-                      max_step_seconds=statistics.median(steps) / DROP_BELOW_RATIO if steps else None)
+                      max_seconds_per_image=statistics.median(per_image) / DROP_BELOW_RATIO if per_image else None)
 
 
 def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
@@ -341,7 +341,8 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
               "median inside the other's range. Each rung keeps the changes of the rungs below it that reached "
               "the target without diverging. Above naive, a seed that takes over twice the slowest time of the rung "
               "it builds on is stopped (the throughput ladder's trap rule, 0.5x); a rung whose first seed diverges, "
-              "or is stopped while stepping over twice as slowly, runs no more seeds."]
+              "is stopped while taking over twice as long per image, or spends its budget in warm-up, runs no more "
+              "seeds. A compiled rung compiles from empty caches in every seed, as a first run does."]
     return "\n".join(lines) + "\n"
 
 

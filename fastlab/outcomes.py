@@ -141,7 +141,8 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     for seed in seeds:
         training = TrainingRun(cfg.replace(seed=seed), f"{out.label} (seed {seed})", model, data, progress, stop,
                                None, checkpoints=Checkpoints(every, target, limits.max_training_seconds if limits else None))
-        r = _run(training)
+        with builders.cold_compile_caches(cfg):
+            r = _run(training)
         r.dataset = info
         r.extras["variant"] = out.label
         r.extras["tta"] = tta_record(r, target)
@@ -162,12 +163,14 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
 @dataclass(frozen=True)
 class TrapLimits:
     """How the ladders cut a rung above naive short. Each seed stops after `max_training_seconds` of training
-    (warm-up included). A first seed that diverged or failed, or that was stopped while stepping slower than
-    `max_step_seconds`, makes the other seeds pointless (no seed makes a 10x slower precision fast), so they
-    are not run; a first seed that was merely slow to learn is not a trap, and the other seeds run."""
+    (warm-up included). A first seed that diverged or failed, that was stopped while taking longer per image than
+    `max_seconds_per_image`, or that spent its budget before its first timed step (warm-up and compilation, which
+    every seed repeats from the same fresh state), makes the other seeds pointless (no seed makes a 10x slower
+    precision fast), so they are not run; a first seed that was merely slow to learn is not a trap, and the other
+    seeds run. Per image, not per step: a rung that doubles the batch doubles the step."""
 
     max_training_seconds: float | None = None
-    max_step_seconds: float | None = None
+    max_seconds_per_image: float | None = None
 
     def trap(self, r: RunResult) -> str | None:
         """Why this first seed ends its rung, or None."""
@@ -175,16 +178,27 @@ class TrapLimits:
             return None
         if r.status in ("diverged", "failed"):
             return f"{r.extras['tta']['why_not']} before reaching the target"
-        step = median_step_seconds(r)
-        if r.status == "time_limited" and self.max_step_seconds and step > self.max_step_seconds:
-            return (f"was stopped at {step:.2f} s a step, over {self.max_step_seconds:.2f} s (twice the rung "
-                    f"below's): a speed trap")
+        if r.status != "time_limited":
+            return None
+        if not timed_step_seconds(r):
+            return (f"spent {sum(r.step_seconds):.1f} s, over its budget, in {r.steps_done} warm-up step"
+                    f"{'s' if r.steps_done != 1 else ''} (compilation, first allocations: every seed repeats them "
+                    f"from fresh caches)")
+        per_image = median_step_seconds(r) / max(r.images_per_step, 1)
+        if self.max_seconds_per_image and per_image > self.max_seconds_per_image:
+            return (f"was stopped at {per_image * 1000:.1f} ms an image ({median_step_seconds(r):.2f} s a step), "
+                    f"over {self.max_seconds_per_image * 1000:.1f} ms (twice the rung below's): a speed trap")
         return None
 
 
+def timed_step_seconds(r: RunResult) -> list[float]:
+    """The wall times of a run's timed steps (after its warm-up steps)."""
+    return r.step_seconds[int(r.config.get("warmup_steps", 0)):]
+
+
 def median_step_seconds(r: RunResult) -> float:
-    """The median wall time of a run's steps after the first (which carries compilation and allocation)."""
-    steps = r.step_seconds[1:] or r.step_seconds
+    """Median step time of the timed steps, or of every step (warm-up included) when no timed step finished."""
+    steps = timed_step_seconds(r) or r.step_seconds
     return statistics.median(steps) if steps else float("nan")
 
 

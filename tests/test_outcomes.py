@@ -232,25 +232,49 @@ def test_a_rung_whose_first_seed_is_a_trap_runs_no_more_seeds(quick):
 def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(quick):
     from fastlab.outcomes import TrapLimits
 
-    slow = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
-                                    limits=TrapLimits(max_training_seconds=1e-6, max_step_seconds=1e-9))
+    timed = quick.replace(warmup_steps=0)  # the one step before the budget stops it is a timed step
+    slow = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
+                                    limits=TrapLimits(max_training_seconds=1e-6, max_seconds_per_image=1e-9))
     r = slow.runs[0]
     assert r.status == "time_limited" and r.steps_done == 1 and "without reaching the target" in r.error
     assert r.extras["tta"]["why_not"] == "time budget spent" and r.eval_accuracy is None  # no pass on a trap
-    assert len(slow.runs) == 1 and "a speed trap" in slow.seeds_not_run
+    assert len(slow.runs) == 1 and "ms an image" in slow.seeds_not_run and "a speed trap" in slow.seeds_not_run
     assert "stopped before its first evaluation" in slow.summary()
     # stopped by the budget but stepping at an ordinary speed: slow to learn, not a trap; the other seeds run
-    learner = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
-                                       limits=TrapLimits(max_training_seconds=1e-6, max_step_seconds=1e6))
+    learner = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
+                                       limits=TrapLimits(max_training_seconds=1e-6, max_seconds_per_image=1e6))
     assert len(learner.runs) == 2 and learner.seeds_not_run == ""
+
+
+def test_a_seed_that_spends_its_budget_in_warm_up_ends_the_rung(quick):
+    # warm-up (compilation, first allocations) costs every seed the same from fresh caches: no seed would do better
+    from fastlab.outcomes import TrapLimits
+
+    tta = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0, 1, 2), eval_every=2, progress=False,
+                                   limits=TrapLimits(max_training_seconds=1e-6, max_seconds_per_image=1e6))
+    assert tta.runs[0].steps_done == quick.warmup_steps == 1
+    assert len(tta.runs) == 1 and "in 1 warm-up step" in tta.seeds_not_run
+
+
+def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
+    from fastlab.outcomes import TrapLimits
+
+    def stopped(batch: int, step: float) -> RunResult:
+        return RunResult(config={"warmup_steps": 1}, label="x", status="time_limited", images_per_step=batch,
+                         step_seconds=[9.0, step, step], extras={"tta": {"reached": False, "why_not": "time"}})
+
+    limits = TrapLimits(max_training_seconds=10.0, max_seconds_per_image=2 * 0.5 / 64)  # below: 0.5 s a 64-batch
+    assert limits.trap(stopped(128, 1.2)) is None  # twice the batch, 1.2x the step: faster per image
+    assert "a speed trap" in limits.trap(stopped(64, 1.2))
 
 
 def test_the_limits_come_from_the_rung_below():
     below = fastlab.TimeToAccuracy("below", 0.5)
     for seconds, step in ((10.0, 0.2), (14.0, 0.4)):
-        below.runs.append(RunResult(config={}, label="x", step_seconds=[3.0, step, step],
+        below.runs.append(RunResult(config={"warmup_steps": 1}, label="x", step_seconds=[3.0, step, step],
+                                    images_per_step=10,
                                     extras={"tta": {"reached": True, "seconds": seconds, "steps": 5,
                                                     "best_accuracy": 0.6}}))
     limits = bench.tta_limits(below)
-    assert limits.max_training_seconds == 28.0 and limits.max_step_seconds == pytest.approx(0.6)
+    assert limits.max_training_seconds == 28.0 and limits.max_seconds_per_image == pytest.approx(0.06)
     assert bench.tta_limits(None) is None and bench.tta_limits(fastlab.TimeToAccuracy("none", 0.5)) is None

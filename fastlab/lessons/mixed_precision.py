@@ -22,7 +22,7 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import Spread, is_noise, preferred_amp, resolve_device
-from ..outcomes import accuracy_spread, describe_accuracy, outcome_verdict, run_seeds
+from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict, run_seeds
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
@@ -97,13 +97,6 @@ def final_loss(result: RunResult, last: int = 5) -> float:
         raise ValueError(f"final_loss(last={last!r}) is not allowed: an integer >= 1")
     values = [v for _, v in result.losses[-last:]]
     return sum(values) / len(values) if values else math.nan
-
-
-def median_step_seconds(result: RunResult) -> float:
-    """Median step time of the timed steps, or of every step (warm-up included) when no timed step finished."""
-    warm = int(result.config.get("warmup_steps", 0))
-    steps = result.step_seconds[warm:] or result.step_seconds
-    return statistics.median(steps) if steps else math.nan
 
 
 def precision_report(results: list[RunResult]) -> str:
