@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,11 +240,13 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
     rungs = select_rungs(ladder(base), only, skip)
     out = Path(out_dir) if out_dir else default_out_dir()
     path = out / "results.json"
-    meta = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
+    meta: dict[str, Any] = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
     done: list[RunResult] = []
+    started = time.perf_counter()
 
     def save(new: RunResult | list[RunResult]) -> None:
         done.extend(new if isinstance(new, list) else [new])
+        meta["wall_seconds"] = time.perf_counter() - started  # so far: a run cut short says how long it ran
         save_results(path, done, meta=meta)
 
     if metric == "throughput":
@@ -252,8 +255,8 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
         meta["not_run"] = {}
         run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save,
                        not_run=meta["not_run"])
-    if not done:
-        save_results(path, done, meta=meta)
+    meta["wall_seconds"] = time.perf_counter() - started
+    save_results(path, done, meta=meta)
     write_report(path)
     return out
 
@@ -271,13 +274,18 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
     results = [RunResult.from_dict(r) for r in doc["results"]]
     png = results_path.parent / "bench.png"
     md = results_path.parent / "bench.md"
-    if doc.get("meta", {}).get("metric") == "time-to-accuracy":
+    meta = doc.get("meta", {})
+    if meta.get("metric") == "time-to-accuracy":
         ttas = tta_groups(results)
         png.write_bytes(figure_png(plot_tta_ladder(ttas), dpi=110))
-        md.write_text(tta_markdown_table(ttas, doc.get("meta", {}).get("not_run")))
+        text = tta_markdown_table(ttas, meta.get("not_run"))
     else:
         png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
-        md.write_text(markdown_table(results))
+        text = markdown_table(results)
+    if meta.get("wall_seconds") and results:
+        text += (f"\nThe whole command ran for {meta['wall_seconds'] / 60:.1f} minutes of wall time (set-up, training "
+                 "and evaluation).\n")
+    md.write_text(text)
     return png, md
 
 

@@ -225,7 +225,7 @@ def config_for(profile: str | None = None, **changes: Any) -> TrainConfig:
 # synthetic target is one the profile's naive configuration reaches within max_steps (measured: README, "Time to
 # accuracy"). The cpu profile evaluates on 256 images (binomial standard error about 3 points at 50%): every
 # evaluation is a forward pass over them, and on a 2-core CPU a pass over 1,000 cost as much as 8 training steps.
-# Its target is where its naive run's accuracy curve climbs steeply (about 20-30 steps of the compact net).
+# Its target is where its naive run's accuracy curve climbs steeply (10-20 steps of the compact net).
 TIME_TO_ACCURACY: dict[str, dict[str, Any]] = {
     "smoke": dict(synthetic=0.50, cifar10=0.40, eval_every=5, max_steps=120),
     "cpu": dict(synthetic=0.50, cifar10=0.50, eval_every=5, max_steps=150, eval_images=256),

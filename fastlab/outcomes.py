@@ -180,14 +180,17 @@ class TrapLimits:
             return f"{r.extras['tta']['why_not']} before reaching the target"
         if r.status != "time_limited":
             return None
-        if not timed_step_seconds(r):
+        timed = timed_step_seconds(r)
+        steps = timed or r.step_seconds[1:]  # in warm-up: the steps after the first (compilation, allocation)
+        per_image = statistics.median(steps) / max(r.images_per_step, 1) if steps else 0.0
+        if self.max_seconds_per_image and per_image > self.max_seconds_per_image:
+            return (f"was stopped{'' if timed else ' in warm-up'} at {per_image * 1000:.1f} ms an image "
+                    f"({statistics.median(steps):.2f} s a step), over {self.max_seconds_per_image * 1000:.1f} ms "
+                    "(twice the rung below's): a speed trap")
+        if not timed:
             return (f"spent {sum(r.step_seconds):.1f} s, over its budget, in {r.steps_done} warm-up step"
                     f"{'s' if r.steps_done != 1 else ''} (compilation, first allocations: every seed repeats them "
-                    f"from fresh caches)")
-        per_image = median_step_seconds(r) / max(r.images_per_step, 1)
-        if self.max_seconds_per_image and per_image > self.max_seconds_per_image:
-            return (f"was stopped at {per_image * 1000:.1f} ms an image ({median_step_seconds(r):.2f} s a step), "
-                    f"over {self.max_seconds_per_image * 1000:.1f} ms (twice the rung below's): a speed trap")
+                    "from fresh caches)")
         return None
 
 

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +45,9 @@ def test_bench_writes_three_files_and_names_the_folder(tmp_path):
     assert str((tmp_path / "b").resolve()) in out.stdout
     redraw = cli("report", str(tmp_path / "b" / "results.json"))
     assert redraw.returncode == 0 and "+device-resident data" in redraw.stdout
+    # how long the command ran is measured and printed, never typed beside a table
+    wall = json.loads((tmp_path / "b" / "results.json").read_text())["meta"]["wall_seconds"]
+    assert f"ran for {wall / 60:.1f} minutes of wall time" in (tmp_path / "b" / "bench.md").read_text()
 
 
 def test_bench_profile_and_model_reach_the_results(tmp_path):

@@ -266,6 +266,13 @@ def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
     limits = TrapLimits(max_training_seconds=10.0, max_seconds_per_image=2 * 0.5 / 64)  # below: 0.5 s a 64-batch
     assert limits.trap(stopped(128, 1.2)) is None  # twice the batch, 1.2x the step: faster per image
     assert "a speed trap" in limits.trap(stopped(64, 1.2))
+    # stopped in warm-up: its steps after the first tell the speed (bf16 on a CPU), else it is warm-up's cost
+    in_warm_up = RunResult(config={"warmup_steps": 3}, label="x", status="time_limited", images_per_step=64,
+                           step_seconds=[9.0, 10.0], steps_done=2, extras={"tta": {"reached": False}})
+    assert "stopped in warm-up at 156.2 ms an image (10.00 s a step)" in limits.trap(in_warm_up)
+    in_warm_up.step_seconds = [50.0]
+    in_warm_up.steps_done = 1
+    assert "spent 50.0 s, over its budget, in 1 warm-up step (compilation" in limits.trap(in_warm_up)
 
 
 def test_the_limits_come_from_the_rung_below():
