@@ -267,26 +267,32 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
 
     matplotlib.use("Agg", force=False)
     from .plots import figure_png, plot_waterfall
-    from .results import RunResult
 
     results_path = Path(results_path)
     doc = load_document(results_path)
     results = [RunResult.from_dict(r) for r in doc["results"]]
     png = results_path.parent / "bench.png"
     md = results_path.parent / "bench.md"
-    meta = doc.get("meta", {})
-    if meta.get("metric") == "time-to-accuracy":
-        ttas = tta_groups(results)
-        png.write_bytes(figure_png(plot_tta_ladder(ttas), dpi=110))
-        text = tta_markdown_table(ttas, meta.get("not_run"))
+    if doc.get("meta", {}).get("metric") == "time-to-accuracy":
+        png.write_bytes(figure_png(plot_tta_ladder(tta_groups(results)), dpi=110))
     else:
         png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
+    md.write_text(report_markdown(doc))
+    return png, md
+
+
+def report_markdown(doc: dict[str, Any]) -> str:
+    """bench.md of a results document (as load_document reads it): its table, notes and wall time."""
+    results = [RunResult.from_dict(r) for r in doc["results"]]
+    meta = doc.get("meta", {})
+    if meta.get("metric") == "time-to-accuracy":
+        text = tta_markdown_table(tta_groups(results), meta.get("not_run"))
+    else:
         text = markdown_table(results)
     if meta.get("wall_seconds") and results:
         text += (f"\nThe whole command ran for {meta['wall_seconds'] / 60:.1f} minutes of wall time (set-up, training "
                  "and evaluation).\n")
-    md.write_text(text)
-    return png, md
+    return text
 
 
 def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,18 @@ def test_a_rung_of_no_ops_is_marked_as_drift_not_as_a_speed_up():
     table = markdown_table([naive, cudnn, workers])
     assert "1.50x (no-op: drift)" in table and "Every change of +cudnn.benchmark (1.50x) is a no-op here" in table
     assert "| +workers |" in table and table.count("no-op: drift") == 1  # num_workers applies: a real change
+
+
+def test_the_readme_tables_are_what_report_prints_from_their_results_files():
+    from fastlab.bench import report_markdown
+    from fastlab.results import load_document
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    files = sorted((root / "docs" / "results").glob("*/*/results.json"))
+    assert files, "no results files under docs/results"
+    for path in files:
+        text = report_markdown(load_document(path))
+        where = path.relative_to(root)
+        assert text == (path.parent / "bench.md").read_text(), f"redraw with: python -m fastlab report {where}"
+        assert text.rstrip("\n") in readme, f"README's table is not what `python -m fastlab report {where}` prints"

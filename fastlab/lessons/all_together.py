@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..bench import Rung, ladder, run_ladder, select_rungs, tta_limits
+from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
@@ -255,13 +255,10 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
     """Why results[index] computes exactly what the rung it built on computes (every knob it changed was a no-op
     on this device, e.g. cudnn.benchmark on a CPU), or None. Its time to accuracy would repeat that rung's."""
     r, below = results[index], built_on(results, index)
-    if below is None or not r.no_ops:
+    if below is None or not only_no_ops(r, below):
         return None
-    changed = [k for k, v in r.config.items() if below.config.get(k) != v]
-    if changed and all(k in r.no_ops for k in changed):
-        return f"every change of this rung is a no-op here ({r.no_ops[changed[0]]}): its time to accuracy is the " \
-               f"rung below's"
-    return None
+    why = next(r.no_ops[k] for k, v in r.config.items() if below.config.get(k) != v and k in r.no_ops)
+    return f"every change of this rung is a no-op here ({why}): its time to accuracy is the rung below's"
 
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
