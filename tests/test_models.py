@@ -1,9 +1,10 @@
 """The nets themselves: what their shape promises the lessons."""
 
+import pytest
 import torch
 from torch import nn
 
-from fastlab.models import MODELS, CompactNet, build_model
+from fastlab.models import MODELS, build_model
 
 
 def _caught_up(net: nn.Module, batches: int) -> list[float]:
@@ -23,11 +24,12 @@ def _caught_up(net: nn.Module, batches: int) -> list[float]:
     return [float(bn.running_mean @ seen[bn] / (seen[bn] @ seen[bn])) for bn in bns]
 
 
-def test_the_compact_nets_running_statistics_catch_up_within_five_steps():
+@pytest.mark.parametrize("name", ["compact", "tiny"])
+def test_our_nets_running_statistics_catch_up_within_five_steps(name):
     # PyTorch's default momentum (0.1) holds 41% after 5 steps: held-out accuracy (eval mode) then reads chance
     # at the first checkpoints of a net that already classifies: time to accuracy measures the averages
     torch.manual_seed(0)
-    assert min(_caught_up(CompactNet(), 5)) > 0.9
+    assert min(_caught_up(build_model(name), 5)) > 0.9
 
 
 def test_every_model_builds_and_classifies_a_cifar_batch():
