@@ -376,6 +376,7 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy")
             why = "diverged" if any(r.status == "diverged" for r in t.runs) else "not reached"
             ax.text(i, 0, why, ha="center", va="bottom", rotation=90, color="tab:red", fontsize=9)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(names) - 0.4)  # a last rung with no bar keeps its "not reached" inside the axes
     ax.set_ylabel("training seconds to target (lower is better)")
     first = ttas[0].runs[0] if ttas and ttas[0].runs else None
     if first is not None:

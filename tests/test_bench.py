@@ -103,3 +103,20 @@ def test_the_readme_tables_are_what_report_prints_from_their_results_files():
         where = path.relative_to(root)
         assert text == (path.parent / "bench.md").read_text(), f"redraw with: python -m fastlab report {where}"
         assert text.rstrip("\n") in readme, f"README's table is not what `python -m fastlab report {where}` prints"
+
+
+def test_the_tta_figure_keeps_a_last_rung_that_did_not_reach_the_target_inside_its_axes():
+    from fastlab.bench import plot_tta_ladder
+    from fastlab.results import RunResult
+
+    def rung(label: str, reached: bool) -> fastlab.TimeToAccuracy:
+        tta = fastlab.TimeToAccuracy(label, 0.5)
+        tta.runs.append(RunResult(config={}, label=label, extras={"tta": {
+            "reached": reached, "seconds": 10.0 if reached else None, "steps": 5 if reached else None,
+            "best_accuracy": 0.6 if reached else 0.3, "why_not": None if reached else "time budget spent"}}))
+        return tta
+
+    fig = plot_tta_ladder([rung("naive", True), rung("+compile", False)])
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text() == "not reached"]
+    assert len(labels) == 1 and ax.get_xlim()[0] < 0 < 1 < ax.get_xlim()[1]
