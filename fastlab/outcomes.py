@@ -182,10 +182,11 @@ class TrapLimits:
             return None
         timed = timed_step_seconds(r)
         steps = timed or r.step_seconds[1:]  # in warm-up: the steps after the first (compilation, allocation)
-        per_image = statistics.median(steps) / max(r.images_per_step, 1) if steps else 0.0
+        step = statistics.median(steps) if steps else 0.0
+        per_image = step / max(r.images_per_step, 1)
         if self.max_seconds_per_image and per_image > self.max_seconds_per_image:
             return (f"was stopped{'' if timed else ' in warm-up'} at {per_image * 1000:.1f} ms an image "
-                    f"({statistics.median(steps):.2f} s a step), over {self.max_seconds_per_image * 1000:.1f} ms "
+                    f"({step:.2f} s a step), over {self.max_seconds_per_image * 1000:.1f} ms "
                     "(twice the rung below's): a speed trap")
         if not timed:
             return (f"spent {sum(r.step_seconds):.1f} s, over its budget, in {r.steps_done} warm-up step"
