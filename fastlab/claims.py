@@ -9,7 +9,9 @@ typed. A verdict reads as one of:
     holds                     the measurement supports the claim, figures included
     holds only when ...       it holds under some of the conditions measured, not the others
     does not hold here        no gain outside the spread, the opposite, or well short of the claimed figure
-    no-op here (why)          the technique cannot act on this machine (pin_memory without a GPU)
+    no-op here (why)          the technique cannot act on this machine (a knob that does nothing here)
+    not testable here: ...    the claim is about a device this machine does not have (pinned copies to a GPU on
+                              a CPU), or the test could not come out otherwise (a schedule that never acted)
 
 Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with
 the date, device and profile, so that notebook 00's claim map can show the reader's own latest verdicts. Where
@@ -45,6 +47,7 @@ class Claim:
     fair_test: str  # what a fair test of it needs
     notebook: str  # the notebook that tests it, e.g. "01_data_loading"
     section: str  # the section of that notebook, as its heading reads
+    needs_gpu: bool = False  # the advice is about a GPU (its copies, cuDNN, its utilisation): a CPU cannot test it
 
     def where(self) -> str:
         return f"{self.notebook}, {self.section}"
@@ -59,7 +62,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("C2", "`pin_memory=True` puts batches in page-locked memory and speeds up the transfer to the GPU "
                 "dramatically.", "\"dramatically\"",
           "the copy time with and without pinning (and with non_blocking), on a GPU; a no-op with its reason on a CPU",
-          "01_data_loading", "§2 the rest of the pipeline"),
+          "01_data_loading", "§2 the rest of the pipeline", needs_gpu=True),
     Claim("C3", "Mixed precision (fp16 via autocast) speeds training up with no loss of quality.", "up to 2-3x faster",
           "fp32 vs fp16 vs bf16: throughput with spread, final loss and held-out accuracy over seeds, at a small "
           "and a large batch", "02_mixed_precision", "§1 speed and quality, §3 small vs large batch"),
@@ -71,7 +74,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("C6", "`torch.backends.cudnn.benchmark = True` picks the fastest convolution algorithms when the input "
                 "size is fixed (for example image classification).", "-",
           "fixed vs varying shapes, on vs off, warm-up apart; each run with a fresh cuDNN plan cache",
-          "03_cudnn_benchmark_and_channels_last", "§1 cudnn.benchmark with fixed shapes, §4 shapes that change"),
+          "03_cudnn_benchmark_and_channels_last", "§1 cudnn.benchmark with fixed shapes, §4 shapes that change",
+          needs_gpu=True),
     Claim("C7", "Batch sizes that are powers of two (32, 64, 128, ...) are best for the GPU's architecture.",
           "powers of 2", "powers of two against their neighbours (e.g. 96, 128, 160) at equal images per second measured",
           "04_batch_size", "§1 powers of two against their neighbours"),
@@ -94,7 +98,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("C13", "When GPU utilisation swings hard between 0% and 100%, data loading is the bottleneck; tune "
                  "num_workers.", "0% / 100% swing",
           "a utilisation trace of a starved run and a fed run on a GPU; what utilisation does and does not mean "
-          "(a launch-bound run can read high and still be slow)", "01_data_loading", "§3 diagnosing a data bottleneck"),
+          "(a launch-bound run can read high and still be slow)", "01_data_loading", "§3 diagnosing a data bottleneck",
+          needs_gpu=True),
     Claim("C14", "For edge or NPU deployment, design for TorchScript (tracing) or ONNX export from the start of "
                  "training.", "-",
           "TorchScript's status in current PyTorch (deprecated), torch.export and ONNX export with a parity check "
@@ -129,7 +134,8 @@ def quote(claim_id: str, width: int = 112) -> str:
 
 # ---------------------------------------------------------------- verdicts, computed from measurements
 
-VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "no-op here")
+VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "no-op here", "not testable here")
+NOT_TESTABLE = "not testable here"
 
 
 class Finding(NamedTuple):
@@ -144,6 +150,11 @@ def check_verdict(words: str) -> str:
         raise ValueError(f"verdict={words!r} is not allowed: it must start with one of "
                          f"{', '.join(repr(h) for h in VERDICT_HEADS)}")
     return words
+
+
+def no_accelerator(why: str) -> str:
+    """The verdict of a claim about a GPU on a machine without one: what the claim needs that is missing here."""
+    return f"{NOT_TESTABLE}: no accelerator ({why})"
 
 
 def _as_list(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
@@ -447,24 +458,56 @@ def reference_verdicts() -> dict[str, Verdict]:
 # ---------------------------------------------------------------- notebook 00's map
 
 
+def _verdict_line(v: Verdict | None, missing: str = "not measured yet") -> str:
+    if v is None:
+        return f"     verdict: {missing}"
+    head = "your latest run" if v.source == "this machine" else "bundled reference results"
+    return f"     verdict ({head}: {v.device}, profile {v.profile}, {v.date[:10]}): {v.verdict}"
+
+
+def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
+    """The claims in three groups: what this machine showed, what only a GPU can show, what is not measured here.
+    A claim about a GPU (needs_gpu) stays in the second group until a GPU of the reader's has judged it."""
+    sections: dict[str, list[Claim]] = {"here": [], "gpu": [], "rest": []}
+    for c in CLAIMS:
+        v = mine.get(c.id)
+        untestable = v is not None and v.verdict.startswith(NOT_TESTABLE)
+        if c.needs_gpu and (v is None or untestable):
+            sections["gpu"].append(c)
+        else:
+            sections["here" if v is not None else "rest"].append(c)
+    return sections
+
+
+MAP_HEADINGS = {"here": "What this machine showed (your latest runs)",
+                "gpu": "What only a GPU can show (the advice is about a GPU: its copies, cuDNN, its utilisation)",
+                "rest": "Not measured on this machine yet"}
+
+
 def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
               width: int = 110) -> str:
-    """Each claim, where it is tested, and its verdict: the reader's latest, else the bundled reference's,
-    else "not measured yet". mine/reference default to the store and the bundled results."""
+    """Each claim, where it is tested, and its verdict, in three groups: what this machine showed (the reader's
+    latest verdicts), what only a GPU can show (this machine's "not testable here" beside the bundled GPU reference
+    results, when there are some), and the rest (the reference's verdict, else "not measured yet").
+    mine/reference default to the store and the bundled results."""
     mine = latest_verdicts() if mine is None else mine
     if reference is None:
         reference = reference_verdicts()
     lines = []
-    for c in CLAIMS:
-        lines.append(f"{c.id:<4} {c.text}")
-        lines.append(f"     figures: {c.figures}; tested in {c.notebook}, {c.section}")
-        v = mine.get(c.id) or reference.get(c.id)
-        if v is None:
-            lines.append("     verdict: not measured yet")
-        else:
-            head = "your latest run" if v.source == "this machine" else "bundled reference results"
-            lines.append(f"     verdict ({head}: {v.device}, profile {v.profile}, {v.date[:10]}): {v.verdict}")
-        lines.append("")
+    for key, group in _map_sections(mine).items():
+        if not group:
+            continue
+        lines += [MAP_HEADINGS[key], "-" * len(MAP_HEADINGS[key])]
+        for c in group:
+            lines.append(f"{c.id:<4} {c.text}")
+            lines.append(f"     figures: {c.figures}; tested in {c.notebook}, {c.section}")
+            if key == "gpu":
+                if c.id in mine:
+                    lines.append(_verdict_line(mine[c.id]))
+                lines.append(_verdict_line(reference.get(c.id), "not measured yet (no bundled GPU reference result)"))
+            else:
+                lines.append(_verdict_line(mine.get(c.id) or reference.get(c.id)))
+            lines.append("")
     counts = {"yours": sum(c.id in mine for c in CLAIMS),
               "reference": sum(c.id not in mine and c.id in reference for c in CLAIMS)}
     lines.append(f"{counts['yours']} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "

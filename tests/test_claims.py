@@ -101,6 +101,30 @@ def test_claim_map_prefers_the_readers_verdict_then_the_reference(store, monkeyp
     assert text.count("not measured yet") >= 13
 
 
+def test_a_cpu_rooms_claim_map_separates_what_only_a_gpu_can_show(store):
+    """On a CPU, C2, C6 and C13 read "not testable here", in their own group, beside the GPU reference results."""
+    def v(claim, words, **kw):
+        return claims.Verdict(claim=claim, verdict=words, device="CPU", profile="cpu", date="2026-01-03", **kw)
+
+    gpu = [c.id for c in claims.CLAIMS if c.needs_gpu]
+    assert gpu == ["C2", "C6", "C13"]
+    mine = {c: v(c, claims.no_accelerator("why")) for c in gpu} | {"C1": v("C1", "holds (at the peak)")}
+    ref = {"C6": claims.Verdict(claim="C6", verdict="holds (1.20x faster)", source="reference", device="H200",
+                                profile="gpu", date="2026-01-01")}
+    text = claims.claim_map(mine=mine, reference=ref)
+    here, rest = text.split(claims.MAP_HEADINGS["gpu"])
+    gpu_part, rest = rest.split(claims.MAP_HEADINGS["rest"])
+    assert claims.MAP_HEADINGS["here"] in here and re.search(r"^C1\s", here, re.M)
+    for c in gpu:
+        assert re.search(rf"^{c}\s", gpu_part, re.M) and not re.search(rf"^{c}\s", here + rest, re.M)
+    assert gpu_part.count("not testable here: no accelerator (why)") == 3 and "does not hold" not in gpu_part
+    c6 = gpu_part.split("\nC6 ")[1].split("\nC13")[0]
+    assert "bundled reference results: H200" in c6 and "holds (1.20x faster)" in c6
+    assert "no bundled GPU reference result" in gpu_part.split("\nC13 ")[1]
+    with pytest.raises(ValueError, match="must start with one of"):
+        claims.check_verdict("untestable")
+
+
 def test_judges_apply_to_bundled_reference_results(monkeypatch):
     from fastlab.comparisons import all_comparisons
 

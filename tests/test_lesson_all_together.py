@@ -105,15 +105,30 @@ def test_rungs_without_a_time_to_accuracy_are_marked_not_run():
 def test_c15_verdict_on_both_measures():
     f = at.judge_c15(ladder(), ttas())
     check_verdict(f.verdict)
-    assert f.verdict == "holds"  # fused_adamw: 1.60x images/s, and 11.0 s -> 6.5 s to target
+    assert f.verdict.startswith("holds, ")  # fused_adamw: 1.60x images/s, and 11.0 s -> 6.5 s to target
     assert "'+fused_adamw'" in f.evidence and "counted in time to 50% held-out accuracy over 3 seeds" in f.evidence
     slow = ttas()
     slow[3] = tta("fused_adamw", [20.0, 21.0, 22.0])
-    assert at.judge_c15(ladder(), slow).verdict == "holds only when counted in images/s"
+    assert at.judge_c15(ladder(), slow).verdict.startswith("holds only when counted in images/s, ")
     only_speed = at.judge_c15(ladder(), [])
-    assert only_speed.verdict == "holds" and "images/s only" in only_speed.evidence
+    assert only_speed.verdict.startswith("holds") and "images/s only" in only_speed.evidence
     with pytest.raises(ValueError, match="needs the naive rung"):
         at.judge_c15(ladder()[:1], [])
+
+
+def test_c15_names_what_was_dropped_and_what_was_added():
+    """On a CPU the claim's AMP is dropped as a trap and channels_last (not in the claim) joins the stack."""
+    results = [rung("naive", [100] * 3), rung("workers", [150] * 3),
+               rung("amp", [20] * 3, dropped="0.13x the rung below it (under 0.5x): a trap on this machine"),
+               rung("cudnn", [150] * 3), rung("channels_last", [170] * 3), rung("fused_adamw", [180] * 3)]
+    results[3].no_ops["cudnn_benchmark"] = "cuDNN runs only on NVIDIA GPUs"
+    results[3].config["cudnn_benchmark"] = True
+    v = at.judge_c15(results, []).verdict
+    check_verdict(v)
+    assert v.startswith("holds, for the stack as run: ") and "'+amp' dropped (0.13x the rung below it" in v
+    assert "'+cudnn' a no-op here" in v and "'+channels_last' added (the checklist does not name it)" in v
+    assert at.judge_c15([rung("naive", [100] * 3), rung("fused_adamw", [180] * 3)], []).verdict.startswith(
+        "holds, for the stack as run: workers not run; amp not run; cudnn not run")
 
 
 def _check_runs(eager_status, compiled_status):

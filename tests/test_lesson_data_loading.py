@@ -115,14 +115,27 @@ def test_the_sweep_reading_and_the_c1_verdict():
     assert "loading is not the wall" in dl.judge_workers(flat).verdict
 
 
-def test_c2_and_c13_are_no_ops_on_a_cpu():
+def test_c2_and_c13_are_not_testable_on_a_cpu():
     pipeline = [RunResult(config={"pin_memory": False, "loader": "dataloader"}, label="2 workers"),
                 RunResult(config={"pin_memory": True, "loader": "dataloader", "persistent_workers": False},
                           label="+pin", no_ops={"pin_memory": "no GPU here"})]
-    assert dl.judge_pinning(pipeline).verdict == "no-op here (no GPU here)"
+    assert dl.judge_pinning(pipeline).verdict == ("not testable here: no accelerator (the claim is about copies to "
+                                                  "a GPU; no GPU here)")
     assert dl.time_copies(8, device="cpu").startswith("pinned memory only speeds copies to a CUDA GPU")
     starved = [_point(0, [10, 11], wait=0.8), _point(2, [30, 31])]
-    assert dl.judge_swing(starved).verdict.startswith("no-op here (no GPU utilisation")
+    assert dl.judge_swing(starved).verdict.startswith("not testable here: no accelerator (the claim reads a GPU's")
+    for r in starved:  # a CUDA machine whose NVML gave nothing: a no-op of the sampler, not a missing device
+        r.env = {"device_type": "cuda", "device_name": "GPU"}
+    assert dl.judge_swing(starved).verdict.startswith("no-op here (no GPU utilisation to read on GPU")
+
+
+def test_c1_on_a_cpu_says_the_workers_compete_with_training():
+    sweep = [_point(0, [50, 52]), _point(2, [90, 92]), _point(4, [120, 124]), _point(8, [118, 123])]
+    v = dl.judge_workers(sweep).verdict
+    assert v.startswith("holds (") and v.endswith(f"; {dl.ON_A_CPU})") and "same cores" in v
+    for r in sweep:
+        r.env = {"device_type": "cuda"}
+    assert "same cores" not in dl.judge_workers(sweep).verdict
 
 
 def test_c13_reads_an_nvml_trace():

@@ -83,7 +83,16 @@ def test_c9_c10_c11_verdicts_from_counts():
                        eval_peak_memory_mb=100.0, memory_trace_mb=[100.0], memory_kind="process_rss",
                        dataset={"eval_images": 64})
              for m, s in (("autograd", 1.0), ("no_grad", 0.5), ("autograd", 1.1), ("no_grad", 0.55))]
-    assert H.judge_eval(evals).verdict == "holds"
+    assert H.judge_eval(evals).verdict.startswith("holds (the memory half is true by construction on cpu")
+
+
+def test_c9_memory_half_measured_on_a_gpu_says_nothing_of_construction():
+    evals = [RunResult(config={"eval_mode": m, "batch_size": 4, "model": "tiny"}, label=m, eval_seconds=s,
+                       eval_peak_memory_mb=mb, memory_trace_mb=[100.0], memory_kind="cuda_max_allocated",
+                       dataset={"eval_images": 64}, env={"device_type": "cuda"})
+             for m, s, mb in (("autograd", 1.0, 300.0), ("no_grad", 0.5, 120.0), ("autograd", 1.1, 300.0),
+                              ("no_grad", 0.55, 120.0))]
+    assert "by construction" not in H.judge_eval(evals).verdict
     rows = H.graph_memory_table(steps=2, batch_size=4)
     assert H.judge_detach(rows).verdict.startswith("holds only when no backward() runs")
     finding = H.judge_logging([], rows)

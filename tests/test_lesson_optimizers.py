@@ -157,3 +157,18 @@ def test_optimizer_step_changes_parameters_like_a_real_step(quick):
 def test_comparisons_registered():
     names = set(all_comparisons())
     assert {O.C12_COMPARISON, "06_adamw_and_schedules:opt_impl"} <= names
+
+
+def test_c12_reached_before_the_schedule_acts_is_not_tested():
+    """The target at step ~10 of a 150-step cosine: the lr is still ~99% of its peak, so the schedule was never
+    put to the test; the verdict says so instead of 'does not hold'."""
+    adam = _tta("Adam", [10.0, 11.0, 12.0], steps=[10, 10, 10])
+    cosine = _tta("AdamW + cosine", [10.2, 11.1, 12.3], steps=[10, 10, 10])
+    for r in cosine.runs:
+        r.config.update(scheduler="cosine", steps=145, warmup_steps=5, optimizer="adamw", weight_decay=0.01)
+    f = O.judge_c12([adam, cosine])
+    assert f.verdict.startswith("not testable here (the target was reached by step 10 of the 150")
+    assert "99% of its peak" in f.verdict and "does not hold" in f.evidence
+    for r in cosine.runs:  # reached late in the schedule: judged as before
+        r.extras["tta"]["steps"] = 120
+    assert O.judge_c12([_tta("Adam", [10.0, 11.0, 12.0], steps=[120] * 3), cosine]).verdict.startswith("does not")

@@ -462,7 +462,25 @@ def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
     else:
         head = "time to accuracy not measured for the checklist's rung: images/s only. "
     combined = verdict_conditions(findings)
-    return Finding(combined.verdict, head + combined.evidence)
+    stack_as_run = c15_stack_notes(results, top)
+    words = combined.verdict + (f", for the stack as run: {'; '.join(stack_as_run)}" if stack_as_run else "")
+    return Finding(words, head + combined.evidence)
+
+
+def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:
+    """How the stack judged for C15 differs from the checklist's: its techniques dropped as traps here, no-ops here
+    or not run, and the rungs it carries that the checklist does not name (channels_last)."""
+    names = [r.extras.get("rung") for r in results]
+    notes = [f"{n} not run" for n in C15_RUNGS[:C15_RUNGS.index(top) + 1] if n not in names]
+    for i, r in enumerate(results[1:names.index(top) + 1], start=1):
+        name = r.extras.get("rung")
+        if name in C15_RUNGS and r.extras.get("dropped"):
+            notes.append(f"'{r.label}' dropped ({r.extras['dropped']})")
+        elif name in C15_RUNGS and noop_rung(results, i):
+            notes.append(f"'{r.label}' a no-op here")
+        elif name not in C15_RUNGS and not r.extras.get("dropped"):
+            notes.append(f"'{r.label}' added (the checklist does not name it)")
+    return notes
 
 
 # ---------------------------------------------------------------- torch.compile + bf16 on this machine

@@ -346,6 +346,20 @@ def judge_workers(results: list[RunResult]) -> Finding:
     zero = next((r for r in results if workers_of(r) == 0 and r.window_throughput), None)
     advised = [r for r in results if 2 * n <= workers_of(r) <= 4 * n and r.window_throughput]
     evidence = reading.describe().replace("\n", "; ")
+    finding = _judge_sweep(results, reading, zero, advised, evidence)
+    if results[0].env.get("device_type", "cpu") == "cpu":  # the advice feeds a GPU; here loading and training share
+        v = finding.verdict
+        return Finding(v[:-1] + f"; {ON_A_CPU})" if v.endswith(")") else f"{v} ({ON_A_CPU})", finding.evidence)
+    return finding
+
+
+ON_A_CPU = ("on a CPU the workers compete with training for the same cores: the advice is about keeping a GPU fed, "
+            "where the workers load on the CPU while the GPU trains")
+
+
+def _judge_sweep(results: list[RunResult], reading: SweepReading, zero: RunResult | None,
+                 advised: list[RunResult], evidence: str) -> Finding:
+    n = reading.cores
     if zero is not None and all(is_noise(zero.throughput, r.throughput) or r.throughput.median <= zero.throughput.median
                                 for r in results if r.window_throughput):
         return Finding("does not hold here (no worker count beat num_workers=0 outside the spread: loading is not "
@@ -415,8 +429,9 @@ def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | No
     if pinned is None or pipeline.index(pinned) == 0:
         raise ValueError("judge_pinning needs the pipeline comparison's runs (a run without, then with pin_memory)")
     before = pipeline[pipeline.index(pinned) - 1]
-    if "pin_memory" in pinned.no_ops:
-        return Finding(f"no-op here ({pinned.no_ops['pin_memory']})", f"'{pinned.label}': {pinned.summary()}")
+    if "pin_memory" in pinned.no_ops:  # a DataLoader run: pinning did nothing because there is no CUDA GPU
+        return Finding(claims.no_accelerator(f"the claim is about copies to a GPU; {pinned.no_ops['pin_memory']}"),
+                       f"'{pinned.label}': {pinned.summary()}")
     findings = {"counted in training images/s": claims.verdict_speedup(before, pinned)}
     if isinstance(copies, list) and len(copies) >= 2:
         findings = {"measured on the copy alone": claims.verdict_less(copies[0].ms, copies[1].ms, what="copy time",
@@ -445,10 +460,14 @@ def judge_swing(starved: list[RunResult]) -> Finding:
     slow, fed = starved[0], starved[-1]
     swing = utilisation_swing(slow)
     if swing is None:
-        return Finding(f"no-op here (no GPU utilisation to read on {slow.env.get('device_name', 'this machine')}: "
-                       f"NVML samples CUDA GPUs; the trace above is rebuilt from the step records instead)",
-                       f"data wait {slow.data_wait_fraction():.0%} with no workers, {fed.data_wait_fraction():.0%} "
-                       f"with {workers_of(fed)}")
+        waits = (f"data wait {slow.data_wait_fraction():.0%} with no workers, {fed.data_wait_fraction():.0%} "
+                 f"with {workers_of(fed)}")
+        where = slow.env.get("device_name", "this machine")
+        if slow.env.get("device_type", "cpu") != "cuda":
+            return Finding(claims.no_accelerator(f"the claim reads a GPU's utilisation, and {where} has no GPU; the "
+                                                 f"trace above is rebuilt from the step records instead"), waits)
+        return Finding(f"no-op here (no GPU utilisation to read on {where}: NVML gave no samples; the trace above "
+                       f"is rebuilt from the step records instead)", waits)
     low, high = swing
     wait = slow.data_wait_fraction()
     evidence = (f"no workers: {low:.0%} of utilisation samples at or below 10%, {high:.0%} at or above 90%, data "

@@ -382,6 +382,11 @@ def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str
         f = claims.verdict_less(forward_saved_mb("autograd", b, m), forward_saved_mb("no_grad", b, m),
                                 what="activations kept (computed from tensor sizes)")
         findings["counted in memory"] = f
+        combined = claims.verdict_conditions(findings)
+        where = evals[0].env.get("device_type", "cpu")
+        return Finding(f"{combined.verdict} (the memory half is true by construction on {where}: under no_grad "
+                       f"autograd saves no activations, so their count from tensor sizes is zero by definition; "
+                       f"a GPU's allocator measures it)", combined.evidence)
     return claims.verdict_conditions(findings)
 
 

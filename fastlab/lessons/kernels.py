@@ -293,8 +293,8 @@ def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = N
     """C6: does cudnn.benchmark pay with fixed shapes (training runs, warm-up apart) and what with changing
     shapes (the shape timings, benchmark on against off)? No-op where cuDNN does not run."""
     off, on = bench[0], bench[-1]
-    if "cudnn_benchmark" in on.no_ops:
-        return Finding(f"no-op here ({on.no_ops['cudnn_benchmark']})",
+    if "cudnn_benchmark" in on.no_ops:  # cuDNN is NVIDIA's library: without its GPU the claim cannot be tested
+        return Finding(claims.no_accelerator(on.no_ops["cudnn_benchmark"]),
                        f"benchmark on: {on.summary()}; warm-up {on.warmup_seconds:.2f} s vs {off.warmup_seconds:.2f} s")
     findings = {"shapes are fixed": claims.verdict_speedup(off, on)}
     if shapes:

@@ -195,11 +195,41 @@ def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
 
 
 def judge_c12(ttas: list[TimeToAccuracy]) -> Finding:
-    """C12's verdict: the last variant (AdamW + cosine) against the first (Adam), in time to accuracy over seeds."""
+    """C12's verdict: the last variant (AdamW + cosine) against the first (Adam), in time to accuracy over seeds.
+    When the target is reached before the schedule has acted, the test could not come out otherwise: the
+    verdict says the schedule was not tested here, and why."""
     if len(ttas) < 2:
         raise ValueError("judge_c12 needs the Adam variant and at least one other")
     f = tta_finding(ttas[0], ttas[-1], steps_too=True)
-    return Finding(f.verdict, f"{f.evidence}. Stability: {stability_note(ttas[0], ttas[-1])}")
+    evidence = f"{f.evidence}. Stability: {stability_note(ttas[0], ttas[-1])}"
+    untested = schedule_not_acted(ttas[-1], ttas[0])
+    if untested:
+        return Finding(f"not testable here ({untested})", f"in time to target: {f.verdict}; {evidence}")
+    return Finding(f.verdict, evidence)
+
+
+SCHEDULE_ACTED = 0.9  # a schedule has acted once its learning rate has fallen below this share of its peak
+
+
+def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
+    """Why `t`'s schedule had not acted by the step its seeds reached the target (the later of t's and base's
+    median steps), or None. The schedule spans warm-up + timed steps: the run's step budget."""
+    runs = [r for r in t.runs if r.extras["tta"]["reached"]]
+    if not runs or runs[0].config.get("scheduler", "none") == "none" or not base.steps.n:
+        return None
+    cfg = runs[0].config
+    span = int(cfg.get("warmup_steps", 0)) + int(cfg["steps"])
+    step = int(max(t.steps.median, base.steps.median))
+    lrs = lr_schedules(TrainConfig.from_dict(cfg), max(span, 2), (cfg["scheduler"],))[cfg["scheduler"]]
+    reached = lrs[: min(step, len(lrs) - 1) + 1]
+    peak = max(lrs)
+    if min(reached) / peak < SCHEDULE_ACTED:
+        return None
+    decay = (f" (and weight decay {cfg['weight_decay']:g} had acted for only {step} steps)"
+             if cfg.get("weight_decay") else "")
+    return (f"the target was reached by step {step} of the {span} its {cfg['scheduler']} schedule spans, while the "
+            f"learning rate was still {reached[-1] / peak:.0%} of its peak: the schedule had not acted{decay}; "
+            f"a longer run, or a harder target, would test it")
 
 
 @judge("C12", C12_COMPARISON)
