@@ -44,9 +44,12 @@ class RunResult:
     gpu_util: list[tuple[float, float]] = field(default_factory=list)  # (seconds, NVML utilisation %)
     grad_scale: list[float] = field(default_factory=list)  # GradScaler scale after each step (fp16 only)
     # Sampled on warm-up steps after the first, with a sync on each side: the optimiser step alone,
-    # and the whole step it belongs to (data wait, forward, backward, optimiser).
+    # and the whole step it belongs to (data wait, forward, backward, optimiser); the forward and backward
+    # passes of the same steps (summed over micro-batches), each bracketed by syncs too.
     optimizer_step_seconds: list[float] = field(default_factory=list)
     sampled_step_seconds: list[float] = field(default_factory=list)
+    forward_seconds: list[float] = field(default_factory=list)
+    backward_seconds: list[float] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -490,13 +490,14 @@ class TrainingRun:
 
     def _one_step(self, step: int, sample: bool) -> tuple[torch.Tensor, float]:
         """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait).
-        Warm-up steps after the first (sample=True) are bracketed by syncs to sample the optimiser's share."""
+        Warm-up steps after the first (sample=True) are bracketed by syncs to sample the shares of the forward,
+        the backward and the optimiser step (each micro-batch's forward and backward also bracketed)."""
         cfg, dev, res = self.cfg, self.device, self.result
         non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
         if sample:
             synchronize(dev)
         t0 = time.perf_counter()
-        wait = 0.0
+        wait = fwd = bwd = 0.0
         self.opt.zero_grad(set_to_none=cfg.set_to_none)
         for micro in range(cfg.grad_accum_steps):
             tw = time.perf_counter()
@@ -507,10 +508,20 @@ class TrainingRun:
                 x = x.contiguous(memory_format=torch.channels_last)
             wait += time.perf_counter() - tw
             last = micro == cfg.grad_accum_steps - 1
+            if sample:  # the copy is done before the forward's clock starts
+                synchronize(dev)
+                t_fwd = time.perf_counter()
             with self.parallel.accumulate(self.model, last) if self.parallel else contextlib.nullcontext():
                 with builders.autocast(dev, self.amp):
                     loss = nn.functional.cross_entropy(self.compiled(x), y) / cfg.grad_accum_steps
+                if sample:
+                    synchronize(dev)
+                    t_bwd = time.perf_counter()
+                    fwd += t_bwd - t_fwd
                 self.scaler.scale(loss).backward()
+                if sample:
+                    synchronize(dev)
+                    bwd += time.perf_counter() - t_bwd
         if sample:
             synchronize(dev)
             t_opt = time.perf_counter()
@@ -520,6 +531,8 @@ class TrainingRun:
             synchronize(dev)
             res.optimizer_step_seconds.append(time.perf_counter() - t_opt)
             res.sampled_step_seconds.append(time.perf_counter() - t0)
+            res.forward_seconds.append(fwd)
+            res.backward_seconds.append(bwd)
         if self.sched is not None:
             self.sched.step()
         return loss, wait

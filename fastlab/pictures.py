@@ -1,0 +1,140 @@
+"""The two pictures a teacher draws on the board: the data pipeline, and the anatomy of one training step.
+
+The pipeline is a diagram (what runs where, in which process or thread). The step anatomy is measured: the
+harness samples warm-up steps after the first with a synchronisation around each part (TrainingRun._one_step,
+sample=True), so each part's time is its own even on a GPU, where work is otherwise queued and overlaps. Those
+steps are warm-up steps and their syncs remove the overlap a timed step has: the picture shows what each part
+costs, not how a timed step hides one part behind another.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .plots import ShownFigure, data_note
+from .results import RunResult
+
+# The parts of a step, in the order they happen, with a colour each (the same in every figure).
+PARTS = ("data wait", "copy", "forward", "backward", "optimiser", "loss read / sync", "other")
+COLOURS = {"data wait": "tab:orange", "copy": "tab:brown", "data wait + copy": "tab:orange", "forward": "tab:blue",
+           "backward": "tab:purple", "optimiser": "tab:green", "loss read / sync": "tab:red", "other": "tab:gray"}
+
+
+def _copies(r: RunResult, n: int) -> list[float] | None:
+    """Per sampled step, the host-to-device copy's seconds when the run timed it apart from the data wait."""
+    copy = getattr(r, "copy_seconds", None)
+    if not copy or len(copy) < n + 1:
+        return None
+    return [copy[i + 1] for i in range(n)]
+
+
+def step_anatomy(r: RunResult) -> dict[str, float]:
+    """Median milliseconds of each part of a step, over the run's sampled warm-up steps (steps 1 .. n).
+
+    data wait: next(batches) (with the copy when the run did not time the copy apart: then the part is named
+    "data wait + copy"); forward, backward, optimiser: each bracketed by syncs; other: the rest of the sampled
+    step (zero_grad, the scaler's update, the syncs themselves); loss read / sync: the step's booked time after
+    the sampled part (the loss read of a logging step, the clock's own sync at a window's end).
+    """
+    n = len(r.forward_seconds)
+    if not n or len(r.sampled_step_seconds) != n or len(r.step_seconds) < n + 1:
+        raise ValueError(f"step_anatomy: run '{r.label}' has no sampled steps (it needs warmup_steps >= 2 and a "
+                         f"fastlab that samples forward and backward)")
+    copies = _copies(r, n)
+    rows: dict[str, list[float]] = {}
+    for i in range(n):
+        wait = r.data_wait_seconds[i + 1]
+        parts = {"forward": r.forward_seconds[i], "backward": r.backward_seconds[i],
+                 "optimiser": r.optimizer_step_seconds[i]}
+        if copies is not None:
+            parts["copy"] = copies[i]
+            parts["data wait"] = max(wait - copies[i], 0.0)
+        else:
+            parts["data wait + copy"] = wait
+        parts["other"] = max(r.sampled_step_seconds[i] - sum(parts.values()), 0.0)
+        parts["loss read / sync"] = max(r.step_seconds[i + 1] - r.sampled_step_seconds[i], 0.0)
+        for k, v in parts.items():
+            rows.setdefault(k, []).append(1000 * v)
+    order = [p for p in ("data wait + copy", *PARTS) if p in rows]
+    return {p: statistics.median(rows[p]) for p in order}
+
+
+def describe_anatomy(results: list[RunResult]) -> str:
+    """Each run's step anatomy as a line of milliseconds and shares."""
+    lines = []
+    for r in results:
+        parts = step_anatomy(r)
+        total = sum(parts.values())
+        lines.append(f"{r.label}: {total:.1f} ms a sampled step = " + ", ".join(
+            f"{k} {v:.1f} ms ({v / total:.0%})" for k, v in parts.items()))
+    return "\n".join(lines)
+
+
+def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"):
+    """One horizontal bar per run (naive and tuned side by side), split into the measured parts of a step."""
+    fig = ShownFigure(figsize=(10, 1.2 + 0.8 * len(results)), layout="constrained")
+    ax = fig.subplots()
+    seen: set[str] = set()
+    for row, r in enumerate(results):
+        left = 0.0
+        parts = step_anatomy(r)
+        total = sum(parts.values())
+        for name, ms in parts.items():
+            ax.barh(row, ms, left=left, color=COLOURS[name], edgecolor="white",
+                    label=name if name not in seen else None)
+            seen.add(name)
+            if ms / total > 0.08:  # a label only where it fits
+                ax.text(left + ms / 2, row, f"{ms / total:.0%}", ha="center", va="center", fontsize=8, color="white")
+            left += ms
+    ax.set_yticks(range(len(results)), [r.label[:40] for r in results], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per step (median over the sampled warm-up steps; each part bracketed by syncs)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    ax.set_title(f"{title} - {data_note(results)}", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------- the data pipeline, drawn
+
+# (label, where it runs, what it does): the stages of a DataLoader feeding a GPU, left to right.
+PIPELINE = (
+    ("Dataset", "in each worker\n(or the main process)", "__getitem__(i): read, decode,\naugment one image"),
+    ("worker processes", "num_workers of them", "each builds whole batches;\nprefetch_factor batches ahead"),
+    ("collate", "in the worker", "stacks the images\ninto one batch tensor"),
+    ("pin-memory thread", "a thread of the main process\n(pin_memory=True)", "copies the batch into\npage-locked host memory"),
+    ("copy to the device", "x.to(device,\nnon_blocking=True)", "async only from pinned\nmemory; else it blocks"),
+    ("the step", "main process\n(launches the GPU's work)", "forward, backward,\noptimiser step"),
+)
+
+
+def plot_data_pipeline(device_type: str = "cuda"):
+    """The DataLoader pipeline as boxes and arrows: which stage runs in which process or thread. device_type:
+    where training runs; on a CPU the pin-memory and copy stages are marked as doing nothing."""
+    fig = ShownFigure(figsize=(12, 2.9), layout="constrained")
+    ax = fig.subplots()
+    ax.set_xlim(0, len(PIPELINE))
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    idle = device_type != "cuda"
+    for i, (name, where, what) in enumerate(PIPELINE):
+        skipped = idle and i in (3, 4)
+        face = "whitesmoke" if skipped else ("lightyellow" if i < 3 else ("lightcyan" if i < 5 else "honeydew"))
+        ax.add_patch(_box(i + 0.06, 0.18, 0.82, 0.64, face, "gray" if skipped else "black"))
+        ax.text(i + 0.47, 0.70, name, ha="center", va="center", fontsize=9, weight="bold",
+                color="gray" if skipped else "black")
+        ax.text(i + 0.47, 0.55, where, ha="center", va="center", fontsize=7, style="italic")
+        ax.text(i + 0.47, 0.33, what + ("\n(nothing to do on a CPU)" if skipped else ""), ha="center",
+                va="center", fontsize=7)
+        if i:
+            ax.annotate("", xy=(i + 0.06, 0.5), xytext=(i - 0.12, 0.5), arrowprops=dict(arrowstyle="->", lw=1.2))
+    ax.text(1.5, 0.06, "worker processes (parallel, on the CPU's cores)", ha="center", fontsize=8, color="olive")
+    ax.text(4.0, 0.06, "host to device", ha="center", fontsize=8, color="teal")
+    ax.set_title("the data pipeline of a DataLoader" + (f" (training on {device_type}: no copy to a GPU)"
+                                                         if idle else ""), fontsize=10)
+    return fig
+
+
+def _box(x: float, y: float, w: float, h: float, face: str, edge: str):
+    from matplotlib.patches import FancyBboxPatch
+
+    return FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", facecolor=face, edgecolor=edge)
