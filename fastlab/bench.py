@@ -58,13 +58,11 @@ def ladder(base: TrainConfig) -> list[Rung]:
              "stock PyTorch: fp32 (torch's TF32 defaults), loading in the training process, Adam, a small batch"),
         Rung("workers", f"+{workers} workers, pin_memory", dict(num_workers=workers, pin_memory=True,
                                                                non_blocking=True, persistent_workers=True),
-             f"the DataLoader settings: {workers} worker processes decode and augment in parallel; pinned memory "
-             f"makes copies async"),
+             _why(device.type, "workers")),
         Rung("amp", f"+{amp} autocast", dict(amp=amp),
-             "lower precision halves memory traffic and uses tensor cores" +
-             ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)")),
-        Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), "cuDNN times its algorithms per shape"),
-        Rung("channels_last", "+channels_last", dict(channels_last=True), "NHWC is the layout tensor cores want"),
+             _why(device.type, "amp") + ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)")),
+        Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), _why(device.type, "cudnn")),
+        Rung("channels_last", "+channels_last", dict(channels_last=True), _why(device.type, "channels_last")),
         Rung("fused_adamw", "+AdamW (fused step, weight decay 0.05)",
              dict(optimizer="adamw", opt_impl="fused", weight_decay=0.05),
              "the checklist's optimiser, said together: decoupled weight decay (AdamW, 0.05) and its fused step"),
@@ -76,6 +74,32 @@ def ladder(base: TrainConfig) -> list[Rung]:
              dict(compile="reduce-overhead" if device.type == "cuda" else "default"),
              "torch.compile fuses kernels" + ("; reduce-overhead replays CUDA graphs" if device.type == "cuda" else "")),
     ]
+
+
+# What a rung does on a CUDA GPU, on a CPU, and on another device (MPS): the ladder prints it beside each rung, so
+# it must be true on the device it runs on.
+RUNG_WHY: dict[str, tuple[str, str, str]] = {
+    "workers": ("the DataLoader settings: worker processes decode and augment in parallel; pinned memory lets "
+                "the copy to the GPU run asynchronously (non_blocking)",
+                "the DataLoader settings: worker processes decode and augment in parallel, on the same cores as "
+                "training; pin_memory and non_blocking do nothing without a GPU",
+                "the DataLoader settings: worker processes decode and augment in parallel; pin_memory and "
+                "non_blocking act only on copies to a CUDA GPU"),
+    "amp": ("lower precision halves memory traffic and runs matmuls and convolutions on tensor cores",
+            "lower precision halves memory traffic; a CPU has no tensor cores, and bf16 pays only where it has bf16 "
+            "instructions (AVX-512 BF16): elsewhere it can be many times slower",
+            "lower precision halves memory traffic"),
+    "cudnn": ("cuDNN times its algorithms per shape and keeps the fastest",
+              "a no-op here: cuDNN runs only on NVIDIA GPUs", "a no-op here: cuDNN runs only on NVIDIA GPUs"),
+    "channels_last": ("NHWC is the layout tensor cores want",
+                      "NHWC: oneDNN has channels-last kernels; whether they beat NCHW here is measured",
+                      "NHWC: whether it beats NCHW on this device is measured"),
+}
+
+
+def _why(device_type: str, rung: str) -> str:
+    cuda, cpu, other = RUNG_WHY[rung]
+    return {"cuda": cuda, "cpu": cpu}.get(device_type, other)
 
 
 RUNG_NAMES = [r.name for r in ladder(TrainConfig(device="cpu", profile="smoke"))]

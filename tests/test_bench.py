@@ -120,3 +120,18 @@ def test_the_tta_figure_keeps_a_last_rung_that_did_not_reach_the_target_inside_i
     ax = fig.axes[0]
     labels = [t for t in ax.texts if t.get_text() == "not reached"]
     assert len(labels) == 1 and ax.get_xlim()[0] < 0 < 1 < ax.get_xlim()[1]
+
+
+def test_rung_descriptions_say_what_the_rung_does_on_this_device(smoke, monkeypatch):
+    import torch
+
+    from fastlab import bench
+
+    cpu = {r.name: r.why for r in ladder(smoke.replace(device="cpu"))}
+    assert "tensor cores want" not in cpu["channels_last"] and "asynchronously" not in cpu["workers"]
+    assert "do nothing without a GPU" in cpu["workers"] and cpu["cudnn"].startswith("a no-op here")
+    assert "no tensor cores" in cpu["amp"]
+    monkeypatch.setattr(bench, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(bench, "preferred_amp", lambda device: "bf16")
+    gpu = {r.name: r.why for r in ladder(smoke)}
+    assert "asynchronously" in gpu["workers"] and "tensor cores" in gpu["amp"] and "no-op" not in gpu["cudnn"]

@@ -114,14 +114,15 @@ class MemoryBreakdown:
                 "weight copies": self.weight_copies_mb}
 
     def total_mb(self) -> float:
-        """Everything alive at the end of forward, gradients included (a step's peak is near it):
-        parameters + gradients + optimiser state + activations + weight copies (+ recompute, checkpointing)."""
+        """The sum of the parts: parameters + gradients + optimiser state + activations + weight copies
+        (+ recompute, checkpointing). Not a peak: backward frees activations as it makes gradients, so the two
+        never coexist in full, and a step's peak is lower than this sum."""
         return sum(self.component_mb().values()) + self.recompute_mb
 
     def summary(self) -> str:
         parts = [f"{k} {v:,.2f}" + (f" ({self.dtypes[k]})" if self.dtypes.get(k) else "")
                  for k, v in self.component_mb().items()]
-        text = f"{self.label}: " + ", ".join(parts) + f" MiB; total {self.total_mb():,.2f} MiB"
+        text = f"{self.label}: " + ", ".join(parts) + f" MiB; sum {self.total_mb():,.2f} MiB"
         if self.recompute_mb:
             text += f" (including {self.recompute_mb:,.2f} MiB recomputed per segment in backward)"
         if self.cuda:
@@ -310,13 +311,15 @@ def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) 
     """C4 ("about 50% less memory") per condition: (fp32 breakdown, autocast breakdown) -> holds only when ..."""
     findings = {}
     for condition, (fp32, low) in pairs.items():
-        findings[condition] = claims.verdict_less(fp32.total_mb(), low.total_mb(), 0.5, what="training memory")
+        findings[condition] = claims.verdict_less(fp32.total_mb(), low.total_mb(), 0.5,
+                                                  what="summed training memory")
     combined = claims.verdict_conditions(findings)
     fp32, low = next(iter(pairs.values()))
     stays = (f"stays fp32: parameters {fp32.parameters_mb:,.1f} MiB, gradients {fp32.gradients_mb:,.1f} MiB, "
              f"optimiser state {fp32.optimizer_mb:,.1f} MiB; activations {fp32.activations_mb:,.1f} -> "
              f"{low.activations_mb:,.1f} MiB; autocast adds weight copies of {low.weight_copies_mb:,.2f} MiB")
-    return Finding(combined.verdict, combined.evidence + "; " + stays)
+    return Finding(combined.verdict, combined.evidence + "; " + stays + "; the sum of the parts, not a peak: "
+                   "gradients and most activations never coexist")
 
 
 def amp_pairs(model: str, batch_sizes: tuple[int, ...], amp: str, optimizer: str = "adam",
