@@ -192,3 +192,13 @@ def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch
         at.tta_skip_lines(results, fastlab.config_for("cpu")))
     fig = at.plot_speed_and_outcome(results, out)
     assert "no-op here" in [t.get_text() for t in fig.axes[1].texts]
+
+
+def test_the_tuned_run_is_the_highest_kept_rung():
+    results = ladder()
+    for r in results:
+        r.forward_seconds = [0.01]
+    assert at.stack_top(results).extras["rung"] == "large_batch"
+    results[-1].extras["dropped"] = "a trap"
+    assert at.stack_top(results).extras["rung"] == "fused_adamw"  # amp diverged and was dropped below it
+    assert at.stack_top(results[:1]) is results[0]

@@ -467,6 +467,12 @@ def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
     return Finding(words, head + combined.evidence)
 
 
+def stack_top(results: list[RunResult]) -> RunResult:
+    """The highest rung that finished and was kept (not dropped as a trap): the ladder's tuned run."""
+    kept = [r for r in results[1:] if r.status == "ok" and not r.extras.get("dropped") and r.forward_seconds]
+    return kept[-1] if kept else results[0]
+
+
 def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:
     """How the stack judged for C15 differs from the checklist's: its techniques dropped as traps here, no-ops here
     or not run, and the rungs it carries that the checklist does not name (channels_last)."""
