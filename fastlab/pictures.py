@@ -10,6 +10,7 @@ costs, not how a timed step hides one part behind another.
 from __future__ import annotations
 
 import statistics
+import textwrap
 
 from .plots import ShownFigure, data_note
 from .results import RunResult
@@ -34,7 +35,8 @@ def step_anatomy(r: RunResult) -> dict[str, float]:
     data wait: next(batches) (with the copy when the run did not time the copy apart: then the part is named
     "data wait + copy"); forward, backward, optimiser: each bracketed by syncs; other: the rest of the sampled
     step (zero_grad, the scaler's update, the syncs themselves); loss read / sync: the step's booked time after
-    the sampled part (the loss read of a logging step, the clock's own sync at a window's end).
+    the sampled part (the loss read of a logging step, the clock's own sync at a window's end): near zero here,
+    since the sampled step has synchronised already, while in a timed step the host waits there for queued work.
     """
     n = len(r.forward_seconds)
     if not n or len(r.sampled_step_seconds) != n or len(r.step_seconds) < n + 1:
@@ -86,7 +88,7 @@ def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"
             if ms / total > 0.08:  # a label only where it fits
                 ax.text(left + ms / 2, row, f"{ms / total:.0%}", ha="center", va="center", fontsize=8, color="white")
             left += ms
-    ax.set_yticks(range(len(results)), [r.label[:40] for r in results], fontsize=8)
+    ax.set_yticks(range(len(results)), [textwrap.fill(r.label, 30) for r in results], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds per step (median over the sampled warm-up steps; each part bracketed by syncs)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
