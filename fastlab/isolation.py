@@ -28,13 +28,15 @@ import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.train"]  # imported once, by the server
 _context: Any = None
+T = TypeVar("T")
 
 
 def start_method() -> str:
@@ -196,14 +198,64 @@ def _bar(training: Any) -> Any:
     return _progress_bar(total, training.result.label, training.progress)
 
 
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(*args, **kwargs) in a fresh process (a child of the same forkserver), waited for: its return value, or
+    its exception raised here. For a measurement that is not a training run (a lesson's own timing loop): fn and
+    its arguments must be importable or picklable, as for a run."""
+    ctx = _mp_context()
+    here, there = ctx.Pipe(duplex=False)
+    setup = (dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads())
+    child = ctx.Process(target=_call_child, args=(there, setup, fn, args, kwargs), name="fastlab-call", daemon=False)
+    with _without_main():
+        child.start()
+    there.close()
+    try:
+        message = here.recv()
+    except EOFError:
+        child.join()
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)!s} ended its process without a result "
+                           f"({describe_exit(child.exitcode)})") from None
+    except BaseException:  # Ctrl-C while waiting: the child's work is abandoned with it
+        child.kill()
+        child.join()
+        raise
+    finally:
+        here.close()
+    child.join()
+    return _outcome_of_call(message)
+
+
+def _outcome_of_call(message: tuple) -> Any:
+    if message[0] == "error":
+        _, error, child_traceback = message
+        error.add_note(f"(raised in a fresh process)\n{child_traceback}")
+        raise error
+    return message[1]
+
+
+def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    try:
+        _adopt(*setup)
+        conn.send(("value", fn(*args, **kwargs)))
+    except BaseException as e:
+        conn.send(("error", _portable(e), traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int) -> None:
+    """The caller's environment, import path, folder and torch thread count (the server's date from its start)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.path[:] = path
+    os.chdir(cwd)
+    torch.set_num_threads(threads)
+
+
 def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
     try:
-        os.environ.clear()
-        os.environ.update(spec.environ)
-        sys.path[:] = spec.sys_path
-        os.chdir(spec.cwd)
-        torch.set_num_threads(spec.num_threads)
+        _adopt(spec.environ, spec.sys_path, spec.cwd, spec.num_threads)
         from . import builders
         from .train import TrainingRun
 

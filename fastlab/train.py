@@ -8,10 +8,11 @@ warm-up and at the end of every timed window, so queued GPU work is always count
     throughput of a window = images per step x steps in the window / window wall time
     images per step        = batch_size x grad_accum_steps
 
-Every run starts from fresh state and executes the same way: in a new thread (cuDNN keeps its convolution
-plans per thread, whatever cudnn.benchmark says later; and on a CPU a run in another thread times
-differently from one in the kernel's main thread, so a notebook cell and a widget panel both use a new
-one), one run at a time per process, with the allocator's cache emptied and torch.compile's caches reset.
+Every run starts from fresh state and executes the same way: in a fresh process (fastlab.isolation: cuDNN's
+plan caches, forward and backward, CUDA-graph trees, OpenMP teams, the allocator and every global a run sets are
+new by construction), one run at a time per caller. A run that cannot go to a child process (a model defined in a
+notebook cell) runs in a fresh thread, with the allocator's cache emptied and torch.compile's caches reset, and
+says so.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class _Reached(Exception):
     """Raised at an evaluation checkpoint when held-out accuracy reached the target."""
 
 
-# ------------------------------------------------------------------ one run at a time, each in a fresh thread
+# ------------------------------------------------------------------ one run at a time (the in-process path: a fresh thread)
 
 _RUN_LOCK = threading.Lock()
 _active_label: list[str] = []
