@@ -352,7 +352,10 @@ class Watch:
     def __call__(self, loader: Iterable) -> WatchedLoader:
         """Iterate `loader` as usual (each epoch); the time spent getting each batch is recorded as data wait."""
         if isinstance(loader, WatchedLoader):
-            raise ValueError("fastlab.watch: this loader is already watched: iterate it directly (for x, y in loader)")
+            if loader._watch is self:
+                return loader  # wrapped once outside train(), wrapped again inside it: the same thing
+            raise ValueError("fastlab.watch: this loader is already watched by another fastlab.watch: wrap the "
+                             "loader itself (w(loader.loader))")
         self.describe(loader)
         return WatchedLoader(self, loader)
 
@@ -702,7 +705,8 @@ class LoopComparison:
     after: list[RunResult]
     before_speed: Spread
     after_speed: Spread
-    outcome: str  # "faster", "slower", "no measurable difference", "diverged", "failed"
+    outcome: str  # "faster", "slower", "no measurable difference", "diverged" (after), "fixed" (before diverged,
+    #   after did not), "failed" (a run measured nothing: the sentence says why)
     sentence: str
     notes: list[str] = field(default_factory=list)
 
@@ -747,11 +751,16 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
 def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparison:
     """The verdict on two sides' watched runs (measured or built): diverged and empty runs first, then speed."""
     nan = Spread.of([])
-    for side, results in (("after", after), ("before", before)):
-        if (d := next((r for r in results if r.status == "diverged"), None)) is not None:
-            outcome = "diverged" if side == "after" else "failed"
-            return LoopComparison(before, after, nan, nan, outcome,
-                                  f"{d.label} diverged ({d.error}): its speed is not credited")
+    if (d := next((r for r in after if r.status == "diverged"), None)) is not None:
+        return LoopComparison(before, after, nan, nan, "diverged",
+                              f"{d.label} diverged ({d.error}): its speed is not credited")
+    if (d := next((r for r in before if r.status == "diverged"), None)) is not None:
+        fine = all(r.ok for r in after)
+        return LoopComparison(before, after, nan, Spread.of([x for r in after for x in r.window_throughput]),
+                              "fixed" if fine else "failed",
+                              f"{d.label} diverged ({d.error}); " + ("no run of the other side diverged: no speed-up "
+                                                                     "over a diverged run is claimed" if fine else
+                                                                     "the other side did not finish either"))
     broken = [r for r in before + after if not r.ok or not r.window_throughput]
     if broken:
         r = broken[0]
