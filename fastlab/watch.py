@@ -767,8 +767,10 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
         reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"
                              if r.ok else r.status)
         return LoopComparison(before, after, nan, nan, "failed", f"{r.label}: {r.status} ({reason}); no comparison")
-    b = Spread.of([x for r in before for x in r.window_throughput])
-    a = Spread.of([x for r in after for x in r.window_throughput])
+    # every window of every run, and each run's own windows: the noise rule pairs the repeats (each pair ran back
+    # to back, so a drift in the machine's load falls on both)
+    b = Spread.of([x for r in before for x in r.window_throughput], [r.window_throughput for r in before])
+    a = Spread.of([x for r in after for x in r.window_throughput], [r.window_throughput for r in after])
     outcome = "no measurable difference" if is_noise(b, a) else ("faster" if a.median > b.median else "slower")
     notes = [f"{r.label}: {n}" for r in before[:1] + after[:1] for n in r.extras.get("watch", {}).get("notes", [])]
     if len(before) < 2:

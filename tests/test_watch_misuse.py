@@ -224,3 +224,12 @@ def test_memory_is_read_less_often_on_short_cpu_steps_and_the_leak_rule_reads_th
                      sampled], extras={"watched": True, "watch": {"memory_steps": sampled}}, memory_kind="process_rss")
     f = {x.key: x for x in findings_for(leak)}["memory_leak"]
     assert f.evidence[0].value == pytest.approx(190.0) and f.evidence[1].value == pytest.approx(1.0, rel=0.01)
+
+
+def test_repeats_are_paired_so_a_drift_between_them_is_not_noise():
+    # the machine slows and speeds between repeats; within each back-to-back pair "after" is clearly faster
+    before = [watched(f"before #{i}", [b, b + 1.0, b + 2.0]) for i, b in enumerate((100.0, 200.0, 150.0), 1)]
+    after = [watched(f"after #{i}", [b * 1.1, b * 1.1 + 1, b * 1.1 + 2]) for i, b in enumerate((100.0, 200.0, 150.0), 1)]
+    c = watch_mod.judge_loops(before, after)
+    assert c.before_speed.low <= c.after_speed.median <= c.before_speed.high  # pooled, it would look like noise
+    assert c.outcome == "faster" and "3 interleaved repeats" in c.sentence and "one run each" not in c.text()
