@@ -415,9 +415,10 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
 def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool) -> list[Remedy]:
     """The loader changes worth trying, most likely first, each with how sure it is."""
     workers = int(cfg.get("num_workers") or 0)
+    costs = "collate, the trip between processes, per-op overhead" if workers else "collate, per-op overhead"
     bigger: Remedy = ({"batch_size": batch * BATCH_GROWTH}, f"a larger batch ({batch * BATCH_GROWTH})",
-                      f"medium: a batch of {batch} pays the per-batch costs (collate, the trip between processes, "
-                      "per-op overhead) for few images; a larger batch may need a retuned learning rate")
+                      f"medium: a batch of {batch} pays the per-batch costs ({costs}) for few images; a larger "
+                      "batch may need a retuned learning rate")
     pin = {"pin_memory": True} if gpu else {}
     out: list[Remedy] = []
     if cfg.get("loader") != "dataloader":
@@ -432,7 +433,7 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
             why = ([f"{workers} workers and the training process share {cores} cores"] if crowded else []) + (
                 [f"each batch of {batch} images is pickled between processes, a fixed cost per batch"] if small
                 else [])
-            out.append(({"num_workers": 0}, "DataLoader(num_workers=0): load in the training process",
+            out.append(({"num_workers": 0}, "DataLoader(num_workers=0) (batches made in the training process)",
                         f"{'high' if crowded and small else 'medium'}: " + "; ".join(why)))
         elif workers < cores - 1:
             change = {"num_workers": min(workers * 2, cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
