@@ -13,7 +13,10 @@ host-device syncs on a CPU) are never given: they read result.env, not this mach
 A run that diverged (non-finite loss) is named first: its speed is not credited, and what to try is a
 change that makes it learn again (verify checks the rerun's loss stays finite). Runs of your own loop
 (fastlab.watch, extras["watched"]) get the same rules where their numbers exist, plus a leak rule that reads
-their memory trace; they cannot be re-run by fastlab, so verify refuses them.
+their memory trace; they cannot be re-run by fastlab, so verify refuses them and points to
+fastlab.compare_loops, which runs the reader's before and after in turns. The data-bound remedy for such a loop
+weighs the cores, the batch size and each batch's trip between processes, says how sure it is, and never proposes
+a loader setting that an earlier watched run of the same data in this session measured no faster.
 """
 
 from __future__ import annotations

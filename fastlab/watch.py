@@ -432,7 +432,8 @@ class Watch:
     @contextlib.contextmanager
     def step(self, batch_size: int, loss: Any = None) -> Iterator[Step]:
         """Wrap one training step (forward, backward, optimiser); batch_size: the images it trained on.
-        `with w.step(len(x)) as s: ...; s.loss = loss` records the step's loss too."""
+        `with w.step(len(x)) as s: ...; s.loss = loss` records the step's loss too (the loss of this step does not
+        exist yet when the block starts, so set it inside; `loss=` here is kept for a value known beforehand)."""
         s = Step(_images(batch_size), loss)
         try:
             yield s
