@@ -40,7 +40,10 @@ class _Leaky(nn.Module):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
 
 
-def test_out_of_memory_run_leaves_nothing_alive_without_a_full_collection(quick):
+def test_out_of_memory_run_leaves_nothing_alive_without_a_full_collection(quick, monkeypatch):
+    # The in-process path (a model defined in a notebook cell runs there): it must free the failed step's
+    # tensors itself. A run in a child process gives everything back when the child ends.
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")
     _Leaky.refs.clear()
     gc.disable()  # a reference cycle through the traceback would survive until a collection: none is allowed
     try:
