@@ -92,7 +92,7 @@ class RunResult:
                     f"warm-up included), {data}")
         t = self.throughput
         parts = [f"{self.label}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows)",
-                 f"peak memory {self.peak_memory_mb:,.0f} MiB", f"data wait {self.data_wait_fraction():.0%}"]
+                 f"peak memory {self.peak_memory_mb:,.0f} MiB", self._data_wait_words()]
         if self.eval_accuracy is not None:
             parts.append(f"held-out accuracy {self.eval_accuracy:.1%}")
         parts.append(data)
@@ -103,6 +103,10 @@ class RunResult:
         if self.status == "diverged":
             parts.insert(1, f"DIVERGED: {self.error} (speed not credited)")
         return ", ".join(parts)
+
+    def _data_wait_words(self) -> str:
+        wait = self.data_wait_fraction()
+        return f"data wait {wait:.0%}" if wait == wait else "data wait not measured"  # NaN: not measured
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
