@@ -393,6 +393,14 @@ def only_no_ops(r: RunResult, below: RunResult) -> bool:
     return bool(changed) and all(k in r.no_ops for k in changed)
 
 
+def _wait_cell(r: RunResult) -> str:
+    """'12%' of data wait, '12% + 30% copy' where a host-to-device copy was timed apart."""
+    wait, copy = r.data_wait_fraction(), r.copy_fraction()
+    if math.isnan(wait):
+        return ""
+    return f"{wait:.0%}" + ("" if math.isnan(copy) else f" + {copy:.0%} copy")
+
+
 def markdown_table(results: list[RunResult]) -> str:
     """The ladder as a Markdown table; each figure is computed from the results, with its formula below."""
     if not results:
@@ -401,7 +409,7 @@ def markdown_table(results: list[RunResult]) -> str:
     data = "SYNTHETIC data" if results[0].synthetic else f"real {results[0].dataset.get('name', '?')}"
     lines = [f"fastlab bench on {env.get('device_name')}, torch {env.get('torch')}, profile "
              f"{env.get('profile')}, model {results[0].config.get('model')}, {data}, {env.get('date')}", "",
-             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | data wait | "
+             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | data wait (+ copy) | "
              "held-out acc. (one run) | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = results[0]
@@ -431,9 +439,8 @@ def markdown_table(results: list[RunResult]) -> str:
         status = "" if r.ok else f" ({r.status}{': speed not credited' if r.status == 'diverged' else ''})"
         if r.extras.get("dropped"):
             status += " (dropped from the rungs above)"
-        wait = r.data_wait_fraction()
         lines.append(f"| {r.label}{status} | {t.median:,.0f} ({t.low:,.0f}-{t.high:,.0f}) | {vs_base} | {vs_prev} | "
-                     f"{r.peak_memory_mb:,.0f} | {'' if math.isnan(wait) else f'{wait:.0%}'} | {acc} | {no_ops} |")
+                     f"{r.peak_memory_mb:,.0f} | {_wait_cell(r)} | {acc} | {no_ops} |")
     reasons = {k: v for r in results for k, v in r.no_ops.items()}
     if reasons:
         lines += ["", "No-ops here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()) + "."]
@@ -445,7 +452,9 @@ def markdown_table(results: list[RunResult]) -> str:
     if dropped:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "
-              "over the timed windows (warm-up excluded). 'noise': the median of one rung lies inside the other's "
+              "over the timed windows (warm-up excluded). Data wait: time blocked on the next batch / step time; "
+              "'+ copy': the host-to-device copy's share, apart (without non_blocking it also waits for the previous "
+              "step's GPU work). 'noise': the median of one rung lies inside the other's "
               "min-max range. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
               "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "
               "time-to-accuracy` measures the outcome over seeds). A diverged rung's speed is shown, never credited."]
