@@ -18,7 +18,14 @@ from typing import Any
 from .config import TrainConfig, config_for
 from .device_support import no_op_reasons
 from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
-from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, TrapLimits, median_step_seconds, time_to_accuracy
+from .outcomes import (
+    DEFAULT_SEEDS,
+    TimeToAccuracy,
+    TrapLimits,
+    seconds_per_image,
+    stopped_by_harness_budget,
+    time_to_accuracy,
+)
 from .results import RunResult, load_document, save_results
 from .train import run
 
@@ -102,11 +109,19 @@ DROP_BELOW_RATIO = 0.5
 
 
 def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
-    """Why a rung's change should not be carried up the ladder, or None to keep it."""
+    """Why a rung's change should not be carried up the ladder, or None to keep it. A rung stopped by the harness's
+    own time budget is never a trap: it is judged by the windows it finished, like any other rung."""
     if below is None:
         return None
-    if result.status in ("failed", "time_limited", "diverged") or not result.window_throughput:
+    if stopped_by_harness_budget(result) and not result.window_throughput:
+        return (f"not measured: the harness's time budget ran out before its first timed window ({result.error}); "
+                "not a trap, but nothing measured to carry up")
+    budget_stop = stopped_by_harness_budget(result)
+    if result.status in ("failed", "diverged") or (result.status == "time_limited" and not budget_stop) \
+            or not result.window_throughput:
         return f"{result.status}: {result.error or 'no timed window finished'}"
+    if not below.window_throughput:
+        return None  # nothing to compare with (the rung below went unmeasured)
     ratio = result.throughput.median / below.throughput.median
     if ratio < DROP_BELOW_RATIO and not is_noise(below.throughput, result.throughput):
         return f"{ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
@@ -115,18 +130,28 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
 
 def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                on_result: Callable[[RunResult], None] | None = None,
-               max_seconds: Callable[[], float] | None = None) -> list[RunResult]:
+               max_seconds: float | Callable[[], float] | None = None, budget_s: float | None = None,
+               not_run: dict[str, str] | None = None) -> list[RunResult]:
     """Run the rungs cumulatively; a rung that is a trap here (see drop_reason) is not carried up.
     Stops early (keeping what ran) when a run is interrupted. on_result(result) is called after each rung
-    (to save as it goes); max_seconds(), when given, is each rung's time budget (the time left)."""
+    (to save as it goes). max_seconds: each rung's budget on its timed steps, a number (the same for every rung)
+    or a function called before each rung. budget_s: no rung is started once the ladder has run this many seconds
+    of wall time (set-up, compilation and evaluation included); not_run (when given) gets each such rung's title."""
     results: list[RunResult] = []
     kept: dict[str, Any] = {}
     below: RunResult | None = None
     bar = _rung_bar(len(rungs), "bench ladder", progress)
+    started = time.monotonic()
     for rung in rungs:
+        spent = time.monotonic() - started
+        if budget_s is not None and spent >= budget_s:
+            if not_run is not None:
+                not_run[rung.title] = f"the ladder's budget of {budget_s:g} s was spent ({spent:.0f} s)"
+            continue
         cfg = base.replace(**{**kept, **rung.changes})
         if max_seconds is not None:
-            cfg = cfg.replace(max_seconds=max(max_seconds(), 1.0))
+            budget = max_seconds() if callable(max_seconds) else max_seconds
+            cfg = cfg.replace(max_seconds=max(budget, 1.0))
         result = run(cfg, label=rung.title, progress=progress)
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
@@ -173,7 +198,7 @@ def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
     seed stopped while taking 2x longer per image than there is a speed trap (see outcomes.TrapLimits)."""
     if below is None or not below.reached:
         return None
-    per_image = [median_step_seconds(r) / r.images_per_step for r in below.runs if r.step_seconds and r.images_per_step]
+    per_image = [s for r in below.runs if (s := seconds_per_image(r)) is not None]  # synchronised windows
     return TrapLimits(max_training_seconds=below.seconds.high / DROP_BELOW_RATIO,
                       max_seconds_per_image=statistics.median(per_image) / DROP_BELOW_RATIO if per_image else None)
 
