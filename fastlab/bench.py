@@ -432,9 +432,11 @@ def markdown_table(results: list[RunResult]) -> str:
         return "No results.\n"
     env = results[0].env
     data = "SYNTHETIC data" if results[0].synthetic else f"real {results[0].dataset.get('name', '?')}"
+    copies = any(not math.isnan(r.copy_fraction()) for r in results)  # a device to copy to: shown apart
     lines = [f"fastlab bench on {env.get('device_name')}, torch {env.get('torch')}, profile "
              f"{env.get('profile')}, model {results[0].config.get('model')}, {data}, {env.get('date')}", "",
-             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | data wait (+ copy) | "
+             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | "
+             f"data wait{' (+ copy)' if copies else ''} | "
              "held-out acc. (one run) | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = results[0]
@@ -477,9 +479,10 @@ def markdown_table(results: list[RunResult]) -> str:
     if dropped:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "
-              "over the timed windows (warm-up excluded). Data wait: time blocked on the next batch / step time; "
-              "'+ copy': the host-to-device copy's share, apart (without non_blocking it also waits for the previous "
-              "step's GPU work). 'noise': the median of one rung lies inside the other's "
+              "over the timed windows (warm-up excluded). " + (
+                  "Data wait: time blocked on the next batch / step time; '+ copy': the host-to-device copy's share, "
+                  "apart (without non_blocking it also waits for the previous step's GPU work). " if copies else "") +
+              "'noise': the median of one rung lies inside the other's "
               "min-max range. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
               "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "
               "time-to-accuracy` measures the outcome over seeds). A diverged rung's speed is shown, never credited."]
