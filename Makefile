@@ -41,7 +41,7 @@ overhead: $(STAMP)  ## the harness against a bare hand-written loop
 GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	@$(GPU_PY) -c "import torch" 2>/dev/null || { echo "fastlab gpu-check: missing torch (2.11 or newer, with the torchvision of the same release) for $(GPU_PY) (exit 1)."; exit 1; }
-	PYTHONPATH=. $(GPU_PY) -m fastlab.gpu_check
+	@PYTHONPATH=. $(GPU_PY) -m fastlab.gpu_check
 
 clean:
 	rm -rf $(VENV) bench-results

@@ -225,7 +225,7 @@ def test_a_torchvision_built_for_another_torch_counts_as_missing(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_make_gpu_check_prints_one_line_and_exits_0_without_cuda():
-    p = subprocess.run(["make", "-s", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}",
+    p = subprocess.run(["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}",
                         f"PY={sys.executable}"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     lines = (p.stdout + p.stderr).strip().splitlines()
