@@ -2,10 +2,11 @@
 
 What is inside the timer: everything a training step does (waiting for the batch, the
 host-to-device copy, forward, backward, optimiser and scheduler step, loss logging). Evaluation
-and warm-up are timed apart. Within a step, data wait is the wait for `next(batches)` alone; the host-to-device
-copy (and channels_last conversion) is booked apart as copy time: without non_blocking the copy ends in a stream
-sync, so it also waits for the previous step's GPU work, which is compute, not data. On CUDA the clock is read only after a synchronise, at the end of
-warm-up and at the end of every timed window, so queued GPU work is always counted.
+and warm-up are timed apart. Within a step, data wait is the wait for `next(batches)` alone; the
+host-to-device copy (and channels_last conversion) is booked apart as copy time: without non_blocking the
+copy ends in a stream sync, so it also waits for the previous step's GPU work, which is compute, not data.
+On CUDA the clock is read only after a synchronise, at the end of warm-up and at the end of every timed
+window, so queued GPU work is always counted.
 
     throughput of a window = images per step x steps in the window / window wall time
     images per step        = batch_size x grad_accum_steps
@@ -495,7 +496,8 @@ class TrainingRun:
         return clock.is_boundary(done) and done < clock.total and self.parallel.agree(clock.over_budget(done, t1))
 
     def _one_step(self, step: int, sample: bool) -> tuple[torch.Tensor, float]:
-        """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait).
+        """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait)
+        and leaves the step's copy-to-device seconds in self.copy_s.
         Warm-up steps after the first (sample=True) are bracketed by syncs to sample the optimiser's share."""
         cfg, dev, res = self.cfg, self.device, self.result
         non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
