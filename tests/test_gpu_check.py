@@ -59,6 +59,7 @@ class _SlowToCopy:
 
 
 def test_a_slow_copy_to_the_device_is_not_counted_as_data_wait(monkeypatch, quick):
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the mock below lives in this process
     real = train.builders.train_batches
 
     def slow_batches(cfg, data, device, no_ops):
@@ -147,7 +148,9 @@ def test_a_stop_by_the_harness_budget_is_not_a_trap():
     assert outcomes.TrapLimits(max_training_seconds=5, max_seconds_per_image=1e-6).trap(seed) is None
 
 
-def test_runs_record_which_budget_stopped_them(quick):
+def test_runs_record_which_budget_stopped_them(monkeypatch, quick):
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the slow callback must hold up the run's own steps
+
     def slow(done, total):
         time.sleep(0.2)
 
@@ -184,14 +187,14 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
 def test_gpu_check_ladders_use_a_fixed_rung_budget(monkeypatch, tmp_path):
     calls = []
 
-    def fake_ladder(base, rungs, progress, on_result, max_seconds, budget_s, not_run):
-        calls.append((max_seconds, budget_s))
+    def fake_ladder(base, rungs, progress, on_result, max_seconds, budget_s, not_run, repeats):
+        calls.append((max_seconds, budget_s, repeats))
         on_result(RunResult(config=base.to_dict(), label="naive", window_throughput=[1.0]))
         return []
 
     monkeypatch.setattr(bench, "run_ladder", fake_ladder)
     gpu_check.run_ladders(tmp_path, budget_s=120.0)
-    assert calls == [(gpu_check.LADDER_RUNG_SECONDS, 60.0)] * 2
+    assert calls == [(gpu_check.LADDER_RUNG_SECONDS, 60.0, 1)] * 2
     assert "estimate" in gpu_check.__doc__ and "minutes" in gpu_check.__doc__
 
 

@@ -186,6 +186,7 @@ def test_a_reached_run_keeps_the_checkpoint_as_its_accuracy_and_has_windows(quic
         calls.append(self.result.label)
         return real(self, meter)
 
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the counting mock lives in this process
     monkeypatch.setattr(train.TrainingRun, "_accuracy", counting)
     tta = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=0.0, seeds=(0,), eval_every=3,
                                    max_steps=30, progress=False)
@@ -243,12 +244,13 @@ class _Sleepy(nn.Module):
         return self.fc(x.flatten(1))
 
 
-def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(quick):
+def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(monkeypatch, quick):
     from fastlab.outcomes import TrapLimits
 
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # no fresh process's first-op costs inside a small budget
     timed = quick.replace(warmup_steps=0)
     slow = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, max_steps=400, progress=False,
-                                    model=_Sleepy, limits=TrapLimits(max_training_seconds=0.2,
+                                    model=_Sleepy, limits=TrapLimits(max_training_seconds=0.6,
                                                                      max_seconds_per_image=1e-9))
     r = slow.runs[0]
     assert r.status == "time_limited" and r.window_throughput and "without reaching the target" in r.error
@@ -257,7 +259,7 @@ def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(
     # stopped by the budget but stepping at an ordinary speed: slow to learn, not a trap; the other seeds run
     learner = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, max_steps=400,
                                        progress=False, model=_Sleepy,
-                                       limits=TrapLimits(max_training_seconds=0.2, max_seconds_per_image=1e6))
+                                       limits=TrapLimits(max_training_seconds=0.6, max_seconds_per_image=1e6))
     assert len(learner.runs) == 2 and learner.seeds_not_run == ""
     # stopped before its first evaluation: said so
     first = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0,), eval_every=2, progress=False,
