@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import TrainConfig
-from .measure import Spread, is_noise, resolve_device, verdict
+from .measure import Spread, is_noise, resolve_device, usable_cpu_count, verdict
 from .results import RunResult
 from .train import describe_changes, run
 
@@ -342,6 +342,8 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         return None
     low_util = _util_low_share(r) if gpu else float("nan")
     evidence = [Evidence("data wait / step time", wait, f">= {_pct(DATA_WAIT_SHARE)}", "%")]
+    if _finite(r.copy_fraction()):  # timed apart, never counted as data wait (it waits for GPU work too)
+        evidence.append(Evidence("host-to-device copy / step time (not data wait)", r.copy_fraction(), unit="%"))
     fires = wait >= DATA_WAIT_SHARE
     if _finite(low_util):
         evidence.append(Evidence(f"share of GPU utilisation samples under {GPU_UTIL_LOW_PCT:.0f}%", low_util,
@@ -350,7 +352,7 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         fires = fires or (low_util >= GPU_UTIL_LOW_SHARE and wait >= DATA_WAIT_SHARE_WITH_UTIL)
     if not fires:
         return None
-    cpus = int(r.env.get("cpu_count") or 1)
+    cpus = int(r.env.get("usable_cpus") or usable_cpu_count())  # the cores it may use, not the host's
     workers = cfg.get("num_workers", 0)
     more_workers = min(max(2, cpus), 8) if workers == 0 else min(workers * 2, max(cpus, 2))
     worker_change = {"num_workers": more_workers, "persistent_workers": True}

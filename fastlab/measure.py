@@ -256,13 +256,15 @@ def has_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 7
 
 
-def nvml_device_key(index: int, visible: str | None) -> tuple[str, int | str]:
+def nvml_device_key(index: int, visible: str | None, uuid: str | None = None) -> tuple[str, int | str]:
     """How to find CUDA device `index` (as torch numbers it) in NVML, which ignores CUDA_VISIBLE_DEVICES.
 
     Returns ("index", n) for an NVML index or ("uuid", "GPU-..."/"MIG-...") when the visible list names UUIDs.
+    Without CUDA_VISIBLE_DEVICES, `uuid` (torch's own for that device, see cuda_uuid) decides: CUDA numbers
+    devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML in PCI order, so an index may name another GPU.
     """
     if not visible or not visible.strip():
-        return ("index", index)
+        return ("uuid", uuid) if uuid else ("index", index)
     entries = [e.strip() for e in visible.split(",") if e.strip()]
     if index >= len(entries):
         raise ValueError(f"CUDA device {index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
@@ -270,6 +272,33 @@ def nvml_device_key(index: int, visible: str | None) -> tuple[str, int | str]:
     if entry.isdigit():
         return ("index", int(entry))
     return ("uuid", entry)
+
+
+def cuda_uuid(index: int) -> str | None:
+    """NVML's name ("GPU-<uuid>") of CUDA device `index` as torch numbers it, or None where torch cannot say.
+    torch.cuda.get_device_properties(i).uuid (a torch._C._CUuuid, in torch 2.11 too) prints bare 8-4-4-4-12 hex."""
+    try:
+        raw = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # an older torch, a ROCm build without it, or no device: fall back to the index
+        return None
+    if not raw:
+        return None
+    return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
+
+
+def _nvml_handle(pynvml, index: int):
+    """NVML's handle of CUDA device `index`: by torch's UUID where it has one (falling back to the index when
+    NVML does not know it, as for a MIG slice), else as CUDA_VISIBLE_DEVICES maps it."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    how, key = nvml_device_key(index, visible, None if visible and visible.strip() else cuda_uuid(index))
+    if how == "uuid":
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(key)
+        except Exception:
+            if visible and visible.strip():
+                raise  # the visible list named this UUID: no index to fall back on
+            return pynvml.nvmlDeviceGetHandleByIndex(index)
+    return pynvml.nvmlDeviceGetHandleByIndex(key)
 
 
 class GpuUtilSampler:
@@ -295,11 +324,7 @@ class GpuUtilSampler:
 
             pynvml.nvmlInit()
             index = device.index if device.index is not None else torch.cuda.current_device()
-            how, key = nvml_device_key(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            if how == "uuid":
-                handle = pynvml.nvmlDeviceGetHandleByUUID(key)
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(key)
+            handle = _nvml_handle(pynvml, index)
             pynvml.nvmlDeviceGetUtilizationRates(handle)  # the probe: raises where it is not supported
             self._handle, self._nvml = handle, pynvml
         except Exception as e:  # NVML missing, no driver, or a MIG slice: say so instead of dying in a thread

@@ -30,7 +30,10 @@ class RunResult:
     warmup_seconds: float = 0.0  # wall time of the untimed warm-up steps (compile, autotune)
     timed_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # host wall time of each step, data wait included
-    data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on the next batch, per step
+    data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on next(batches), per step
+    # host time of each step's host-to-device copy and channels_last conversion (on CUDA without non_blocking it
+    # includes waiting for the previous step's queued kernels: not data wait)
+    copy_seconds: list[float] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     eval_accuracy: float | None = None
     eval_seconds: float | None = None
@@ -74,6 +77,22 @@ class RunResult:
         total = sum(self.step_seconds[warm:])
         return sum(self.data_wait_seconds[warm:]) / total if total else float("nan")
 
+    def copy_fraction(self) -> float:
+        """Share of timed step time spent in the host-to-device copy: sum(copy) / sum(step time); nan when the
+        run had no device to copy to (a CPU run) or kept no copy times (results saved before they were kept)."""
+        warm = int(self.config.get("warmup_steps", 0))
+        total = sum(self.step_seconds[warm:])
+        copies = self.copy_seconds[warm:]
+        if not (total and copies) or self.env.get("device_type", "cpu") == "cpu":
+            return float("nan")
+        return sum(copies) / total
+
+    def data_split(self) -> str:
+        """'data wait 12%, copy to device 30%' (the copy only where there was one)."""
+        wait, copy = self.data_wait_fraction(), self.copy_fraction()
+        text = "data wait " + ("not measured" if wait != wait else f"{wait:.0%}")  # NaN: not measured
+        return text + ("" if copy != copy else f", copy to device {copy:.0%}")
+
     def optimizer_share(self) -> float:
         """Share of a (sampled, synchronised) step spent in optimizer.step(); nan when not sampled."""
         total = sum(self.sampled_step_seconds)
@@ -92,7 +111,7 @@ class RunResult:
                     f"warm-up included), {data}")
         t = self.throughput
         parts = [f"{self.label}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows)",
-                 f"peak memory {self.peak_memory_mb:,.0f} MiB", self._data_wait_words()]
+                 f"peak memory {self.peak_memory_mb:,.0f} MiB", self.data_split()]
         if self.eval_accuracy is not None:
             parts.append(f"held-out accuracy {self.eval_accuracy:.1%}")
         parts.append(data)
@@ -103,10 +122,6 @@ class RunResult:
         if self.status == "diverged":
             parts.insert(1, f"DIVERGED: {self.error} (speed not credited)")
         return ", ".join(parts)
-
-    def _data_wait_words(self) -> str:
-        wait = self.data_wait_fraction()
-        return f"data wait {wait:.0%}" if wait == wait else "data wait not measured"  # NaN: not measured
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
