@@ -243,3 +243,24 @@ def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
     """The profile's time-to-accuracy target for the synthetic set or for real CIFAR-10."""
     return tta_settings(config)["synthetic" if synthetic else "cifar10"]
 
+
+
+# Runs sized by time (fastlab.calibration): how many seconds of timed steps one run should take, and a whole
+# comparison (its arms share it), on the machine at hand; a short calibration turns them into steps, within
+# min_steps (enough for the windows to mean something) and max_steps. None: the profile keeps its fixed `steps`
+# (smoke: nbval's checked outputs must not depend on the machine's speed). Warm-up, evaluation and data set-up
+# come on top of these seconds.
+TIME_SIZING: dict[str, dict[str, float] | None] = {
+    "smoke": None,
+    "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60),
+    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400),
+    "mps": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=20, max_steps=200),
+    "custom": None,
+}
+
+
+def time_sizing(profile: str) -> dict[str, float] | None:
+    """The profile's time sizing (see TIME_SIZING), or None where it keeps fixed steps."""
+    if profile not in TIME_SIZING:
+        raise ValueError(f"profile={profile!r} is not allowed: choose one of {', '.join(map(repr, TIME_SIZING))}")
+    return TIME_SIZING[profile]
