@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from . import measure
 from .config import TrainConfig, time_sizing
-from .measure import cpu_isa, cpu_model, cpu_native_bf16, device_name, resolve_device, usable_cpu_count
+from .measure import resolve_device
 
 CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
 CALIBRATION_STEPS = 4  # timed steps: the median of these is the step time
@@ -55,9 +56,10 @@ class Calibration:
 
 def fingerprint(device: torch.device) -> dict[str, Any]:
     """The machine a step time belongs to: a calibration measured on another is not reused."""
-    return {"cpu_model": cpu_model(), "cpu_isa": cpu_isa(), "cpu_native_bf16": cpu_native_bf16(),
-            "usable_cpus": usable_cpu_count(), "torch_threads": torch.get_num_threads(), "host": platform.node(),
-            "os_kernel": platform.release(), "torch": torch.__version__, "device": device_name(device)}
+    return {"cpu_model": measure.cpu_model(), "cpu_isa": measure.cpu_isa(), "cpu_native_bf16": measure.cpu_native_bf16(),
+            "usable_cpus": measure.usable_cpu_count(), "torch_threads": torch.get_num_threads(),
+            "host": platform.node(), "os_kernel": platform.release(), "torch": torch.__version__,
+            "device": measure.device_name(device)}
 
 
 def workload(config: TrainConfig) -> dict[str, Any]:

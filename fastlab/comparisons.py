@@ -121,8 +121,10 @@ def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
 
 
 def demonstration_config(arm: TrainConfig) -> TrainConfig:
-    """A trap's demonstration run: one short run (one warm-up step, DEMONSTRATION_STEPS timed ones, one window)."""
-    return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1)
+    """A trap's demonstration run: one warm-up step, DEMONSTRATION_STEPS timed ones in one window, and one
+    batch of held-out images (its accuracy after so few steps says nothing; its step time says it all)."""
+    return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1,
+                       eval_images=min(arm.eval_images, arm.batch_size))
 
 
 def run_arms(baseline: TrainConfig, arms: Sequence[tuple[str, TrainConfig]], seeds: Sequence[int] | None = None,
