@@ -272,6 +272,11 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
     out = Path(out_dir) if out_dir else default_out_dir()
     path = out / "results.json"
     meta: dict[str, Any] = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
+    if metric == "throughput":  # every rung the same steps, sized by time from the naive rung's calibration
+        from .calibration import sized
+
+        naive, meta["calibration"] = sized(base.replace(**rungs[0].changes), len(rungs))
+        base = base.replace(steps=naive.steps)
     done: list[RunResult] = []
     started = time.perf_counter()
 

@@ -168,3 +168,13 @@ def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple
     record = {**cal.to_dict(), "seconds_per_run": seconds, "arms": arms, "steps": steps,
               "profile_steps": base.steps}
     return base.replace(steps=steps), record
+
+
+def describe_sizing(config: TrainConfig) -> str:
+    """How the runs of `config`'s profile are sized, in words (for a notebook's first cell)."""
+    sizing = time_sizing(config.profile)
+    if sizing is None:
+        return f"{config.steps} timed steps a run (fixed under the {config.profile} profile)"
+    return (f"timed steps sized by time: about {sizing['run_seconds']:g} s a run and {sizing['comparison_seconds']:g} s "
+            f"a comparison on this machine ({sizing['min_steps']}-{sizing['max_steps']} steps, from a calibration "
+            f"cached in {cache_path()}; each result records it in extras['calibration'])")

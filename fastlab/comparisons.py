@@ -28,12 +28,13 @@ from .results import RunResult
 
 ComparisonFn = Callable[..., list[RunResult]]
 REGISTRY: dict[str, ComparisonFn] = {}
-# name -> the number of runs its time is shared among (None: not sized by time, e.g. time-to-accuracy, which
-# keeps its own rules: train until a target, within the profile's max_steps)
+# name -> the number of runs its time is shared among (None: its steps are not sized by time: time-to-accuracy
+# keeps its own rules, training until a target within the profile's max_steps, and a comparison not yet declared
+# keeps the profile's steps)
 ARMS: dict[str, int | None] = {}
 
 
-def comparison(name: str, arms: int | None = 2) -> Callable[[ComparisonFn], ComparisonFn]:
+def comparison(name: str, arms: int | None = None) -> Callable[[ComparisonFn], ComparisonFn]:
     """Register fn(base: TrainConfig, progress: bool = True) -> list[RunResult] under `name`. `arms`: how many
     runs share the comparison's time (config.TIME_SIZING), or None where the steps are not sized by time."""
     if ":" not in name:

@@ -275,6 +275,22 @@ def preferred_amp(device: torch.device) -> str:
     return "off" if device.type == "cpu" else "fp16"
 
 
+def describe_amp(device: torch.device) -> str:
+    """preferred_amp(device) and why, in words: what decided it on this hardware."""
+    amp = preferred_amp(device)
+    if device.type == "cpu":
+        cpu = f"{cpu_model()}, {cpu_isa()}"
+        if amp == "bf16":
+            return f"bf16 (this CPU, {cpu}, has native bf16 instructions)"
+        return (f"none, fp32 (this CPU, {cpu}, has no native bf16 instructions: bf16 autocast runs emulated there, "
+                f"a known trap, shown in one short run)")
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        why = "native bf16" if amp == "bf16" else "bf16 only emulated below 8.0"
+        return f"{amp}{' with GradScaler' if amp == 'fp16' else ''} (compute capability {cap[0]}.{cap[1]}: {why})"
+    return f"{amp}{' with GradScaler' if amp == 'fp16' else ''} (no native bf16 on {device.type})"
+
+
 def usable_cpu_count() -> int:
     """Cores this process may run on: a container's or a job's share, not the host's total (os.cpu_count)."""
     try:

@@ -148,21 +148,38 @@ def _run(training: TrainingRun, comparison: str | None = None) -> RunResult:
 
 def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None,
             **changes: Any) -> list[RunResult]:
-    """Run `base`, then `base` with `changes`; returns [baseline, changed]."""
+    """Run `base`, then `base` with `changes`; returns [baseline, changed]. When every change is a no-op on this
+    device, the changed arm is not trained: its result (status "no_op") says why."""
     changed = base.replace(**changes)
     results = [run(base, label="baseline", progress=progress, comparison=comparison)]
     if results[-1].status != "interrupted":
-        results.append(run(changed, label=describe_changes(changes), progress=progress, comparison=comparison))
+        idle = _idle_arm(base, changed, describe_changes(changes), comparison)  # every change a no-op: not trained
+        results.append(idle or run(changed, label=describe_changes(changes), progress=progress, comparison=comparison))
     return results
+
+
+def _idle_arm(base: TrainConfig, arm: TrainConfig, label: str, comparison: str | None) -> RunResult | None:
+    """The not-trained result of an arm that can teach nothing on this device (comparisons.plan_arm), else None."""
+    from .comparisons import not_trained, plan_arm
+
+    plan = plan_arm(base, arm)
+    if plan.kind != "no-op":
+        return None
+    result = not_trained(arm, label, plan.reason)
+    if comparison:
+        result.extras["comparison"] = comparison
+    return result
 
 
 def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True,
           comparison: str | None = None) -> list[RunResult]:
-    """One run per value of `knob`; stops early (keeping what ran) if a run is interrupted."""
+    """One run per value of `knob`; stops early (keeping what ran) if a run is interrupted. A value whose change
+    from the first is a no-op on this device is not trained: its result says no-op and why."""
     configs = [base.replace(**{knob: v}) for v in values]  # validate every value before running any
     results = []
     for value, cfg in zip(values, configs):
-        results.append(run(cfg, label=f"{knob}={value}", progress=progress, comparison=comparison))
+        idle = _idle_arm(configs[0], cfg, f"{knob}={value}", comparison)  # a value that is a no-op here: not trained
+        results.append(idle or run(cfg, label=f"{knob}={value}", progress=progress, comparison=comparison))
         if results[-1].status == "interrupted":
             break
     return results

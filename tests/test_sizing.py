@@ -231,3 +231,28 @@ def test_smoke_keeps_its_fixed_steps(monkeypatch):
     assert calibration.sized(smoke, arms=3, measure=never) == (smoke, None)
     with pytest.raises(ValueError, match="arms=0 is not allowed"):
         calibration.seconds_per_run("cpu", 0)
+
+
+def test_compare_and_sweep_do_not_train_a_no_op_change(monkeypatch, smoke):
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    base = smoke.replace(device="cpu")
+    results = fastlab.train.compare(base, progress=False, comparison="x:y", cudnn_benchmark=True)
+    assert [label for label, _ in seen] == ["baseline"] and results[1].status == "no_op"
+    assert results[1].extras["comparison"] == "x:y"
+    swept = fastlab.train.sweep("pin_memory", [False, True], base, progress=False)
+    assert [r.status for r in swept] == ["ok", "no_op"] and "pin_memory" in swept[1].error
+    fastlab.train.sweep("channels_last", [False, True], base, progress=False)
+    assert [label for label, _ in seen][-2:] == ["channels_last=False", "channels_last=True"]
+
+
+def test_the_bench_ladder_sizes_every_rung_alike_and_records_the_calibration(calibration_cache, monkeypatch,
+                                                                            tmp_path):
+    seen = []
+    monkeypatch.setattr(bench, "run", fake_run(seen))
+    monkeypatch.setattr(bench, "write_report", lambda path: None)
+    monkeypatch.setattr(calibration, "measure_step_seconds", lambda cfg: [0.5] * 4)
+    out = bench.bench(tmp_path / "b", profile="cpu", only=["workers", "channels_last"], progress=False)
+    doc = fastlab.results.load_document(out / "results.json")
+    steps = {cfg.steps for _, cfg in seen}
+    assert steps == {doc["meta"]["calibration"]["steps"]} and doc["meta"]["calibration"]["step_seconds"] == 0.5

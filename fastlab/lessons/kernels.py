@@ -46,7 +46,7 @@ VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned 
 # on a CPU) is not trained but reported with its reason, and a known trap (bf16 without native bf16) runs once, short.
 
 
-@comparison(f"{NAME}:cudnn_benchmark")
+@comparison(f"{NAME}:cudnn_benchmark", arms=2)
 def compare_cudnn_benchmark(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     off = base.replace(cudnn_benchmark=False)
     return run_arms(off, [(f"cudnn.benchmark {'on' if on else 'off'}", base.replace(cudnn_benchmark=on))
