@@ -116,7 +116,7 @@ def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
     from .measure import environment
 
     return RunResult(config=arm.to_dict(), label=label, status="no_op",
-                     error=f"not trained: every change is a no-op here ({reason})",
+                     error=f"every change is a no-op here ({reason})",
                      no_ops=no_op_reasons(arm, dev), env=environment(dev, arm.profile),
                      images_per_step=arm.batch_size * arm.grad_accum_steps, extras={"not_trained": reason})
 

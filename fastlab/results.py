@@ -84,7 +84,7 @@ class RunResult:
         if self.status == "failed":
             return f"{self.label}: FAILED ({self.error})"
         if self.status == "no_op":
-            return f"{self.label}: NOT TRAINED ({self.error})"
+            return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
             import statistics
 

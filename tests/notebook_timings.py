@@ -23,11 +23,9 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 def machine() -> str:
-    import platform
+    from fastlab.measure import cpu_isa, cpu_model, usable_cpu_count
 
-    from fastlab.measure import usable_cpu_count
-
-    return f"CPU ({usable_cpu_count()} cores usable, {platform.machine()}), no GPU"
+    return f"CPU ({cpu_model()}, {cpu_isa()}, {usable_cpu_count()} cores usable), no GPU"
 
 
 def time_notebook(path: Path, profile: str, timeout: float) -> tuple[float, str, float]:
