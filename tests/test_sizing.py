@@ -256,3 +256,27 @@ def test_the_bench_ladder_sizes_every_rung_alike_and_records_the_calibration(cal
     doc = fastlab.results.load_document(out / "results.json")
     steps = {cfg.steps for _, cfg in seen}
     assert steps == {doc["meta"]["calibration"]["steps"]} and doc["meta"]["calibration"]["step_seconds"] == 0.5
+
+
+# ---------------------------------------------------------------- 5. thorough on request
+
+
+def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path):
+    from fastlab import config, timings
+
+    fast = config.time_sizing("cpu")
+    monkeypatch.setenv("FASTLAB_THOROUGH", "1")
+    slow = config.time_sizing("cpu")
+    assert slow["run_seconds"] == fast["run_seconds"] * config.THOROUGH_SCALE > fast["run_seconds"]
+    assert config.time_sizing("smoke") is None  # smoke stays fixed: nbval's outputs
+    assert mixed_precision.seeds_for(config_for("cpu")) == config.THOROUGH_SEEDS
+    assert mixed_precision.seeds_for(config_for("smoke")) == mixed_precision.SEEDS["smoke"]
+    monkeypatch.setenv("FASTLAB_TIMINGS", str(tmp_path / "timings.json"))
+    assert "FASTLAB_THOROUGH=1" in timings.notebook_time("02_mixed_precision", "cpu")
+    assert "not measured yet)" in timings.notebook_time("02_mixed_precision", "cpu")
+    timings.record_timing(tmp_path / "timings.json", "02_mixed_precision", "cpu-thorough", 600.0, "ok", "CPU (x)")
+    assert "(it took 10.0 min on CPU (x))" in timings.notebook_time("02_mixed_precision", "cpu")
+    assert "THOROUGH" not in timings.notebook_time("02_mixed_precision", "smoke")
+    monkeypatch.setenv("FASTLAB_THOROUGH", "very")
+    with pytest.raises(ValueError, match="FASTLAB_THOROUGH='very' is not allowed"):
+        config.thorough()

@@ -20,7 +20,7 @@ from torch import nn
 from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison, run_arms
-from ..config import TrainConfig
+from ..config import THOROUGH_SEEDS, TrainConfig, thorough
 from ..measure import Spread, is_noise, preferred_amp, resolve_device
 from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
 from ..plots import data_note
@@ -53,6 +53,9 @@ LABELS = {"off": "fp32", "fp16": "fp16 + GradScaler", "bf16": "bf16"}
 
 
 def seeds_for(base: TrainConfig) -> tuple[int, ...]:
+    """The profile's seeds; under FASTLAB_THOROUGH=1 (not smoke) config.THOROUGH_SEEDS."""
+    if base.profile != "smoke" and thorough():
+        return THOROUGH_SEEDS
     return SEEDS.get(base.profile, (0, 1, 2))
 
 
