@@ -280,3 +280,22 @@ def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path
     monkeypatch.setenv("FASTLAB_THOROUGH", "very")
     with pytest.raises(ValueError, match="FASTLAB_THOROUGH='very' is not allowed"):
         config.thorough()
+
+
+def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke):
+    from fastlab.checklist import built_on
+    from fastlab.comparisons import not_trained
+    from fastlab.lessons import all_together
+
+    cfg = smoke.replace(device="cpu")
+
+    def ran(label, speed, **changes):
+        return fastlab.RunResult(config=cfg.replace(**changes).to_dict(), label=label, window_throughput=[speed] * 3,
+                                 peak_memory_mb=100.0, extras={"rung": label})
+
+    idle = not_trained(cfg.replace(cudnn_benchmark=True), "+cudnn", "cudnn_benchmark: no cuDNN here")
+    results = [ran("naive", 100.0), idle, ran("+channels_last", 300.0, cudnn_benchmark=True, channels_last=True)]
+    assert built_on(results, 2) is results[0]
+    lines = all_together.summary_lines(results)
+    assert lines[1].startswith("+cudnn: no_op (every change is a no-op here")
+    assert "3.00x (faster)" in lines[2] and "nan" not in " ".join(lines)

@@ -85,7 +85,7 @@ def summary_lines(results: list[RunResult]) -> list[str]:
                          f"peak memory {r.peak_memory_mb:,.0f} MiB")
         if r.extras.get("dropped"):
             lines.append(f"    dropped from the rungs above: {r.extras['dropped']}")
-        else:
+        elif r.status != "no_op":  # a rung not trained (every change a no-op here) measured nothing to build on
             below = r
     top = results[top_index(results)]
     lines.append(f"top of the ladder ({top.label}): {verdict(naive.throughput, top.throughput)}")
