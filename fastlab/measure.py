@@ -173,7 +173,7 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
         return f"Apple GPU (mps, {_mac_chip()})"
-    return f"CPU ({cpu_model()}, {os.cpu_count()} cores, {cpu_isa()})"  # which CPU: their speeds differ 10x
+    return f"CPU ({cpu_model()}, {os.cpu_count()} cores, {cpu_isa()})"  # which CPU: their speeds differ widely
 
 
 def _mac_chip() -> str:
@@ -189,8 +189,8 @@ def _mac_chip() -> str:
 
 
 # /proc/cpuinfo flags that mean the CPU computes in bf16 itself (x86: AVX-512 BF16, AMX; Arm: FEAT_BF16).
-# Without one, bf16 autocast on a CPU converts to fp32 and back around every op: measured 10x slower than fp32
-# on an AVX2-only AMD EPYC, while an AVX-512 BF16 CPU ran it 1.6x faster (docs/NOTES, 2026-12-01).
+# Without one, bf16 autocast on a CPU converts to fp32 and back around every op: on an AVX2-only AMD EPYC it was
+# measured an order of magnitude slower than fp32, while an AVX-512 BF16 CPU ran it faster (issue 27).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
@@ -269,7 +269,7 @@ def bf16_is_trap(device: torch.device) -> bool:
 
 def preferred_amp(device: torch.device) -> str:
     """The autocast dtype a run on this device should use: bf16 where it is native; on a GPU without it, fp16
-    with GradScaler; on a CPU without it, "off" (fp32): CPU fp16 autocast has no native kernels either."""
+    with GradScaler; on a CPU without it, "off" (fp32): nothing here judges a CPU's fp16, so it is not assumed."""
     if bf16_supported(device):
         return "bf16"
     return "off" if device.type == "cpu" else "fp16"
