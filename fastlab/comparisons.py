@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .config import TrainConfig, config_for
+from .config import TrainConfig, comparison_repeats, config_for
 from .device_support import no_op_reasons, trap_reasons
 from .measure import resolve_device
 from .results import RunResult
@@ -32,11 +32,14 @@ REGISTRY: dict[str, ComparisonFn] = {}
 # keeps its own rules, training until a target within the profile's max_steps, and a comparison not yet declared
 # keeps the profile's steps)
 ARMS: dict[str, int | None] = {}
+REPEATED: dict[str, bool] = {}
 
 
-def comparison(name: str, arms: int | None = None) -> Callable[[ComparisonFn], ComparisonFn]:
+def comparison(name: str, arms: int | None = None, repeated: bool = True) -> Callable[[ComparisonFn], ComparisonFn]:
     """Register fn(base: TrainConfig, progress: bool = True) -> list[RunResult] under `name`. `arms`: how many
-    runs share the comparison's time (config.TIME_SIZING), or None where the steps are not sized by time."""
+    runs share the comparison's time (config.TIME_SIZING), or None where the steps are not sized by time;
+    repeated: whether each arm runs the profile's comparison_repeats times (interleaved), False for one run each
+    (e.g. one per seed, already counted in `arms`)."""
     if ":" not in name:
         raise ValueError(f"comparison names look like 'NN_notebook:what', got {name!r}")
     if arms is not None and (isinstance(arms, bool) or not isinstance(arms, int) or arms < 1):
@@ -45,6 +48,7 @@ def comparison(name: str, arms: int | None = None) -> Callable[[ComparisonFn], C
     def register(fn: ComparisonFn) -> ComparisonFn:
         REGISTRY[name] = fn
         ARMS[name] = arms
+        REPEATED[name] = repeated
         return fn
 
     return register
@@ -69,7 +73,8 @@ def run_comparison(name: str, base: TrainConfig | None = None, progress: bool = 
     if ARMS.get(name) is not None:
         from .calibration import sized
 
-        base, calibration = sized(base, ARMS[name])
+        runs = ARMS[name] * (comparison_repeats(base) if REPEATED.get(name, True) else 1)
+        base, calibration = sized(base, runs)
     results = found[name](base, progress=progress)
     for r in results:
         r.extras["comparison"] = name
@@ -131,31 +136,39 @@ def demonstration_config(arm: TrainConfig) -> TrainConfig:
 def run_arms(baseline: TrainConfig, arms: Sequence[tuple[str, TrainConfig]], seeds: Sequence[int] | None = None,
              progress: bool = True, device: torch.device | str | None = None,
              runner: Callable[..., RunResult] | None = None) -> list[RunResult]:
-    """Each arm (label, config) once per seed (its own seed when `seeds` is None), planned by plan_arm against
-    `baseline`: a no-op arm is not trained (one not_trained result), a trap runs once, short (extras["trap"] says
-    why). Results carry extras["variant"] = the arm's label. Stops, keeping what ran, when a run is interrupted."""
-    if runner is None:
-        from .train import run as runner
-    results: list[RunResult] = []
-    for label, cfg in arms:
-        plan = plan_arm(baseline, cfg, device)
+    """Each arm (label, config), planned by plan_arm against `baseline`: a no-op arm is not trained (one
+    not_trained result), a trap runs once, short (extras["trap"] says why), and the others train: with `seeds`,
+    once per seed, one after another (accuracy over seeds); without, interleaved with the profile's repeats
+    (train.interleave), or once each through `runner` when one is given. Results come in the arms' order and
+    carry extras["variant"] = the arm's label. Stops, keeping what ran, when a run is interrupted."""
+    from . import train
+
+    plans = [(label, cfg, plan_arm(baseline, cfg, device)) for label, cfg in arms]
+    done: dict[int, list[RunResult]] = {}
+    for i, (label, cfg, plan) in enumerate(plans):
         if plan.kind == "no-op":
-            results.append(_tagged(not_trained(cfg, label, plan.reason), label))
-            continue
-        if plan.kind == "trap":
-            r = runner(demonstration_config(cfg), label=f"{label} (trap demonstration, one short run)",
-                       progress=progress)
-            r.extras["trap"] = plan.reason
-            results.append(_tagged(r, label))
-        else:
+            done[i] = [not_trained(cfg, label, plan.reason)]
+        elif plan.kind == "trap":
+            demo = (runner or train.run)(demonstration_config(cfg), label=f"{label} (trap demonstration, one short "
+                                         f"run)", progress=progress)
+            demo.extras["trap"] = plan.reason
+            done[i] = [demo]
+    trained = [i for i, (_, _, plan) in enumerate(plans) if plan.kind == "train"]
+    if seeds is None and runner is None:
+        ran = train.interleave([plans[i][:2] for i in trained], progress=progress) if trained else []
+        done.update({i: [r] for i, r in zip(trained, ran)})
+    else:
+        for i in trained:
+            label, cfg, _ = plans[i]
+            done[i] = []
             for seed in (seeds if seeds is not None else (cfg.seed,)):
                 name = f"{label} (seed {seed})" if seeds is not None else label
-                results.append(_tagged(runner(cfg.replace(seed=seed), label=name, progress=progress), label))
-                if results[-1].status == "interrupted":
-                    return results
-        if results[-1].status == "interrupted":
-            break
-    return results
+                done[i].append((runner or train.run)(cfg.replace(seed=seed), label=name, progress=progress))
+                if done[i][-1].status == "interrupted":
+                    break
+            if done[i][-1].status == "interrupted":
+                break
+    return [_tagged(r, plans[i][0]) for i in sorted(done) for r in done[i]]
 
 
 def _tagged(result: RunResult, variant: str) -> RunResult:

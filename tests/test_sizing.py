@@ -218,7 +218,8 @@ def test_every_arm_of_a_comparison_gets_the_same_calibrated_steps(calibration_ca
     results = comparisons.run_comparison("03_cudnn_benchmark_and_channels_last:channels_last", cpu,
                                          progress=False)
     steps = {cfg.steps for _, cfg in seen if "trap" not in _}
-    expected = calibration.steps_for(calibration.calibrate(cpu), calibration.seconds_per_run("cpu", 4), "cpu")
+    runs = 4 * fastlab.config.comparison_repeats(cpu)  # 4 arms, each repeated (interleaved)
+    expected = calibration.steps_for(calibration.calibrate(cpu), calibration.seconds_per_run("cpu", runs), "cpu")
     assert steps == {expected} and expected != cpu.steps
     assert all(r.extras["calibration"]["steps"] == expected for r in results)
 

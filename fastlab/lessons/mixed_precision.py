@@ -59,7 +59,7 @@ def seeds_for(base: TrainConfig) -> tuple[int, ...]:
     return SEEDS.get(base.profile, (0, 1, 2))
 
 
-@comparison("02_mixed_precision:precision", arms=6)
+@comparison("02_mixed_precision:precision", arms=6, repeated=False)  # 3 precisions x 2 seeds
 def compare_precision(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """fp32, fp16 + GradScaler and bf16 autocast, each over the profile's seeds (grouped by variant()); a
     precision that is a known trap here runs once, short (comparisons.run_arms)."""
