@@ -17,7 +17,6 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -175,13 +174,3 @@ def _tagged(result: RunResult, variant: str) -> RunResult:
     result.extras["variant"] = variant
     return result
 
-
-def idle_arms(results: Sequence[RunResult]) -> dict[str, str]:
-    """label -> why, for the arms of `results` that were not trained, and for the traps shown in one short run."""
-    out: dict[str, Any] = {}
-    for r in results:
-        if r.status == "no_op":
-            out[r.extras.get("variant", r.label)] = r.error
-        elif r.extras.get("trap"):
-            out[r.extras.get("variant", r.label)] = f"a trap here, shown in one short run: {r.extras['trap']}"
-    return out
