@@ -108,7 +108,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
     with _without_main():
         child.start()
     there.close()
-    bar = _bar(training)
+    bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
     done, outcome = 0, None
     try:
         while outcome is None:
@@ -119,6 +119,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                     message = here.recv()
                     if message[0] == "step":
                         _, step, total = message
+                        bar = bar or _bar(training)
                         bar.update(step - done)
                         done = step
                         if training.on_step is not None:
@@ -132,7 +133,8 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
             except EOFError:  # the child closed its end without a result: it died
                 break
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         here.close()
         child.join(timeout=30)
         if child.is_alive():
@@ -173,11 +175,22 @@ def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: i
         return result
     if outcome[0] == "error":
         _, error, child_traceback = outcome
-        error.add_note(f"(raised in the run's process)\n{child_traceback}")
-        raise error
+        raise error from ChildTraceback(child_traceback)
     result = outcome[1]
     result.extras["isolation"] = "process"
     return result
+
+
+class ChildTraceback(Exception):
+    """The traceback of an exception raised in a run's process, as its cause: a printed traceback shows where it
+    happened, while the exception's own one-line message (what the CLI prints) stays as it was."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"in the run's process:\n{self.text}"
 
 
 def describe_exit(code: int | None) -> str:
@@ -228,8 +241,7 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def _outcome_of_call(message: tuple) -> Any:
     if message[0] == "error":
         _, error, child_traceback = message
-        error.add_note(f"(raised in a fresh process)\n{child_traceback}")
-        raise error
+        raise error from ChildTraceback(child_traceback)
     return message[1]
 
 
