@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, comparison_repeats, config_for
-from .device_support import no_op_reasons
-from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
+from .device_support import no_op_reasons, trap_reasons
+from .measure import Spread, bf16_is_trap, is_noise, preferred_amp, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
     TimeToAccuracy,
@@ -55,6 +55,8 @@ def ladder(base: TrainConfig) -> list[Rung]:
         small, large = LADDER_BATCH_COMPACT_GPU
     workers = min(usable_cpu_count(), 8 if device.type == "cuda" else 2)
     amp = preferred_amp(device)
+    if amp == "off":  # a CPU without native bf16: the rung stays, as the known trap (shown in one short run)
+        amp = "bf16"
     stock = TrainConfig()
     return [
         Rung("naive", "naive", dict(loader="dataloader", num_workers=0, pin_memory=False, non_blocking=False,
@@ -69,7 +71,8 @@ def ladder(base: TrainConfig) -> list[Rung]:
              f"makes copies async"),
         Rung("amp", f"+{amp} autocast", dict(amp=amp),
              "lower precision halves memory traffic and uses tensor cores" +
-             ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)")),
+             ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)") +
+             (" (this CPU has no native bf16: a known trap, shown in one short run)" if bf16_is_trap(device) else "")),
         Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), "cuDNN times its algorithms per shape"),
         Rung("channels_last", "+channels_last", dict(channels_last=True), "NHWC is the layout tensor cores want"),
         Rung("fused_adamw", "+AdamW (fused step, weight decay 0.05)",
@@ -161,15 +164,16 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
         if max_seconds is not None:
             budget = max_seconds() if callable(max_seconds) else max_seconds
             cfg = cfg.replace(max_seconds=max(budget, 1.0))
-        result = run(cfg, label=rung.title, progress=progress)
+        result = _run_rung(rung, cfg, progress)
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
-        reason = drop_reason(result, below) if result.status != "interrupted" else None
+        reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
+        reason = reason or (f"a trap here: {result.extras['trap']}" if result.extras.get("trap") else None)
         if reason:
             result.extras["dropped"] = reason
         else:
             kept.update(rung.changes)
-            below = result
+            below = below if result.status == "no_op" else result  # a rung not trained measured nothing to build on
         results.append(result)
         configs.append(cfg)
         if on_result is not None:
@@ -189,11 +193,38 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
     return results
 
 
+def idle_rung(rung: Rung, cfg: TrainConfig, device) -> str | None:
+    """Why a rung above naive can teach nothing here (every knob it changes a no-op on this device), or None."""
+    idle = no_op_reasons(cfg, device)
+    if rung.name == "naive" or not set(rung.changes) <= set(idle):
+        return None
+    return "; ".join(f"{k}: {idle[k]}" for k in rung.changes)
+
+
+def _run_rung(rung: Rung, cfg: TrainConfig, progress: bool) -> RunResult:
+    """One throughput rung: not trained when it can teach nothing here, one short run when it is a known trap
+    (comparisons.plan_arm's rules), else a full run."""
+    from .comparisons import demonstration_config, not_trained
+
+    device = resolve_device(cfg.device)
+    idle = idle_rung(rung, cfg, device)
+    if idle:
+        return not_trained(cfg, rung.title, idle)
+    traps = trap_reasons(cfg, device)
+    hit = [k for k in rung.changes if k in traps]
+    if rung.name != "naive" and hit:
+        result = run(demonstration_config(cfg), label=f"{rung.title} (trap demonstration, one short run)",
+                     progress=progress)
+        result.extras["trap"] = "; ".join(f"{k}: {traps[k]}" for k in hit)
+        return result
+    return run(cfg, label=rung.title, progress=progress)
+
+
 def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: int, progress: bool,
                   on_update: Callable[[list[RunResult]], None] | None) -> list[RunResult]:
     """Passes 2..rounds over the rungs that timed a window, alternating direction; each rung's runs merged."""
     runs = [[r] for r in first]
-    again = [i for i, r in enumerate(first) if r.window_throughput]
+    again = [i for i, r in enumerate(first) if r.window_throughput and not r.extras.get("trap")]  # a trap: shown once
     for p in range(1, rounds):
         for i in (reversed(again) if p % 2 else again):
             r = run(configs[i], label=first[i].label, progress=progress)
@@ -248,11 +279,11 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
     device = resolve_device(base.device)
     for rung in rungs:
         cfg = base.replace(**{**kept, **rung.changes})
-        idle = no_op_reasons(cfg, device)
-        if rung.name != "naive" and set(rung.changes) <= set(idle):
+        idle = idle_rung(rung, cfg, device)
+        if idle:
             # every knob of this rung is a no-op on this device: recorded with the reason, not trained 3 times
             if not_run is not None:
-                not_run[rung.title] = "; ".join(f"{k}: {idle[k]}" for k in rung.changes)
+                not_run[rung.title] = idle
             if bar is not None:
                 bar.update(1)
             continue
@@ -299,6 +330,11 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
     out = Path(out_dir) if out_dir else default_out_dir()
     path = out / "results.json"
     meta: dict[str, Any] = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
+    if metric == "throughput":  # every rung the same steps, sized by time from the naive rung's calibration
+        from .calibration import sized
+
+        naive, meta["calibration"] = sized(base.replace(**rungs[0].changes), len(rungs) * comparison_repeats(base))
+        base = base.replace(steps=naive.steps)
     done: list[RunResult] = []
     started = time.perf_counter()
 

@@ -20,7 +20,8 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 class RunResult:
     config: dict[str, Any]
     label: str = "run"
-    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited" or "diverged"
+    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited", "diverged" or "no_op" (not trained: see
+    #   comparisons.run_arms, every change was a no-op on this device)
     error: str | None = None
     diverged_step: int | None = None  # first step whose loss (or grad scale, or parameters) was non-finite
     last_finite_loss: float | None = None  # the last finite training loss read before it diverged
@@ -102,6 +103,8 @@ class RunResult:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
         if self.status == "failed":
             return f"{self.label}: FAILED ({self.error})"
+        if self.status == "no_op":
+            return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
             import statistics
 

@@ -154,16 +154,30 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
 
 def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None, repeats: int | None = None,
             **changes: Any) -> list[RunResult]:
-    """Run `base` and `base` with `changes`, interleaved (see interleave); returns [baseline, changed]."""
+    """Run `base` and `base` with `changes`, interleaved (see interleave); returns [baseline, changed]. When every
+    change is a no-op on this device, the changed arm is not trained: its result (status "no_op") says why."""
     changed = base.replace(**changes)
     return interleave([("baseline", base), (describe_changes(changes), changed)], repeats=repeats, progress=progress,
                       comparison=comparison)
 
 
+def _idle_arm(base: TrainConfig, arm: TrainConfig, label: str, comparison: str | None) -> RunResult | None:
+    """The not-trained result of an arm that can teach nothing on this device (comparisons.plan_arm), else None."""
+    from .comparisons import not_trained, plan_arm
+
+    plan = plan_arm(base, arm)
+    if plan.kind != "no-op":
+        return None
+    result = not_trained(arm, label, plan.reason)
+    if comparison:
+        result.extras["comparison"] = comparison
+    return result
+
+
 def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True,
           comparison: str | None = None, repeats: int | None = None) -> list[RunResult]:
     """One arm per value of `knob`, interleaved (see interleave); stops early, keeping what ran, if a run is
-    interrupted."""
+    interrupted. A value whose change from the first is a no-op on this device is not trained (see interleave)."""
     configs = [base.replace(**{knob: v}) for v in values]  # validate every value before running any
     return interleave([(f"{knob}={v}", cfg) for v, cfg in zip(values, configs)], repeats=repeats, progress=progress,
                       comparison=comparison)
@@ -177,17 +191,26 @@ def interleave(arms: list[tuple[str, TrainConfig]], *, repeats: int | None = Non
     arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (measure.is_noise).
     An interrupted run ends the comparison, keeping every arm that ran."""
     rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])
+    # an arm whose every change from the first arm is a no-op on this device is not trained: it says why instead
+    idle = {i: r for i, (label, cfg) in enumerate(arms) if i
+            and (r := _idle_arm(arms[0][1], cfg, label, comparison)) is not None}
     ran: dict[int, list[RunResult]] = {i: [] for i in range(len(arms))}
+
+    def merged() -> list[RunResult]:
+        return [idle[j] if j in idle else merge_repeats(ran[j]) for j in range(len(arms)) if j in idle or ran[j]]
+
     for r in range(max(1, rounds)):
         order = range(len(arms)) if r % 2 == 0 else reversed(range(len(arms)))
         for i in order:
+            if i in idle:
+                continue
             label, cfg = arms[i]
             result = run(cfg, label=label, progress=progress, comparison=comparison)
             result.extras["repeat"] = r
             ran[i].append(result)
             if result.status == "interrupted":
-                return [merge_repeats(ran[j]) for j in range(len(arms)) if ran[j]]
-    return [merge_repeats(ran[i]) for i in range(len(arms))]
+                return merged()
+    return merged()
 
 
 def describe_changes(changes: dict[str, Any]) -> str:
