@@ -22,18 +22,18 @@ COLOURS = {"data wait": "tab:orange", "copy": "tab:brown", "data wait + copy": "
 
 
 def _copies(r: RunResult, n: int) -> list[float] | None:
-    """Per sampled step, the host-to-device copy's seconds when the run timed it apart from the data wait."""
-    copy = getattr(r, "copy_seconds", None)
-    if not copy or len(copy) < n + 1:
+    """Per sampled step, the host-to-device copy's seconds, when the run timed it apart from the data wait (runs
+    from before copy_seconds existed counted the copy in the data wait)."""
+    if len(r.copy_seconds) < n + 1:
         return None
-    return [copy[i + 1] for i in range(n)]
+    return [r.copy_seconds[i + 1] for i in range(n)]
 
 
 def step_anatomy(r: RunResult) -> dict[str, float]:
     """Median milliseconds of each part of a step, over the run's sampled warm-up steps (steps 1 .. n).
 
-    data wait: next(batches) (with the copy when the run did not time the copy apart: then the part is named
-    "data wait + copy"); forward, backward, optimiser: each bracketed by syncs; other: the rest of the sampled
+    data wait: next(batches); copy: the host-to-device copy, up to the sync that ends it (a run from before the
+    copy was timed apart counted it in the data wait: the part is then named "data wait + copy"); forward, backward, optimiser: each bracketed by syncs; other: the rest of the sampled
     step (zero_grad, the scaler's update, the syncs themselves); loss read / sync: the step's booked time after
     the sampled part (the loss read of a logging step, the clock's own sync at a window's end): near zero here,
     since the sampled step has synchronised already, while in a timed step the host waits there for queued work.
@@ -49,8 +49,7 @@ def step_anatomy(r: RunResult) -> dict[str, float]:
         parts = {"forward": r.forward_seconds[i], "backward": r.backward_seconds[i],
                  "optimiser": r.optimizer_step_seconds[i]}
         if copies is not None:
-            parts["copy"] = copies[i]
-            parts["data wait"] = max(wait - copies[i], 0.0)
+            parts["data wait"], parts["copy"] = wait, copies[i]
         else:
             parts["data wait + copy"] = wait
         parts["other"] = max(r.sampled_step_seconds[i] - sum(parts.values()), 0.0)

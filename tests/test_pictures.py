@@ -27,10 +27,12 @@ def test_step_anatomy_adds_up_from_the_sampled_parts():
 
 
 def test_a_timed_copy_is_split_from_the_data_wait():
-    r = _sampled()
+    r = _sampled(wait=0.006, rest=0.005)  # the sampled step holds the copy: 4 ms of the 5 not otherwise named
     r.copy_seconds = [0.0, 0.004, 0.004, 0.004]  # a run that timed the copy apart (per step)
     parts = pictures.step_anatomy(r)
+    assert list(parts)[:2] == ["data wait", "copy"]
     assert parts["copy"] == pytest.approx(4) and parts["data wait"] == pytest.approx(6)
+    assert parts["other"] == pytest.approx(1)  # the copy is not counted twice
 
 
 def test_a_real_run_samples_forward_and_backward_and_keeps_them(quick, tmp_path):
@@ -39,6 +41,7 @@ def test_a_real_run_samples_forward_and_backward_and_keeps_them(quick, tmp_path)
     for i in range(2):
         inside = r.forward_seconds[i] + r.backward_seconds[i] + r.optimizer_step_seconds[i]
         assert 0 < r.forward_seconds[i] and 0 < r.backward_seconds[i] and inside <= r.sampled_step_seconds[i]
+    assert len(r.copy_seconds) == len(r.step_seconds) and "copy" in pictures.step_anatomy(r)
     again = load_results(save_results(tmp_path / "r.json", [r]))[0]
     assert again.forward_seconds == r.forward_seconds and again.backward_seconds == r.backward_seconds
     assert sum(pictures.step_anatomy(r).values()) > 0
