@@ -301,9 +301,12 @@ def _loop_lines(cfg: TrainConfig) -> list[str]:
               "        if done in ends:",
               "            throughputs.append(IMAGES_PER_STEP * (done - window_start) / (t - t_window))",
               "        t_window, window_start = t, done"]
+    times = " * GRAD_ACCUM_STEPS" if cfg.grad_accum_steps > 1 else ""
     if cfg.log_loss == "tensor":
-        times = " * GRAD_ACCUM_STEPS" if cfg.grad_accum_steps > 1 else ""
-        lines.append(f"losses = [float(v){times} for v in kept]  # read after the run: no sync per step")
+        lines.append(f"losses = [v.item(){times} for v in kept]  # read after the run: no sync per step")
+    if cfg.log_every > 1:
+        lines += ["if (WARMUP_STEPS + STEPS) % LOG_EVERY:  # the last step's loss too, read after the clock stopped",
+                  f"    losses.append(loss.item(){times})"]
     return lines
 
 

@@ -22,8 +22,16 @@ from fastlab.code import CodeDiff, code, code_diff
 from fastlab.comparisons import all_comparisons
 from fastlab.config import TrainConfig, config_for
 
-# The sizes every script runs at here: a handful of steps on a few hundred images (the render covers the real sizes).
-SMOKE_SIZES = dict(steps=8, warmup_steps=1, windows=2, train_images=256, eval_images=64, seed=0, max_seconds=0.0)
+# The sizes every script runs at here: a few hundred images in all (the render covers the real sizes). Enough steps
+# for the loss to fall: about 192 images (at least 4 steps), and three loss reads when it is read every few steps.
+SMOKE_SIZES = dict(warmup_steps=1, windows=2, train_images=256, eval_images=64, seed=0, max_seconds=0.0)
+
+
+def smoke_sized(cfg: TrainConfig) -> TrainConfig:
+    steps = max(4, 192 // (cfg.batch_size * cfg.grad_accum_steps), 3 * cfg.log_every - 1)
+    return cfg.replace(**SMOKE_SIZES, steps=steps)
+
+
 ALLOWED_IMPORTS = {"__future__", "statistics", "time", "collections.abc", "numpy", "torch", "torchvision", "torch.nn",
                    "torch.nn.functional", "torch.utils.data", "torchvision.transforms", "PIL"}
 
@@ -169,7 +177,7 @@ def test_every_script_renders_as_standalone_pytorch(every_config):
 
 
 def test_every_ladder_and_notebook_script_runs_without_fastlab_and_learns(every_config, tmp_path):
-    scripts = list(dict.fromkeys(code(cfg.replace(**SMOKE_SIZES)) for cfg in every_config))  # identical ones once
+    scripts = list(dict.fromkeys(code(smoke_sized(cfg)) for cfg in every_config))  # identical ones once
     assert len(scripts) > 30
     results = run_scripts(scripts, tmp_path)
     failures = []
