@@ -208,7 +208,8 @@ def _optimizer_lines(cfg: TrainConfig) -> list[str]:
     if cfg.opt_impl == "default":
         lines = [call + ")"]
     else:
-        lines = [call + ",", f"    {_OPT_IMPL[cfg.opt_impl]})  # {_OPT_IMPL_WHY[cfg.opt_impl]}"]
+        pad = " " * len(f"optimizer = torch.optim.{_OPTIMIZERS[cfg.optimizer]}(")
+        lines = [call + ",", f"{pad}{_OPT_IMPL[cfg.opt_impl]})  # {_OPT_IMPL_WHY[cfg.opt_impl]}"]
     total = "WARMUP_STEPS + STEPS"
     if cfg.scheduler == "cosine":
         lines.append(f"scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max={total})")
@@ -274,11 +275,10 @@ def _step_lines(cfg: TrainConfig) -> list[str]:
 
 
 def _log_lines(cfg: TrainConfig) -> list[str]:
+    if cfg.log_loss == "tensor":  # every step's tensor is kept, as `total_loss += loss` would keep it
+        return ["    kept.append(loss)  # the pitfall: each kept tensor holds its step's whole graph alive"]
     times = " * GRAD_ACCUM_STEPS" if cfg.grad_accum_steps > 1 else ""
-    if cfg.log_loss == "item":
-        line = f"losses.append(loss.item(){times})  # a host-device sync"
-    else:
-        line = "kept.append(loss)  # the pitfall: each kept tensor holds its step's whole graph alive"
+    line = f"losses.append(loss.item(){times})  # a host-device sync"
     if cfg.log_every > 1:
         return ["    if (step + 1) % LOG_EVERY == 0:", "        " + line]
     return ["    " + line]
@@ -303,7 +303,8 @@ def _loop_lines(cfg: TrainConfig) -> list[str]:
               "        t_window, window_start = t, done"]
     times = " * GRAD_ACCUM_STEPS" if cfg.grad_accum_steps > 1 else ""
     if cfg.log_loss == "tensor":
-        lines.append(f"losses = [v.item(){times} for v in kept]  # read after the run: no sync per step")
+        every = "[LOG_EVERY - 1 :: LOG_EVERY]" if cfg.log_every > 1 else ""
+        lines.append(f"losses = [v.item(){times} for v in kept{every}]  # read after the run: no sync per step")
     if cfg.log_every > 1:
         lines += ["if (WARMUP_STEPS + STEPS) % LOG_EVERY:  # the last step's loss too, read after the clock stopped",
                   f"    losses.append(loss.item(){times})"]

@@ -23,12 +23,12 @@ from fastlab.comparisons import all_comparisons
 from fastlab.config import TrainConfig, config_for
 
 # The sizes every script runs at here: a few hundred images in all (the render covers the real sizes). Enough steps
-# for the loss to fall: about 192 images (at least 4 steps), and three loss reads when it is read every few steps.
+# for the loss to fall: about 192 images (at least 4 steps), and two loss reads when it is read every few steps.
 SMOKE_SIZES = dict(warmup_steps=1, windows=2, train_images=256, eval_images=64, seed=0, max_seconds=0.0)
 
 
 def smoke_sized(cfg: TrainConfig) -> TrainConfig:
-    steps = max(4, 192 // (cfg.batch_size * cfg.grad_accum_steps), 3 * cfg.log_every - 1)
+    steps = max(4, 192 // (cfg.batch_size * cfg.grad_accum_steps), 2 * cfg.log_every - 1)
     return cfg.replace(**SMOKE_SIZES, steps=steps)
 
 
@@ -200,8 +200,8 @@ def test_scripts_log_the_losses_fastlab_run_logs(tmp_path):
     configs = [base,
                base.replace(loader="device", channels_last=True, optimizer="adamw", opt_impl="fused",
                             scheduler="cosine", eval_mode="inference_mode"),
-               base.replace(grad_accum_steps=2, optimizer="sgd", scheduler="onecycle", log_every=2,
-                            set_to_none=False, amp="bf16", model="compact", batch_size=16)]
+               base.replace(grad_accum_steps=2, optimizer="sgd", scheduler="onecycle", log_every=2, steps=7,
+                            log_loss="tensor", set_to_none=False, amp="bf16", model="compact", batch_size=16)]
     results = run_scripts([code(c) for c in configs], tmp_path)
     for cfg, (rc, output) in zip(configs, results):
         assert rc == 0, output
