@@ -21,13 +21,13 @@ from .outcomes import (
     time_to_accuracy,
 )
 from .results import RunResult, load_reference, load_results, reference_for, reference_summary, save_results
-from .train import active_run, compare, run, sweep
+from .train import active_run, compare, interleave, run, sweep
 from .watch import watch as watch  # fastlab.watch(...): measure a loop you wrote
 
 __all__ = [
     "PROFILES", "TrainConfig", "active_profile", "config_for", "DatasetError", "ImageSet", "load_images",
     "Spread", "environment", "is_noise", "verdict", "RunResult", "load_reference", "load_results",
-    "save_results", "reference_for", "reference_summary", "compare", "run", "sweep", "__version__",
+    "save_results", "reference_for", "reference_summary", "compare", "interleave", "run", "sweep", "__version__",
     "active_run", "run_seeds", "accuracy_spread", "describe_accuracy", "outcome_verdict", "time_to_accuracy",
     "TimeToAccuracy", "code", "code_diff",
 ]

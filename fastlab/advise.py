@@ -647,8 +647,9 @@ def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResul
             return "inconclusive", before, after, sentence, notes
     else:
         # Every timed window of every repeat: the spread covers both window noise and run-to-run noise.
-        before = Spread.of([w for r in base_runs for w in r.window_throughput])
-        after = Spread.of([w for r in new_runs for w in r.window_throughput])
+        # The noise rule pairs the repeats (measure.is_noise): each repeat ran baseline then change back to back.
+        before = Spread.of([w for r in base_runs for w in r.window_throughput], [r.window_throughput for r in base_runs])
+        after = Spread.of([w for r in new_runs for w in r.window_throughput], [r.window_throughput for r in new_runs])
     sentence = verdict(before, after)
     if is_noise(before, after):
         return "no measurable gain", before, after, sentence, notes

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, config_for
+from .config import TrainConfig, comparison_repeats, config_for
 from .device_support import no_op_reasons
 from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
 from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, TrapLimits, median_step_seconds, time_to_accuracy
-from .results import RunResult, load_document, save_results
+from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run
 
 # Naive and large batch size per profile and model: the naive rung uses the small one.
@@ -115,11 +115,19 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
 
 def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                on_result: Callable[[RunResult], None] | None = None,
-               max_seconds: Callable[[], float] | None = None) -> list[RunResult]:
+               max_seconds: Callable[[], float] | None = None, repeats: int | None = None,
+               on_update: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
     """Run the rungs cumulatively; a rung that is a trap here (see drop_reason) is not carried up.
-    Stops early (keeping what ran) when a run is interrupted. on_result(result) is called after each rung
-    (to save as it goes); max_seconds(), when given, is each rung's time budget (the time left)."""
+    Stops early (keeping what ran) when a run is interrupted. on_result(result) is called after each rung of the
+    first pass (to save as it goes); max_seconds(), when given, is each rung's time budget (the time left).
+
+    repeats (default: the profile's comparison_repeats): after the first pass decides the ladder, each measured
+    rung runs again, in reverse order, then forward again...: naive, +a, +b, +b, +a, naive. A steady drift of the
+    machine then lands on every rung alike, and each rung is paired with the rung below it in every pass, so the
+    noise rule (measure.is_noise) sees the repeats. on_update(results) is called after every run, with each rung's
+    repeats merged so far."""
     results: list[RunResult] = []
+    configs: list[TrainConfig] = []
     kept: dict[str, Any] = {}
     below: RunResult | None = None
     bar = _rung_bar(len(rungs), "bench ladder", progress)
@@ -137,8 +145,11 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
             kept.update(rung.changes)
             below = result
         results.append(result)
+        configs.append(cfg)
         if on_result is not None:
             on_result(result)
+        if on_update is not None:
+            on_update(list(results))
         if bar is not None:
             bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s")
             bar.update(1)
@@ -146,7 +157,28 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
             break
     if bar is not None:
         bar.close()
+    rounds = repeats if repeats is not None else comparison_repeats(base)
+    if rounds > 1 and results and results[-1].status != "interrupted":
+        results = _repeat_rungs(results, configs, rounds, progress, on_update)
     return results
+
+
+def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: int, progress: bool,
+                  on_update: Callable[[list[RunResult]], None] | None) -> list[RunResult]:
+    """Passes 2..rounds over the rungs that timed a window, alternating direction; each rung's runs merged."""
+    runs = [[r] for r in first]
+    again = [i for i, r in enumerate(first) if r.window_throughput]
+    for p in range(1, rounds):
+        for i in (reversed(again) if p % 2 else again):
+            r = run(configs[i], label=first[i].label, progress=progress)
+            r.extras.update({k: first[i].extras[k] for k in ("rung", "why", "dropped") if k in first[i].extras})
+            runs[i].append(r)
+            merged = [merge_repeats(rs) for rs in runs]
+            if on_update is not None:
+                on_update(merged)
+            if r.status == "interrupted":
+                return merged
+    return [merge_repeats(rs) for rs in runs]
 
 
 def _rung_bar(total: int, desc: str, progress: bool):
@@ -250,7 +282,11 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
         save_results(path, done, meta=meta)
 
     if metric == "throughput":
-        run_ladder(base, rungs, progress=progress, on_result=save)
+        def save_all(results: list[RunResult]) -> None:
+            done[:] = []
+            save(results)
+
+        run_ladder(base, rungs, progress=progress, on_update=save_all)
     else:
         meta["not_run"] = {}
         run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save,
@@ -445,8 +481,10 @@ def markdown_table(results: list[RunResult]) -> str:
     if dropped:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "
-              "over the timed windows (warm-up excluded). 'noise': the median of one rung lies inside the other's "
-              "min-max range. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
+              "over the timed windows (warm-up excluded), of every repeat when the ladder ran more than once (naive to "
+              "top, then back down: a steady drift lands on every rung alike). 'noise': measure.is_noise, the one "
+              "noise rule: with repeats, a difference that some repeat does not show outside its intervals of the "
+              "median; else, intervals of the median that overlap. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
               "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "
               "time-to-accuracy` measures the outcome over seeds). A diverged rung's speed is shown, never credited."]
     return "\n".join(lines) + "\n"

@@ -243,3 +243,19 @@ def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
     """The profile's time-to-accuracy target for the synthetic set or for real CIFAR-10."""
     return tta_settings(config)["synthetic" if synthetic else "cifar10"]
 
+
+
+# How many times each arm of a speed comparison runs, interleaved (fastlab.train.interleave): two repeats let the
+# noise rule tell a difference that every repeat shows from the machine drifting between runs. Smoke (CI, where
+# speed means nothing) runs each arm once.
+COMPARISON_REPEATS: dict[str, int] = {"smoke": 1, "cpu": 2, "gpu": 3, "mps": 2, "custom": 2}
+
+
+def comparison_repeats(config: TrainConfig) -> int:
+    """FASTLAB_REPEATS if set (a positive integer), else the profile's COMPARISON_REPEATS."""
+    raw = os.environ.get("FASTLAB_REPEATS", "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"FASTLAB_REPEATS={raw!r} is not allowed: a positive whole number of repeats")
+        return int(raw)
+    return COMPARISON_REPEATS.get(config.profile, 2)

@@ -141,8 +141,7 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     for seed in seeds:
         training = TrainingRun(cfg.replace(seed=seed), f"{out.label} (seed {seed})", model, data, progress, stop,
                                None, checkpoints=Checkpoints(every, target, limits.max_training_seconds if limits else None))
-        with builders.cold_compile_caches(cfg):
-            r = _run(training)
+        r = _run(training, cold_compile_caches=True)  # every compiled seed pays a first run's compilation
         r.dataset = info
         r.extras["variant"] = out.label
         r.extras["tta"] = tta_record(r, target)

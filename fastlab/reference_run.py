@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 keep([r], f"ladder {model}: {r.extras.get('rung')}")
 
             try:  # each run gets what is left of the budget as its max_seconds
-                run_ladder(base, ladder(base), progress=False, on_result=rung_done, max_seconds=left)
+                run_ladder(base, ladder(base), progress=False, on_result=rung_done, max_seconds=left, repeats=1)
             except Exception as e:  # a broken rung must not lose the rungs already saved
                 print(f"ladder {model}: stopped ({type(e).__name__}: {e})", flush=True)
     for name in all_comparisons():

@@ -60,8 +60,9 @@ class RunResult:
 
     @property
     def throughput(self) -> Spread:
-        """Images per second: median, min and max over the timed windows."""
-        return Spread.of(self.window_throughput)
+        """Images per second: median, min and max over the timed windows (of every repeat, for an arm measured in
+        interleaved repeats, whose own windows the noise rule pairs: extras["repeat_windows"])."""
+        return Spread.of(self.window_throughput, self.extras.get("repeat_windows"))
 
     @property
     def synthetic(self) -> bool:
@@ -110,6 +111,25 @@ class RunResult:
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def merge_repeats(repeats: list[RunResult]) -> RunResult:
+    """One arm measured in several runs, as one result: the first run's record with every run's timed windows
+    (pooled, and per run in extras["repeat_windows"]), the highest peak memory, and the first status that is not
+    ok (a repeat that failed, diverged or was stopped taints the arm)."""
+    first = repeats[0]
+    if len(repeats) == 1:
+        return first
+    merged = dataclasses.replace(first, extras=dict(first.extras))
+    merged.window_throughput = [w for r in repeats for w in r.window_throughput]
+    merged.extras["repeat_windows"] = [list(r.window_throughput) for r in repeats]
+    merged.extras["repeats"] = len(repeats)
+    merged.timed_seconds = sum(r.timed_seconds for r in repeats)
+    merged.peak_memory_mb = max(r.peak_memory_mb for r in repeats)
+    bad = next((r for r in repeats if r.status != "ok"), None)
+    if bad is not None:
+        merged.status, merged.error = bad.status, bad.error
+    return merged
 
 
 def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[str, Any] | None = None) -> Path:

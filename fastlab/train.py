@@ -8,10 +8,11 @@ warm-up and at the end of every timed window, so queued GPU work is always count
     throughput of a window = images per step x steps in the window / window wall time
     images per step        = batch_size x grad_accum_steps
 
-Every run starts from fresh state and executes the same way: in a new thread (cuDNN keeps its convolution
-plans per thread, whatever cudnn.benchmark says later; and on a CPU a run in another thread times
-differently from one in the kernel's main thread, so a notebook cell and a widget panel both use a new
-one), one run at a time per process, with the allocator's cache emptied and torch.compile's caches reset.
+Every run starts from fresh state and executes the same way: in a fresh process (fastlab.isolation: cuDNN's
+plan caches, forward and backward, CUDA-graph trees, OpenMP teams, the allocator and every global a run sets are
+new by construction), one run at a time per caller. A run that cannot go to a child process (a model defined in a
+notebook cell) runs in a fresh thread, with the allocator's cache emptied and torch.compile's caches reset, and
+says so.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from . import builders
+from . import builders, isolation
 from .builders import Data, ModelArg
-from .config import TrainConfig
+from .config import TrainConfig, comparison_repeats
 from .data import DeviceLoader, ImageSet, dataset_loader, forever
 from .measure import GpuUtilSampler, MemoryMeter, environment, now, resolve_device, synchronize
 from .models import build_model as build_named_model
 from .preflight import preflight
-from .results import RunResult
+from .results import RunResult, merge_repeats
 
 StepCallback = Callable[[int, int], None]
 DatasetArg = Data | None
@@ -63,7 +64,7 @@ class _Reached(Exception):
     """Raised at an evaluation checkpoint when held-out accuracy reached the target."""
 
 
-# ------------------------------------------------------------------ one run at a time, each in a fresh thread
+# ------------------------------------------------------------------ one run at a time (the in-process path: a fresh thread)
 
 _RUN_LOCK = threading.Lock()
 _active_label: list[str] = []
@@ -138,34 +139,52 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
     return _run(TrainingRun(config, label, model, dataset, progress, stop, on_step), comparison)
 
 
-def _run(training: TrainingRun, comparison: str | None = None) -> RunResult:
+def _run(training: TrainingRun, comparison: str | None = None, cold_compile_caches: bool = False) -> RunResult:
+    """One run, alone in this process's queue, in a fresh process (fastlab.isolation) or, where it cannot go to
+    one, a fresh thread."""
     with exclusive_run(training.result.label):
-        result = run_in_fresh_thread(training.execute, stop=training.halt)
+        result = isolation.execute(training, cold_compile_caches)
     if comparison:
         result.extras["comparison"] = comparison
     return result
 
 
-def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None,
+def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None, repeats: int | None = None,
             **changes: Any) -> list[RunResult]:
-    """Run `base`, then `base` with `changes`; returns [baseline, changed]."""
+    """Run `base` and `base` with `changes`, interleaved (see interleave); returns [baseline, changed]."""
     changed = base.replace(**changes)
-    results = [run(base, label="baseline", progress=progress, comparison=comparison)]
-    if results[-1].status != "interrupted":
-        results.append(run(changed, label=describe_changes(changes), progress=progress, comparison=comparison))
-    return results
+    return interleave([("baseline", base), (describe_changes(changes), changed)], repeats=repeats, progress=progress,
+                      comparison=comparison)
 
 
 def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True,
-          comparison: str | None = None) -> list[RunResult]:
-    """One run per value of `knob`; stops early (keeping what ran) if a run is interrupted."""
+          comparison: str | None = None, repeats: int | None = None) -> list[RunResult]:
+    """One arm per value of `knob`, interleaved (see interleave); stops early, keeping what ran, if a run is
+    interrupted."""
     configs = [base.replace(**{knob: v}) for v in values]  # validate every value before running any
-    results = []
-    for value, cfg in zip(values, configs):
-        results.append(run(cfg, label=f"{knob}={value}", progress=progress, comparison=comparison))
-        if results[-1].status == "interrupted":
-            break
-    return results
+    return interleave([(f"{knob}={v}", cfg) for v, cfg in zip(values, configs)], repeats=repeats, progress=progress,
+                      comparison=comparison)
+
+
+def interleave(arms: list[tuple[str, TrainConfig]], *, repeats: int | None = None, progress: bool = True,
+               comparison: str | None = None) -> list[RunResult]:
+    """Each arm `repeats` times (default: the profile's comparison_repeats), in turn: A B, then B A, then A B...
+    so that a machine that slows down mid-comparison slows every arm alike (the order alternates, so a steady
+    drift does not favour the arm that runs first). Each run starts in a fresh process. Returns one result per
+    arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (measure.is_noise).
+    An interrupted run ends the comparison, keeping every arm that ran."""
+    rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])
+    ran: dict[int, list[RunResult]] = {i: [] for i in range(len(arms))}
+    for r in range(max(1, rounds)):
+        order = range(len(arms)) if r % 2 == 0 else reversed(range(len(arms)))
+        for i in order:
+            label, cfg = arms[i]
+            result = run(cfg, label=label, progress=progress, comparison=comparison)
+            result.extras["repeat"] = r
+            ran[i].append(result)
+            if result.status == "interrupted":
+                return [merge_repeats(ran[j]) for j in range(len(arms)) if ran[j]]
+    return [merge_repeats(ran[i]) for i in range(len(arms))]
 
 
 def describe_changes(changes: dict[str, Any]) -> str:
@@ -615,5 +634,5 @@ class _NoBar:
         pass
 
 
-__all__ = ["run", "compare", "sweep", "active_run", "exclusive_run", "run_in_fresh_thread", "TrainingRun", "WindowClock",
+__all__ = ["run", "compare", "sweep", "interleave", "active_run", "exclusive_run", "run_in_fresh_thread", "TrainingRun", "WindowClock",
            "DivergenceWatch", "Checkpoints", "window_ends", "is_out_of_memory", "describe_changes", "ImageSet"]

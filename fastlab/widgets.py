@@ -76,15 +76,17 @@ def busy_elsewhere(panel: Panel | None = None) -> str | None:
 
 
 def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, Any]:
-    """The variant against the baselines measured beside it: one ratio per pair, their median and range,
-    and noise when the variant's windows overlap the baselines' or the pairs' ratios straddle 1."""
+    """The variant against the baselines measured beside it: one ratio per pair, their median and range, and the
+    one noise rule (measure.is_noise) with each baseline paired with the variant it brackets."""
     ratios = [variant.throughput.median / b.throughput.median for b in base_runs
               if b.window_throughput and variant.window_throughput]
-    base = Spread.of([w for b in base_runs for w in b.window_throughput])
+    measured = [b for b in base_runs if b.window_throughput]
+    base = Spread.of([w for b in measured for w in b.window_throughput], [b.window_throughput for b in measured])
     if not ratios:
         return {"ratios": [], "baseline": base.median, "noise": False, "label": "n/a"}
     ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
-    noise = is_noise(base, variant.throughput) or low <= 1.0 <= high
+    paired = Spread.of(variant.window_throughput, [variant.window_throughput] * len(measured))
+    noise = is_noise(base, paired)
     return {"ratios": ratios, "ratio": ratio, "low": low, "high": high, "noise": noise,
             "baseline": base.median, "baseline_low": base.low, "baseline_high": base.high,
             "label": "noise" if noise else f"{ratio:.2f}x"}

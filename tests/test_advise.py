@@ -120,9 +120,12 @@ def test_following_the_advice_on_the_smoke_naive_rung_is_measured():
     assert advice[0].key == "data_bound" and advice[0].changes["loader"] == "device"
     v = advice.verification
     assert v is not None and v.finding == advice[0]
-    assert v.outcome in ("gain", "no measurable gain"), v.text()
-    # the words follow the numbers: "no measurable gain" exactly when the medians sit inside each other's ranges
+    # The mechanism, not the direction: a loaded machine can make the change read slower (it once read 0.19x), so
+    # the test checks that the words follow the numbers, whichever way they came out.
+    assert v.outcome in ("gain", "no measurable gain", "slower"), v.text()
     assert (v.outcome == "no measurable gain") == is_noise(v.before, v.after)
+    if v.outcome != "no measurable gain":
+        assert (v.outcome == "gain") == (v.after.median > v.before.median)
     assert v.before.n == naive.windows and v.after.n == naive.windows
     assert "SYNTHETIC" in v.text()
     assert v.text() in advice_text(r, advice)

@@ -40,7 +40,10 @@ class _Leaky(nn.Module):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
 
 
-def test_out_of_memory_run_leaves_nothing_alive_without_a_full_collection(quick):
+def test_out_of_memory_run_leaves_nothing_alive_without_a_full_collection(quick, monkeypatch):
+    # The in-process path (a model defined in a notebook cell runs there): it must free the failed step's
+    # tensors itself. A run in a child process gives everything back when the child ends.
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")
     _Leaky.refs.clear()
     gc.disable()  # a reference cycle through the traceback would survive until a collection: none is allowed
     try:
@@ -76,17 +79,16 @@ def test_other_errors_are_not_out_of_memory():
     assert not train.is_out_of_memory(RuntimeError("CUDA error: device-side assert triggered"))
 
 
-# ---------------------------------------------------------------- 2. a fresh thread per run, one run at a time
+# ---------------------------------------------------------------- 2. a fresh process per run, one run at a time
 
 
-def test_each_run_trains_in_its_own_fresh_thread(quick):
-    # the Thread objects themselves, kept alive: an ended thread's get_ident() number may be reused by the next one
+def test_each_run_trains_in_its_own_fresh_process_and_reports_to_the_callers_thread(quick):
     seen: list[threading.Thread] = []
-    for _ in range(2):
-        fastlab.run(quick, progress=False, on_step=lambda done, total: seen.append(threading.current_thread()))
-    threads = list({id(t): t for t in seen}.values())
-    assert len(threads) == 2, "two runs should run in two different threads"
-    assert threading.current_thread() not in threads
+    results = [fastlab.run(quick, progress=False, on_step=lambda done, total: seen.append(threading.current_thread()))
+               for _ in range(2)]
+    pids = {r.extras["run_pid"] for r in results}
+    assert len(pids) == 2 and os.getpid() not in pids, "two runs should run in two fresh processes"
+    assert set(seen) == {threading.current_thread()}  # progress reaches the caller, where its bars and panels are
 
 
 CTRL_C = """
@@ -102,6 +104,7 @@ def on_step(done, total):
         signal.pthread_kill(main, signal.SIGINT)
 
 r = fastlab.run(cfg, progress=False, on_step=on_step)
+assert r.extras["isolation"] == "process", r.extras["isolation"]
 print(r.status, r.steps_done)
 """
 
@@ -269,6 +272,7 @@ def test_sampler_says_why_when_utilisation_is_unsupported(monkeypatch):
 
 
 def test_compiled_runs_start_from_fresh_compiler_caches(monkeypatch, quick):
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the mocks below live in this process
     resets: list[int] = []
     monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(1))
     monkeypatch.setattr(torch, "compile", lambda net, mode=None: net)  # the mechanism, not inductor's speed

@@ -63,13 +63,14 @@ def test_comparisons_record_gpu_knobs_as_no_ops_on_cpu(quick):
         assert "no-op here: tf32" in k.kernels_report([strict, default])
 
 
-def test_fresh_thread_runs_elsewhere_and_hands_back_errors():
-    import threading
+def test_a_timing_runs_in_a_fresh_process_and_hands_back_errors():
+    import os
 
-    main = threading.get_ident()
-    assert k.in_fresh_thread(threading.get_ident) != main
+    from fastlab import isolation
+
+    assert isolation.call(os.getpid) != os.getpid()
     with pytest.raises(ValueError, match="sizes"):
-        k.in_fresh_thread(lambda: k.time_shapes([8], benchmark=False))
+        isolation.call(k.time_shapes, [8], benchmark=False)
 
 
 def _bench(on_windows, no_op=None):

@@ -185,6 +185,7 @@ def test_a_reached_run_keeps_the_checkpoint_as_its_accuracy_and_has_windows(quic
         calls.append(self.result.label)
         return real(self, meter)
 
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the counting mock lives in this process
     monkeypatch.setattr(train.TrainingRun, "_accuracy", counting)
     tta = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=0.0, seeds=(0,), eval_every=3,
                                    max_steps=30, progress=False)

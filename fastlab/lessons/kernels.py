@@ -11,23 +11,21 @@ change every step, each one autotuned again) has its own timing function here: t
 
 cuDNN keeps the convolution plans it has found per thread (its v8 plan cache is thread_local, keyed by shape,
 dtype, layout and TF32, not by the benchmark flag): a plan found once in a thread is reused whatever
-cudnn.benchmark says afterwards. So every timing here runs in a fresh thread (fastlab.run does the same), and
-each starts with an empty plan cache.
+cudnn.benchmark says afterwards, and backward convolutions run on autograd's worker thread, which lives as long as
+the process. So every timing here runs in a fresh process (fastlab.run does the same), and each starts with empty
+plan caches, forward and backward.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 from torch import nn
 
-from .. import claims
+from .. import claims, isolation
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
@@ -211,36 +209,15 @@ def mean_pixel_ratio(sizes: list[int]) -> float:
     return statistics.mean(s * s for s in sizes) / FIXED_SIZE**2
 
 
-T = TypeVar("T")
-
-
-def in_fresh_thread(fn: Callable[[], T]) -> T:
-    """fn() in a new thread, waited for: on CUDA that thread starts with an empty cuDNN plan cache."""
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # handed back to the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, name="fastlab-fresh-plans")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
-
-
 def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[ShapeTiming]:
     """Fixed vs varying input sizes, each with cudnn.benchmark off and on, with `base`'s model, batch and device;
-    each timing in a fresh thread, so each starts with an empty cuDNN plan cache."""
+    each timing in a fresh process, so each starts with empty cuDNN plan caches (forward and backward)."""
     out = []
     for benchmark in (False, True):
         for name, sizes in (("fixed 32x32", [FIXED_SIZE] * steps), ("varying sizes", varying_sizes(steps))):
-            out.append(in_fresh_thread(lambda b=benchmark, n=name, s=sizes: time_shapes(
-                s, benchmark=b, model=base.model, batch_size=base.batch_size, device=base.device,
-                label=f"{n}, benchmark {'on' if b else 'off'}", seed=base.seed)))
+            out.append(isolation.call(time_shapes, sizes, benchmark=benchmark, model=base.model,
+                                      batch_size=base.batch_size, device=base.device,
+                                      label=f"{name}, benchmark {'on' if benchmark else 'off'}", seed=base.seed))
     return out
 
 

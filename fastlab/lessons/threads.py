@@ -10,8 +10,8 @@ time; on a busy one the spinning of the other case can cost more (a spinning wor
 needs). Which way it goes depends on the machine, its load and the size of the operations: measure it, as
 thread_effect does, and compare only runs made the same way.
 
-fastlab.run therefore executes every run in a fresh thread, so a notebook cell's runs and a panel's runs are
-timed the same way.
+fastlab.run therefore executes every run in a fresh process (fastlab.isolation), so a notebook cell's runs and a
+panel's runs are timed the same way, and no OpenMP team, plan cache or global outlives a run.
 """
 
 from __future__ import annotations

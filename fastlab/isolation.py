@@ -1,0 +1,293 @@
+"""Every run in a fresh process: the harness that keeps two compared runs from sharing any state.
+
+A thread is not enough. cuDNN keeps convolution plans per thread, and backward convolutions run on autograd's
+worker thread, which lives as long as the process; torch 2.11 keeps CUDA-graph trees in the thread that imported
+them; on a CPU each calling thread gets its own OpenMP team; the allocator, torch.compile's caches and every
+global a run sets (cudnn.benchmark, matmul precision, the thread count) outlive it. A fresh process starts with
+none of these, by construction.
+
+How: a `multiprocessing` forkserver whose server imports torch and fastlab once and never runs an op or touches
+CUDA. Each run is a child forked from it (about 0.1 s from start to its first op, instead of the 3-5 s of
+`import torch`); it is not daemonic, so it can start DataLoader workers. The child streams its progress to the
+caller, who drives the progress bar and `on_step`; Ctrl-C or a Stop in the caller asks the child to stop at its
+next step, keeping its steps (`interrupted`); a child that dies (killed, crashed) is a `failed` result with the
+reason, and the next run starts a new child. An exception in the child (a clear ValueError, say) is raised again
+in the caller.
+
+A model or dataset that a child cannot import (a class or function defined in a notebook cell or a script's
+`__main__`, a lambda) runs in-process, in a fresh thread, and the result says so and why (`extras["isolation"]`).
+FASTLAB_ISOLATION=thread asks for the in-process path everywhere (tests that mock a function in this process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.train"]  # imported once, by the server
+_context: Any = None
+T = TypeVar("T")
+
+
+def start_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _mp_context() -> Any:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context(start_method())
+        if start_method() == "forkserver":
+            _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+@dataclass
+class RunSpec:
+    """What a child needs to build the run itself: everything else (the bar, callbacks, events) stays here."""
+
+    config: Any
+    label: str
+    payload: bytes  # pickle of (model, dataset): checked in the caller, unpickled in the child
+    checkpoints: Any
+    cold_compile_caches: bool
+    environ: dict[str, str]
+    sys_path: list[str]
+    cwd: str
+    num_threads: int
+
+
+def why_in_process(training: Any) -> tuple[str | None, bytes]:
+    """(None, payload) when the run can go to a fresh process; else (the reason it runs here, b"")."""
+    if os.environ.get("FASTLAB_ISOLATION", "process") == "thread":
+        return "FASTLAB_ISOLATION=thread asks for runs in this process", b""
+    if training.parallel is not None:
+        return "a DDP rank is already a process of its own", b""
+    try:
+        payload = pickle.dumps((training.model_arg, training.dataset_arg), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # a lambda, a local class, an open file: nothing a child could rebuild
+        return f"the model or dataset cannot be sent to a child process ({type(e).__name__}: {e})", b""
+    if b"__main__" in payload:  # a class or function defined in a notebook cell: a child cannot import it
+        return ("the model or dataset is defined in __main__ (a notebook cell or a script), which a child process "
+                "cannot import; move it into a module to run it isolated"), b""
+    return None, payload
+
+
+def execute(training: Any, cold_compile_caches: bool = False) -> Any:
+    """training.execute() in a fresh process when it can go there, else in a fresh thread; returns its RunResult."""
+    from .train import run_in_fresh_thread
+
+    reason, payload = why_in_process(training)
+    if reason is not None:
+        from .builders import cold_compile_caches as cold
+
+        with cold(training.cfg) if cold_compile_caches else contextlib.nullcontext():
+            result = run_in_fresh_thread(training.execute, stop=training.halt)
+        result.extras["isolation"] = f"in-process (fresh thread): {reason}"
+        return result
+    spec = RunSpec(training.cfg, training.result.label, payload, training.checkpoints, cold_compile_caches,
+                   dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads())
+    return _run_child(training, spec)
+
+
+def _run_child(training: Any, spec: RunSpec) -> Any:
+    ctx = _mp_context()
+    here, there = ctx.Pipe(duplex=False)
+    stop = ctx.Event()
+    child = ctx.Process(target=_child_main, args=(there, stop, spec), name=f"fastlab-run {spec.label}", daemon=False)
+    with _without_main():
+        child.start()
+    there.close()
+    bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
+    done, outcome = 0, None
+    try:
+        while outcome is None:
+            try:
+                if any(e.is_set() for e in training.stops):
+                    stop.set()
+                if here.poll(0.05):
+                    message = here.recv()
+                    if message[0] == "step":
+                        _, step, total = message
+                        bar = bar or _bar(training)
+                        bar.update(step - done)
+                        done = step
+                        if training.on_step is not None:
+                            training.on_step(step, total)
+                    else:
+                        outcome = message
+                elif not child.is_alive() and not here.poll(0):
+                    break
+            except KeyboardInterrupt:  # the caller's Ctrl-C: the child stops at its next step and reports
+                stop.set()
+            except EOFError:  # the child closed its end without a result: it died
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        here.close()
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return _outcome(training, outcome, child.exitcode, done)
+
+
+@contextlib.contextmanager
+def _without_main() -> Any:
+    """Start a child that does not re-run the caller's __main__ (multiprocessing's default under spawn and
+    forkserver): a reader's script need not guard itself with `if __name__ == "__main__"`, and nothing the child
+    runs refers to __main__ (why_in_process checked)."""
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+
+    def preparation_data(name: str) -> dict:
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    spawn.get_preparation_data = preparation_data
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = original
+
+
+def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int) -> Any:
+    if outcome is None:  # the child died: what it streamed is what we know
+        result = training.result
+        result.status = "failed"
+        result.steps_done = done
+        result.error = f"the run's process ended without a result ({describe_exit(exitcode)}) after {done} steps"
+        result.extras["isolation"] = "process"
+        return result
+    if outcome[0] == "error":
+        _, error, child_traceback = outcome
+        raise error from ChildTraceback(child_traceback)
+    result = outcome[1]
+    result.extras["isolation"] = "process"
+    return result
+
+
+class ChildTraceback(Exception):
+    """The traceback of an exception raised in a run's process, as its cause: a printed traceback shows where it
+    happened, while the exception's own one-line message (what the CLI prints) stays as it was."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"in the run's process:\n{self.text}"
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running when given up"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _bar(training: Any) -> Any:
+    from .train import _progress_bar
+
+    total = training.cfg.warmup_steps + training.cfg.steps
+    return _progress_bar(total, training.result.label, training.progress)
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(*args, **kwargs) in a fresh process (a child of the same forkserver), waited for: its return value, or
+    its exception raised here. For a measurement that is not a training run (a lesson's own timing loop): fn and
+    its arguments must be importable or picklable, as for a run."""
+    ctx = _mp_context()
+    here, there = ctx.Pipe(duplex=False)
+    setup = (dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads())
+    child = ctx.Process(target=_call_child, args=(there, setup, fn, args, kwargs), name="fastlab-call", daemon=False)
+    with _without_main():
+        child.start()
+    there.close()
+    try:
+        message = here.recv()
+    except EOFError:
+        child.join()
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)!s} ended its process without a result "
+                           f"({describe_exit(child.exitcode)})") from None
+    except BaseException:  # Ctrl-C while waiting: the child's work is abandoned with it
+        child.kill()
+        child.join()
+        raise
+    finally:
+        here.close()
+    child.join()
+    return _outcome_of_call(message)
+
+
+def _outcome_of_call(message: tuple) -> Any:
+    if message[0] == "error":
+        _, error, child_traceback = message
+        raise error from ChildTraceback(child_traceback)
+    return message[1]
+
+
+def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    try:
+        _adopt(*setup)
+        conn.send(("value", fn(*args, **kwargs)))
+    except BaseException as e:
+        conn.send(("error", _portable(e), traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int) -> None:
+    """The caller's environment, import path, folder and torch thread count (the server's date from its start)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.path[:] = path
+    os.chdir(cwd)
+    torch.set_num_threads(threads)
+
+
+def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
+    """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
+    try:
+        _adopt(spec.environ, spec.sys_path, spec.cwd, spec.num_threads)
+        from . import builders
+        from .train import TrainingRun
+
+        model, dataset = pickle.loads(spec.payload)
+        training = TrainingRun(spec.config, spec.label, model, dataset, False, stop,
+                               lambda step, total: conn.send(("step", step, total)), checkpoints=spec.checkpoints)
+        training.result.extras["run_pid"] = os.getpid()
+        with builders.cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
+            result = training.execute()
+        conn.send(("result", result))
+    except BaseException as e:  # handed to the caller, who raises it again
+        conn.send(("error", _portable(e), traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _portable(error: BaseException) -> BaseException:
+    """The exception itself when it survives pickling, else a RuntimeError with its words."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")

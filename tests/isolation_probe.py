@@ -1,0 +1,65 @@
+"""Models for tests/test_isolation.py, in a module a run's child process can import (not a test file's locals).
+
+Each reports what it saw in the process that built it by appending a JSON line to the file named by
+FASTLAB_PROBE_FILE (the child gets the caller's environment)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import torch
+from torch import nn
+
+
+def _report(**seen) -> None:
+    with open(os.environ["FASTLAB_PROBE_FILE"], "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), **seen}) + "\n")
+
+
+class TinyNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(8, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def globals_now() -> dict:
+    return {"cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "matmul_precision": torch.get_float32_matmul_precision(), "threads": torch.get_num_threads()}
+
+
+def meddling_net() -> nn.Module:
+    """Reports the globals it found, then sets three of them, as a run that changes them would."""
+    _report(**globals_now())
+    torch.backends.cudnn.benchmark = True
+    torch.set_float32_matmul_precision("medium")
+    torch.set_num_threads(1)
+    return TinyNet()
+
+
+class DiesAtForward(TinyNet):
+    """Kills its own process at its `at`-th training forward pass: a crash no Python code can catch."""
+
+    def __init__(self, at: int = 6) -> None:
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(x)
+
+
+def dies_at_forward() -> nn.Module:
+    return DiesAtForward()
+
+
+def refusing_net() -> nn.Module:
+    raise ValueError("refusing_net: a clear message from the reader's own model")

@@ -1,0 +1,165 @@
+"""Each run in a fresh process (fastlab.isolation), interleaved arms and the one noise rule (fastlab.measure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+
+import pytest
+import torch
+
+import fastlab
+from fastlab import isolation, train
+from fastlab.measure import Spread, is_noise, median_interval, verdict
+from fastlab.results import RunResult
+
+sys.path.insert(0, os.path.dirname(__file__))
+import isolation_probe  # noqa: E402  (a module the run's child can import)
+
+
+def probe_lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_run_goes_to_a_fresh_process_whether_started_from_the_main_thread_or_a_panel_thread(quick):
+    # The mechanism behind "a cell and a panel time alike": neither runs the training in its own thread. (Speed is
+    # never asserted in a test: a loaded machine would fail it.)
+    torch.ones(64, 64) @ torch.ones(64, 64)  # the main thread has run torch ops, as a notebook's has
+    from_cell = fastlab.run(quick, progress=False)
+    box = {}
+    panel = threading.Thread(target=lambda: box.setdefault("r", fastlab.run(quick, progress=False)))
+    panel.start()
+    panel.join()
+    for r in (from_cell, box["r"]):
+        assert r.ok and r.extras["isolation"] == "process"
+        assert r.extras["run_pid"] != os.getpid()
+    assert from_cell.extras["run_pid"] != box["r"].extras["run_pid"]
+    assert from_cell.env == {**box["r"].env, "date": from_cell.env["date"]}
+
+
+def test_a_global_a_run_sets_does_not_reach_the_next_run_or_the_caller(quick, tmp_path, monkeypatch):
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("FASTLAB_PROBE_FILE", str(probe))
+    before = isolation_probe.globals_now()
+    for _ in range(2):
+        r = fastlab.run(quick, model=isolation_probe.meddling_net, progress=False)
+        assert r.ok and r.extras["isolation"] == "process"
+    seen = probe_lines(probe)
+    assert len({s["pid"] for s in seen}) == 2, "each run should build its model in a process of its own"
+    first_seen_by_run = {s["pid"]: s for s in reversed(seen)}  # the first report of each process
+    for s in first_seen_by_run.values():
+        assert (s["cudnn_benchmark"], s["matmul_precision"], s["threads"]) == (
+            before["cudnn_benchmark"], before["matmul_precision"], before["threads"])
+    assert isolation_probe.globals_now() == before
+
+
+def test_the_in_process_path_is_taken_and_named_for_what_a_child_cannot_import(quick, monkeypatch):
+    r = fastlab.run(quick, model=lambda: isolation_probe.TinyNet(), progress=False)
+    assert r.ok and r.extras["isolation"].startswith("in-process (fresh thread): the model or dataset cannot be sent")
+
+    class NotebookNet(isolation_probe.TinyNet):  # as if defined in a notebook cell
+        pass
+
+    NotebookNet.__module__, NotebookNet.__qualname__ = "__main__", "NotebookNet"
+    monkeypatch.setattr(sys.modules["__main__"], "NotebookNet", NotebookNet, raising=False)
+    r = fastlab.run(quick, model=NotebookNet, progress=False)
+    assert r.ok and "defined in __main__" in r.extras["isolation"]
+
+
+def test_a_child_killed_mid_run_is_a_failed_result_with_the_reason_and_the_next_run_works(quick):
+    cfg = quick.replace(steps=20, windows=2)
+    r = fastlab.run(cfg, model=isolation_probe.dies_at_forward, progress=False)
+    assert r.status == "failed"
+    assert "killed by SIGKILL" in r.error and "ended without a result" in r.error
+    assert 1 <= r.steps_done < cfg.warmup_steps + cfg.steps
+    again = fastlab.run(quick, progress=False)
+    assert again.ok and again.extras["isolation"] == "process"
+
+
+def test_an_error_in_the_child_is_raised_in_the_caller_with_its_words(quick):
+    with pytest.raises(ValueError, match="a clear message from the reader's own model"):
+        fastlab.run(quick, model=isolation_probe.refusing_net, progress=False)
+
+
+def test_a_stop_set_in_the_caller_ends_the_child_run_interrupted_with_its_steps(quick):
+    stop = threading.Event()
+    cfg = quick.replace(steps=400, windows=2, max_seconds=0.0)
+
+    def on_step(done: int, total: int) -> None:
+        if done == 3:
+            stop.set()
+
+    r = fastlab.run(cfg, progress=False, stop=stop, on_step=on_step)
+    assert r.status == "interrupted" and r.extras["isolation"] == "process"
+    assert 3 <= r.steps_done < 400
+
+
+# ------------------------------------------------------------------ interleaving and the noise rule
+
+
+def fake_result(label: str, windows: list[float]) -> RunResult:
+    return RunResult(config={}, label=label, window_throughput=list(windows), images_per_step=32)
+
+
+class DriftingMachine:
+    """A mocked fastlab.run: each arm's speed is its own factor times the machine's speed at that moment, which
+    drops by half between the first two runs and the last two (a drift injected between runs)."""
+
+    def __init__(self, factors: dict[str, float]) -> None:
+        self.factors, self.calls = factors, []
+
+    def __call__(self, cfg, label, progress=True, comparison=None):
+        machine = 100.0 if len(self.calls) < 2 else 50.0
+        self.calls.append(label)
+        speed = machine * self.factors[label]
+        return fake_result(label, [speed * f for f in (0.99, 1.0, 1.01, 1.0, 0.995)])
+
+
+def test_interleaved_arms_read_noise_under_drift_and_faster_when_every_repeat_shows_it(monkeypatch, smoke):
+    same = DriftingMachine({"baseline": 1.0, "batch_size=64": 1.0})
+    monkeypatch.setattr(train, "run", same)
+    a, b = train.compare(smoke, progress=False, repeats=2, batch_size=64)
+    assert same.calls == ["baseline", "batch_size=64", "batch_size=64", "baseline"]  # A B, B A
+    assert is_noise(a.throughput, b.throughput) and "noise" in verdict(a.throughput, b.throughput)
+    # run one after the other, the same drift reads as a 2x effect: what interleaving prevents
+    assert not is_noise(Spread.of(a.extras["repeat_windows"][0]), Spread.of(b.extras["repeat_windows"][1]))
+
+    better = DriftingMachine({"baseline": 1.0, "batch_size=64": 1.2})
+    monkeypatch.setattr(train, "run", better)
+    a, b = train.compare(smoke, progress=False, repeats=2, batch_size=64)
+    assert not is_noise(a.throughput, b.throughput)
+    assert "(faster)" in verdict(a.throughput, b.throughput)
+
+
+def test_a_difference_only_some_repeats_show_is_noise():
+    a = Spread.of([100, 101, 99, 50, 51, 49], [[100, 101, 99], [50, 51, 49]])
+    b = Spread.of([120, 121, 119, 50, 51, 49], [[120, 121, 119], [50, 51, 49]])
+    assert is_noise(a, b)
+    c = Spread.of([120, 121, 119, 40, 41, 39], [[120, 121, 119], [40, 41, 39]])  # opposite ways
+    assert is_noise(a, c)
+
+
+def test_the_noise_interval_does_not_widen_with_the_number_of_windows():
+    rng = random.Random(7)
+    widths, ranges = {}, {}
+    for n in (5, 200):
+        values = [rng.lognormvariate(0, 0.1) * 100 for _ in range(n)]
+        lo, hi = Spread.of(values).interval
+        widths[n], ranges[n] = hi - lo, max(values) - min(values)
+    assert ranges[200] > 1.5 * ranges[5]  # min-max, the old rule's interval, widens with the windows
+    assert widths[200] <= widths[5]
+    assert widths[200] > 0
+
+
+def test_the_interval_of_the_median_is_the_order_statistics_of_the_sign_test():
+    assert median_interval([3, 1, 2]) == (1, 3)  # under 9 values: [min, max]
+    assert median_interval(list(range(20))) == (5, 14)  # P(Binomial(20, 1/2) <= 5) = 2.1% per side
+    assert median_interval(list(range(9))) == (1, 7)
+
+
+def test_the_isolation_module_refuses_nothing_silently():
+    assert isolation.describe_exit(-9) == "killed by SIGKILL"
+    assert isolation.describe_exit(3) == "exit code 3"
