@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -79,14 +80,19 @@ def comparison_configs(base: TrainConfig) -> list[TrainConfig]:
             seen.append(self.cfg)
         return _fake_result(self)
 
-    original = train.TrainingRun.execute
+    original, isolation = train.TrainingRun.execute, os.environ.get("FASTLAB_ISOLATION")
     train.TrainingRun.execute = record  # type: ignore[method-assign]
+    os.environ["FASTLAB_ISOLATION"] = "thread"  # runs in this process, where the replaced execute is
     try:
         for name, fn in all_comparisons().items():
             if not name.startswith("11_multi_gpu_ddp"):
                 fn(base, progress=False)
     finally:
         train.TrainingRun.execute = original  # type: ignore[method-assign]
+        if isolation is None:
+            os.environ.pop("FASTLAB_ISOLATION")
+        else:
+            os.environ["FASTLAB_ISOLATION"] = isolation
     return seen
 
 
