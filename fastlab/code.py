@@ -6,16 +6,18 @@ each technique's lines, and prints images/s (median over timed windows, warm-up 
 the final loss and the held-out accuracy. A knob at its TrainConfig default adds no line.
 
 Which kind of "the code shown is the code that runs": a template, proven by running it. fastlab's loop is spread
-over train.py, builders.py, data.py and measure.py, and carries the harness (threads, stop events, divergence
+over train.py, builders.py, data.py and measure.py, and carries the harness (processes, stop events, divergence
 checks, DDP hooks) that a reader's script does not need; cutting untaken branches out of that source would leave
 a script that still calls those helpers. So the loop here is a template written from the same knobs, and
-tests/test_code.py proves it: every configuration the bench ladders and the notebooks run is rendered and run in
-a fresh interpreter where fastlab cannot be imported (exit 0, a finite and falling loss), and on the CPU a few
-scripts log the same per-step losses as `fastlab.run` of the same config (same seed, same data, same random
-augmentations). The pieces that are plain definitions (the synthetic set, the per-image Dataset, the
-device-resident loader, the models) are fastlab's own source, copied with `inspect.getsource`, so they cannot
-drift. Left out of the script: the harness (max_seconds, Ctrl-C, OOM, divergence checks, progress bars) and the
-no-op fallbacks (an optimiser implementation or bf16 this machine lacks is an error here, not a recorded no-op).
+tests/test_code.py proves it: the script of every configuration the bench ladders and the notebooks' registered
+comparisons run is run in a fresh process (forked from a `python -I` interpreter that has imported only torch,
+torchvision and numpy, with fastlab blocked and checked unimportable): exit 0, a finite and falling loss. On the
+CPU a few scripts print the same first loss, final loss and held-out accuracy as `fastlab.run` of the same config
+(same seed, same data, same random augmentations: equal to the printed digits). The pieces that are plain
+definitions (the synthetic set, the per-image Dataset, the device-resident loader, the models) are fastlab's own
+source, copied with `inspect.getsource`, so they cannot drift. Left out of the script: the harness (max_seconds,
+Ctrl-C, OOM, divergence checks, progress bars) and the no-op fallbacks (an optimiser implementation or bf16 this
+machine lacks is an error here, not a recorded no-op).
 """
 
 from __future__ import annotations
