@@ -182,6 +182,7 @@ def test_every_script_renders_as_standalone_pytorch(every_config):
         assert len(script.splitlines()) < 300, cfg
 
 
+@pytest.mark.slow  # about 40 scripts: two minutes of CPU on 2 cores
 def test_every_ladder_and_notebook_script_runs_without_fastlab_and_learns(every_config, tmp_path):
     scripts = list(dict.fromkeys(code(smoke_sized(cfg)) for cfg in every_config))  # identical ones once
     assert len(scripts) > 30
