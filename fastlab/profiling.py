@@ -18,10 +18,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import isolation
 from .config import TrainConfig
 from .measure import resolve_device
 from .results import RunResult
-from .train import run
+from .train import TrainingRun
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"
@@ -125,9 +126,20 @@ def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_d
     """Run cfg with `steps` timed steps under torch.profiler (warm-up steps not recorded).
 
     trace_dir: where the Chrome trace goes (default: a new temporary folder, so nothing lands in the repo).
+    The profiler and the run share a fresh process (fastlab.isolation.call), as every run does: a profiler in
+    this process would record nothing of a run in another. The profiled run draws no progress bar.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is not allowed: an integer >= 1 (steps to record)")
+    folder = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="fastlab-profile-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = folder / f"{safe_name(label)}.pt.trace.json"
+    return isolation.call(profile_here, cfg, label, steps, trace, record_shapes, with_stack)
+
+
+def profile_here(cfg: TrainConfig, label: str, steps: int, trace: Path, record_shapes: bool = False,
+                 with_stack: bool = False) -> ProfileResult:
+    """profile_run's work, in the calling process: the run, the profiler stepped after each of its steps."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     cuda = resolve_device(cfg.device).type == "cuda"
@@ -138,10 +150,7 @@ def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_d
     prof = profile(activities=activities, schedule=schedule(wait=warm - 1, warmup=1, active=steps, repeat=1),
                    record_shapes=record_shapes, with_stack=with_stack)
     with prof:
-        result = run(cfg, label=label, progress=progress, on_step=lambda done, total: prof.step())
-    folder = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="fastlab-profile-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    trace = folder / f"{safe_name(label)}.pt.trace.json"
+        result = TrainingRun(cfg, label, None, None, False, None, lambda done, total: prof.step()).execute()
     prof.export_chrome_trace(str(trace))
     spans, data = _step_split(prof.events())
     profiled = list(range(warm, min(warm + steps, len(result.step_seconds))))

@@ -63,3 +63,17 @@ def dies_at_forward() -> nn.Module:
 
 def refusing_net() -> nn.Module:
     raise ValueError("refusing_net: a clear message from the reader's own model")
+
+
+class FlagReporter(TinyNet):
+    """Reports the backend flags in force at its first training forward pass (inside the run)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not getattr(self, "reported", False):
+            self.reported = True
+            _report(allow_tf32=torch.backends.cudnn.allow_tf32, matmul_precision=torch.get_float32_matmul_precision())
+        return super().forward(x)
+
+
+def flag_reporting_net() -> nn.Module:
+    return FlagReporter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import types
@@ -167,7 +168,8 @@ def test_naive_rung_is_stock_pytorch_and_rungs_change_one_technique():
     assert "AdamW" in adamw.title and "fused" in adamw.title and "weight decay" in adamw.title
 
 
-def test_backend_flags_are_set_for_a_run_and_restored(quick):
+def test_backend_flags_are_set_for_a_run_and_restored(quick, monkeypatch):
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the in-process path restores them itself
     before = (torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
     seen = []
     r = fastlab.run(quick.replace(tf32=False, matmul_precision="high"), progress=False,
@@ -175,6 +177,18 @@ def test_backend_flags_are_set_for_a_run_and_restored(quick):
                                                       torch.get_float32_matmul_precision())))
     assert r.ok and set(seen) == {(False, "high")}
     assert (torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()) == before
+
+
+def test_backend_flags_are_set_in_the_runs_own_process(quick, tmp_path, monkeypatch):
+    import isolation_probe
+
+    probe = tmp_path / "flags.jsonl"
+    monkeypatch.setenv("FASTLAB_PROBE_FILE", str(probe))
+    r = fastlab.run(quick.replace(tf32=False, matmul_precision="high"), model=isolation_probe.flag_reporting_net,
+                    progress=False)
+    assert r.ok and r.extras["isolation"] == "process"
+    seen = [json.loads(line) for line in probe.read_text().splitlines()]
+    assert seen and {(s["allow_tf32"], s["matmul_precision"]) for s in seen} == {(False, "high")}
 
 
 # ---------------------------------------------------------------- 5. bf16 judged by native support
@@ -326,7 +340,7 @@ def test_reference_run_saves_every_rung_survives_a_broken_one_and_keeps_gpu_resu
     monkeypatch.setattr(reference_run, "device_name", lambda device: "Fake GPU")
     budgets: list[float] = []
 
-    def fake_ladder(base, rungs, progress, on_result, max_seconds):
+    def fake_ladder(base, rungs, progress, on_result, max_seconds, repeats=1):
         budgets.append(max_seconds())
         for name in ("naive", "workers"):
             on_result(RunResult(config={}, label=name, env={"device_type": "cuda"}, extras={"rung": name}))

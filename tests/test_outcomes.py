@@ -202,7 +202,7 @@ def test_the_cpu_profile_evaluates_time_to_accuracy_on_fewer_images(monkeypatch)
 
     seen = {}
 
-    def fake_run(training, comparison=None):
+    def fake_run(training, comparison=None, cold_compile_caches=False):
         seen["eval_images"] = training.cfg.eval_images
         return RunResult(config=training.cfg.to_dict(), label=training.result.label, status="ok")
 
