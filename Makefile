@@ -35,11 +35,13 @@ test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval
 overhead: $(STAMP)  ## the harness against a bare hand-written loop
 	$(PY) tests/benchmark_overhead.py
 
-# On a CUDA machine: every CUDA-only path checked with assertions, then both ladders (under 8 minutes on an H200).
-# Needs only torch from the checkout (PYTHONPATH=.); prints one line and exits 0 where there is no CUDA GPU.
+# On a CUDA machine: every CUDA-only path checked with assertions, then both ladders (estimated 5.5 minutes on an
+# H200: fastlab/gpu_check.py says on what basis). Needs torch 2.11+ with the torchvision of the same release, numpy,
+# Pillow and nvidia-ml-py (it names what is missing in one line); prints one line and exits 0 without a CUDA GPU.
 GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
-	PYTHONPATH=. $(GPU_PY) -m fastlab.gpu_check
+	@$(GPU_PY) -c "import torch" 2>/dev/null || { echo "fastlab gpu-check: missing torch (2.11 or newer, with the torchvision of the same release) for $(GPU_PY) (exit 1)."; exit 1; }
+	@PYTHONPATH=. $(GPU_PY) -m fastlab.gpu_check
 
 clean:
 	rm -rf $(VENV) bench-results

@@ -22,6 +22,7 @@ from .outcomes import (
 )
 from .results import RunResult, load_reference, load_results, reference_for, reference_summary, save_results
 from .train import active_run, compare, interleave, run, sweep
+from .watch import compare_loops as compare_loops  # two versions of your loop, in turns
 from .watch import watch as watch  # fastlab.watch(...): measure a loop you wrote
 
 __all__ = [
@@ -29,5 +30,5 @@ __all__ = [
     "Spread", "environment", "is_noise", "verdict", "RunResult", "load_reference", "load_results",
     "save_results", "reference_for", "reference_summary", "compare", "interleave", "run", "sweep", "__version__",
     "active_run", "run_seeds", "accuracy_spread", "describe_accuracy", "outcome_verdict", "time_to_accuracy",
-    "TimeToAccuracy", "code", "code_diff",
+    "TimeToAccuracy", "watch", "compare_loops", "code", "code_diff",
 ]

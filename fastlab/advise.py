@@ -13,7 +13,10 @@ host-device syncs on a CPU) are never given: they read result.env, not this mach
 A run that diverged (non-finite loss) is named first: its speed is not credited, and what to try is a
 change that makes it learn again (verify checks the rerun's loss stays finite). Runs of your own loop
 (fastlab.watch, extras["watched"]) get the same rules where their numbers exist, plus a leak rule that reads
-their memory trace; they cannot be re-run by fastlab, so verify refuses them.
+their memory trace; they cannot be re-run by fastlab, so verify refuses them and points to
+fastlab.compare_loops, which runs the reader's before and after in turns. The data-bound remedy for such a loop
+weighs the cores, the batch size and each batch's trip between processes, says how sure it is, and never proposes
+a loader setting that an earlier watched run of the same data in this session measured no faster.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import TrainConfig
-from .measure import Spread, is_noise, resolve_device, verdict
+from .measure import Spread, is_noise, resolve_device, usable_cpu_count, verdict
 from .results import RunResult
 from .train import describe_changes, run
 
@@ -60,6 +63,14 @@ MEMORY_LIMIT_SHARE = 0.90
 # Tensor cores arrived with Volta (compute capability 7.0); bf16 needs Ampere (8.0).
 TENSOR_CORE_CC = 7.0
 BF16_CC = 8.0
+# The data-bound remedy for a loop fastlab did not write weighs what worker processes cost: a DataLoader worker
+# pickles each batch and the training process unpickles it (a fixed cost per batch, plus its bytes), and the
+# workers compete with training for the same cores. On PyTorch's CIFAR-10 tutorial (batch 4, 2 workers, 2 cores)
+# num_workers=0 ran 2.2x faster (NOTES.md, 2026-12-01).
+LOADER_SMALL_BATCH = 16  # images per batch at or under which that per-batch cost is a large share of the batch
+LOADER_SMALL_BATCH_BYTES = 2**20  # or under 1 MiB a batch: the copy is cheap, the fixed cost per batch is not
+LOADER_MIN_CORES = 3  # workers plus the training process need this many cores not to take training's
+LOADER_MAX_WORKERS = 8
 LOG_EVERY = 10  # a loss read every 10 steps: one host-device sync per 10 steps (the bench ladder's choice)
 BATCH_GROWTH = 4  # the overhead-bound remedy: 4x the batch (fixed costs shared by 4x the images)
 # A probable leak (C11): memory after each timed step rising steadily. "Steadily": the medians of LEAK_CHUNKS
@@ -134,6 +145,7 @@ class Finding:
     alternatives: tuple[dict[str, Any], ...] = ()
     metric: str = "train"  # what verify compares: "train" (training images/s), "eval" (held-out images/s) or
     #   "finite" (whether the rerun's loss stays finite: the diverged finding)
+    confidence: str = ""  # how sure the remedy is, and why ("high: ..."); empty where the rule does not weigh it
 
     def text(self) -> str:
         lines = [f"{self.bottleneck}", *(f"  evidence: {e.shown()}" for e in self.evidence),
@@ -141,6 +153,8 @@ class Finding:
                  f"  why: {self.why}", f"  notebook: {', '.join(self.notebooks)}"]
         if self.alternatives:
             lines.append("  or: " + "; ".join(describe_changes(a) for a in self.alternatives))
+        if self.confidence:
+            lines.append(f"  how sure: {self.confidence}")
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -149,7 +163,8 @@ class Finding:
         change = f" <code>{e(describe_changes(self.changes))}</code>" if self.changes else ""
         alt = ("<br>or: " + "; ".join(f"<code>{e(describe_changes(a))}</code>" for a in self.alternatives)
                if self.alternatives else "")
-        return (f"<b>{e(self.bottleneck)}</b><ul>{items}</ul>try: {e(self.technique)}{change}{alt}"
+        sure = f"<br>how sure: {e(self.confidence)}" if self.confidence else ""
+        return (f"<b>{e(self.bottleneck)}</b><ul>{items}</ul>try: {e(self.technique)}{change}{alt}{sure}"
                 f"<br><i>{e(self.why)}</i><br>notebook: {e(', '.join(self.notebooks))}")
 
 
@@ -235,54 +250,80 @@ def _diverged(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     if knobs:
         evidence.append(Evidence(", ".join(knobs), ", ".join(str(v) for v in knobs.values())))
     remedies = _divergence_remedies(r, cfg)
-    notebooks = tuple(dict.fromkeys(nb for _, nb in remedies)) or (NOTEBOOKS["amp"], NOTEBOOKS["compile"],
-                                                                     NOTEBOOKS["optimizer"])
-    technique = ("one change at a time: fp32 or bf16 instead of fp16; torch.compile off (or its default mode); "
-                 "a lower learning rate")
-    return Finding("diverged", "diverged: the loss became non-finite, so this run's speed is not credited",
-                   tuple(evidence), technique, notebooks, remedies[0][0] if remedies else {},
-                   "a run that stopped learning is not fast: low precision can overflow (fp16) or accumulate "
-                   "rounding (bf16 reductions in compiled kernels), and too large a step overshoots; verify "
-                   "reruns with the change and checks that its loss stays finite",
+    notebooks = tuple(dict.fromkeys(nb for _, nb in remedies)) or (NOTEBOOKS["optimizer"],)
+    technique, why = _divergence_words_for(cfg, bool(r.extras.get(WATCHED)))
+    return Finding("diverged", "diverged: the loss became non-finite or blew up, so this run's speed is not credited",
+                   tuple(evidence), technique, notebooks, remedies[0][0] if remedies else {}, why,
                    tuple(c for c, _ in remedies[1:]), metric="finite")
 
 
-def _theil_sen(ys: list[float]) -> tuple[float, float]:
-    """Robust line through (i, ys[i]): (slope, median distance of the points from it)."""
+def _divergence_words_for(cfg: dict[str, Any], watched: bool) -> tuple[str, str]:
+    """What to try and why, naming only the techniques this run used (fp16, bf16, torch.compile) and the step."""
+    amp, comp, lr = cfg.get("amp"), cfg.get("compile"), cfg.get("lr")
+    tries, whys = [], []
+    if amp == "fp16":
+        tries.append("bf16 (or fp32) instead of fp16")
+        whys.append("fp16's narrow range overflows")
+    if comp not in (None, "off"):
+        tries.append("torch.compile off (or its default mode)")
+        whys.append("a compiled kernel may accumulate reductions in low precision")
+    if amp == "bf16":
+        tries.append("fp32 instead of bf16")
+        whys.append("bf16 keeps few digits")
+    lower = f"a lower learning rate ({lr / 10:g})" if _finite(lr) and lr > 0 else "a tenth of your learning rate"
+    tries.append(lower + ("" if tries else ", or gradient clipping (torch.nn.utils.clip_grad_norm_)"))
+    whys.append("too large a step overshoots")
+    check = ("watch the changed loop and compare the two with fastlab.compare_loops" if watched else
+             "verify reruns with the change and checks that its loss stays finite")
+    return ("one change at a time: " + "; ".join(tries),
+            f"a run that stopped learning is not fast: {', '.join(whys)}; {check}")
+
+
+def _theil_sen(ys: list[float], xs: list[float] | None = None) -> tuple[float, float]:
+    """Robust line through (xs[i], ys[i]) (xs: 0, 1, 2, ... by default): (slope, median distance from it)."""
     import statistics
 
     stride = max(1, len(ys) // 200)  # at most ~200 points: the pairwise slopes stay cheap on long runs
-    pts = list(enumerate(ys))[::stride]
+    pts = list(zip(xs if xs is not None else range(len(ys)), ys))[::stride]
     slope = statistics.median((b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:])
     intercept = statistics.median(y - slope * x for x, y in pts)
     return slope, statistics.median(abs(y - (intercept + slope * x)) for x, y in pts)
 
 
-def memory_rise(trace: list[float]) -> tuple[float, float, bool]:
-    """(rise over the trace in MiB from its robust slope, the trace's noise in MiB, whether it rose steadily)."""
+def memory_rise(trace: list[float], steps: list[int] | None = None) -> tuple[float, float, bool]:
+    """(rise over the trace in MiB from its robust slope, the trace's noise in MiB, whether it rose steadily).
+    steps: the step of each sample where memory was not sampled every step (fastlab.watch on short CPU steps)."""
     import statistics
 
     if len(trace) < LEAK_MIN_STEPS:
         return float("nan"), float("nan"), False
-    slope, noise = _theil_sen(trace)
+    slope, noise = _theil_sen(trace, steps)
+    span = (steps[-1] - steps[0]) if steps else len(trace) - 1
     size = len(trace) // LEAK_CHUNKS
     medians = [statistics.median(trace[i * size:(i + 1) * size]) for i in range(LEAK_CHUNKS)]
     steady = all(b - a > LEAK_CHUNK_NOISE * noise and b > a for a, b in zip(medians, medians[1:]))
-    return slope * (len(trace) - 1), noise, steady
+    return slope * span, noise, steady
 
 
 def _memory_leak(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     if not r.extras.get(WATCHED):
         return None  # fastlab.run's own loop leaks only through log_loss="tensor", named by its own rule
-    trace = r.memory_trace_mb[int(cfg.get("warmup_steps", 0)):]
-    rise, noise, steady = memory_rise(trace)
+    warm = int(cfg.get("warmup_steps", 0))
+    sampled = (r.extras.get("watch") or {}).get("memory_steps")
+    if sampled and len(sampled) == len(r.memory_trace_mb):  # sampled on some steps only: keep their step numbers
+        pairs = [(s, mb) for s, mb in zip(sampled, r.memory_trace_mb) if s >= warm]
+        steps, trace = [s for s, _ in pairs], [mb for _, mb in pairs]
+    else:
+        steps, trace = None, r.memory_trace_mb[warm:]
+    rise, noise, steady = memory_rise(trace, steps)
+    span = (steps[-1] - steps[0] + 1) if steps else len(trace)
     if not (steady and rise >= max(LEAK_MIN_MB, LEAK_NOISE_FACTOR * noise)):
         return None
     kind = r.memory_kind.replace("_", " ") or "memory"
-    evidence = (Evidence(f"rise of {kind} over {len(trace)} timed steps (robust slope)", rise,
+    evidence = (Evidence(f"rise of {kind} over {span} timed steps (robust slope)", rise,
                          f">= {LEAK_MIN_MB:g} MiB and >= {LEAK_NOISE_FACTOR:g}x noise, rising in each of "
                          f"{LEAK_CHUNKS} stretches", "MiB"),
-                Evidence("per step", rise / (len(trace) - 1), unit="MiB"),
+                Evidence("per step", rise / max(1, span - 1), unit="MiB"),
                 Evidence("noise (median distance from the trend)", noise, unit="MiB"))
     return Finding("memory_leak", "memory rises with every step: a probable leak", evidence,
                    "keep numbers, not tensors: losses.append(loss.item()) (every few steps: each .item() is a "
@@ -301,6 +342,8 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         return None
     low_util = _util_low_share(r) if gpu else float("nan")
     evidence = [Evidence("data wait / step time", wait, f">= {_pct(DATA_WAIT_SHARE)}", "%")]
+    if _finite(r.copy_fraction()):  # timed apart, never counted as data wait (it waits for GPU work too)
+        evidence.append(Evidence("host-to-device copy / step time (not data wait)", r.copy_fraction(), unit="%"))
     fires = wait >= DATA_WAIT_SHARE
     if _finite(low_util):
         evidence.append(Evidence(f"share of GPU utilisation samples under {GPU_UTIL_LOW_PCT:.0f}%", low_util,
@@ -309,7 +352,7 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         fires = fires or (low_util >= GPU_UTIL_LOW_SHARE and wait >= DATA_WAIT_SHARE_WITH_UTIL)
     if not fires:
         return None
-    cpus = int(r.env.get("cpu_count") or 1)
+    cpus = int(r.env.get("usable_cpus") or usable_cpu_count())  # the cores it may use, not the host's
     workers = cfg.get("num_workers", 0)
     more_workers = min(max(2, cpus), 8) if workers == 0 else min(workers * 2, max(cpus, 2))
     worker_change = {"num_workers": more_workers, "persistent_workers": True}
@@ -318,8 +361,10 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     worker_change = _only_different(cfg, worker_change)
     device_change = _only_different(cfg, dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
                                               persistent_workers=False, prefetch_factor=None))
+    confidence = ""
     if r.extras.get(WATCHED):  # the reader's own loop: the remedy is said in terms of their loader
-        changes, alternatives, technique = _watched_data_remedy(cfg, workers, more_workers, gpu)
+        changes, alternatives, technique, confidence, weighed = _watched_data_remedy(r, cfg, gpu)
+        evidence += weighed
     elif r.dataset.get("source") == CUSTOM_DATASETS:
         # torch Datasets cannot go device-resident (that needs uint8 arrays): more workers is what is left.
         if more_workers <= workers:
@@ -333,25 +378,93 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     return Finding("data_bound", "data-bound: the model waits for its batches", tuple(evidence), technique,
                    (NOTEBOOKS["data"],), changes,
                    f"removing the wait could make steps up to {1 / (1 - min(wait, 0.99)):.2f}x faster "
-                   "(Amdahl: 1 / (1 - wait share))", alternatives)
+                   "(Amdahl: 1 / (1 - wait share))", alternatives, confidence=confidence)
 
 
-def _watched_data_remedy(cfg: dict[str, Any], workers: int, more_workers: int, gpu: bool
-                         ) -> tuple[dict[str, Any], tuple[dict[str, Any], ...], str]:
-    """What to change in the reader's own loader: DataLoader arguments, since fastlab does not run their loop."""
+Remedy = tuple[dict[str, Any], str, str]  # (DataLoader change, what to do in words, how sure and why)
+
+
+def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
+                         ) -> tuple[dict[str, Any], tuple[dict[str, Any], ...], str, str, list[Evidence]]:
+    """What to change in the reader's own loader, weighing what worker processes cost here: (changes,
+    alternatives, technique, confidence, the evidence weighed). Never a setting this loop already has, nor one
+    an earlier watched run of the same data in this session measured no faster."""
+    cores = int(r.env.get("cpu_count") or 1)
+    batch = int(r.images_per_step or cfg.get("batch_size") or 1)
+    nbytes = int((r.extras.get("watch") or {}).get("batch_bytes") or 0)
+    small = batch <= LOADER_SMALL_BATCH or 0 < nbytes < LOADER_SMALL_BATCH_BYTES
+    weighed = [Evidence("usable CPU cores", cores, f"workers need >= {LOADER_MIN_CORES} to leave training a core"),
+               Evidence("images per batch", batch, f"<= {LOADER_SMALL_BATCH} (or < 1 MiB a batch) is small")]
+    if nbytes:
+        weighed.append(Evidence("bytes per batch", f"{nbytes / 2**10:,.0f} KiB"))
+    candidates, dropped = [], []
+    for proposed, words, sure in _loader_candidates(cfg, cores, batch, small, gpu):
+        change = _only_different({**cfg, "batch_size": batch}, proposed)
+        if proposed and not change:
+            continue  # what the loop already has
+        earlier = _tried_earlier(r, change, batch) if change else ""
+        if earlier:
+            dropped.append(f"{describe_changes(change)} was watched earlier in this session ({earlier}): "
+                           "not proposed again")
+            continue
+        candidates.append((change, words, sure))
+    weighed += [Evidence("left out", d) for d in dropped]
     lighter = ("move per-image work out of the loader: decode once and keep the images in memory, augment whole "
                "batches on the device (notebook 01's device-resident loader)")
+    if not candidates:
+        return {}, (), lighter, "low: no loader setting is left that is likely to help here", weighed
+    (change, words, sure), rest = candidates[0], candidates[1:]
+    return change, tuple(c for c, _, _ in rest), f"{words} in your loop; or {lighter}", sure, weighed
+
+
+def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool) -> list[Remedy]:
+    """The loader changes worth trying, most likely first, each with how sure it is."""
+    workers = int(cfg.get("num_workers") or 0)
+    costs = "collate, the trip between processes, per-op overhead" if workers else "collate, per-op overhead"
+    bigger: Remedy = ({"batch_size": batch * BATCH_GROWTH}, f"a larger batch ({batch * BATCH_GROWTH})",
+                      f"medium: a batch of {batch} pays the per-batch costs ({costs}) for few images; a larger "
+                      "batch may need a retuned learning rate")
+    pin = {"pin_memory": True} if gpu else {}
+    out: list[Remedy] = []
     if cfg.get("loader") != "dataloader":
-        return {}, (), (f"a torch DataLoader with worker processes (num_workers={more_workers}) around your data; "
-                        "or " + lighter)
-    if more_workers <= workers:
-        return {}, (), f"your DataLoader already has {workers} workers: " + lighter
-    change = {"num_workers": more_workers, "persistent_workers": True}
-    if gpu:
-        change.update(pin_memory=True)
-    change = _only_different(cfg, change)
-    args = ", ".join(f"{k}={v}" for k, v in change.items())
-    return change, (), f"DataLoader({args}) in your loop" + (" and .to(device, non_blocking=True)" if gpu else "")
+        if cores >= LOADER_MIN_CORES:
+            n = min(cores - 1, LOADER_MAX_WORKERS)
+            out.append(({}, f"a torch DataLoader with worker processes (num_workers={n}) around your data",
+                        f"medium: {cores} cores leave {cores - 1} for workers"))
+        return out + ([bigger] if small else [])
+    if workers > 0:
+        crowded = workers + 1 > cores
+        if crowded or small:
+            why = ([f"{workers} workers and the training process share {cores} cores"] if crowded else []) + (
+                [f"each batch of {batch} images is pickled between processes, a fixed cost per batch"] if small
+                else [])
+            out.append(({"num_workers": 0}, "DataLoader(num_workers=0) (batches made in the training process)",
+                        f"{'high' if crowded and small else 'medium'}: " + "; ".join(why)))
+        elif workers < cores - 1:
+            change = {"num_workers": min(workers * 2, cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
+            out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
+                        f"medium: {cores} cores leave room for more than {workers} workers"))
+    elif cores >= LOADER_MIN_CORES:
+        change = {"num_workers": min(cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
+        out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
+                    (f"low: {cores} cores leave {cores - 1} for workers, but each batch of {batch} images is pickled "
+                     "between processes, which can cost more than it saves" if small else
+                     f"medium: {cores} cores leave {cores - 1} for workers")))
+    return out + ([bigger] if small else [])
+
+
+def _tried_earlier(r: RunResult, change: dict[str, Any], batch: int) -> str:
+    """Words for an earlier watched run (same data, this session) that ran with `change` and was no faster."""
+    want = {"batch_size": batch, "num_workers": r.config.get("num_workers"), **change}
+    for e in reversed((r.extras.get("watch") or {}).get("earlier", [])):
+        if any(e.get(k) != v for k, v in want.items() if k in ("batch_size", "num_workers")):
+            continue
+        if e.get("status") != "ok" or not e.get("window_throughput"):
+            return f"{e['label']}: {e.get('status')}, not credited"
+        then, now = Spread.of(e["window_throughput"]), r.throughput
+        if is_noise(then, now) or then.median < now.median:
+            return f"{e['label']}: {verdict(now, then)}"
+    return ""
 
 
 def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
@@ -688,8 +801,8 @@ def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, str, list
 def _refuse_watched(result: RunResult) -> None:
     if result.extras.get(WATCHED):
         raise ValueError("this result is a run of your own loop (fastlab.watch): fastlab cannot re-run it. Make the "
-                         "change in your loop, watch it again, and compare the two results with "
-                         "fastlab.verdict(before.throughput, after.throughput)")
+                         "change in your loop and measure both versions in turns with "
+                         "fastlab.compare_loops(before_fn, after_fn, repeats=3)")
 
 
 def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1,
@@ -769,7 +882,10 @@ def advice_text(result: RunResult, findings: list[Finding] | None = None) -> str
     """The findings of one result as plain text (what `python -m fastlab advise` prints)."""
     findings = findings_for(result) if findings is None else findings
     lines = [f"{result.summary()}; on {result.env.get('device_name', '?')}"]
-    if not findings:
+    lines += [f"  note: {n}" for n in (result.extras.get("watch") or {}).get("notes", [])]
+    if not findings and result.status == "failed":
+        lines.append("  Nothing to advise: the run measured nothing (see above).")
+    elif not findings:
         lines.append("  No bottleneck crossed its threshold: nothing to advise from this run.")
     for i, f in enumerate(findings, 1):
         lines.append(f"{i}. " + f.text().replace("\n", "\n   "))

@@ -16,9 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, comparison_repeats, config_for
-from .device_support import no_op_reasons
-from .measure import Spread, is_noise, preferred_amp, resolve_device, usable_cpu_count
-from .outcomes import DEFAULT_SEEDS, TimeToAccuracy, TrapLimits, median_step_seconds, time_to_accuracy
+from .device_support import no_op_reasons, trap_reasons
+from .measure import Spread, bf16_is_trap, is_noise, preferred_amp, resolve_device, usable_cpu_count
+from .outcomes import (
+    DEFAULT_SEEDS,
+    TimeToAccuracy,
+    TrapLimits,
+    seconds_per_image,
+    stopped_by_harness_budget,
+    time_to_accuracy,
+)
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run
 
@@ -48,6 +55,8 @@ def ladder(base: TrainConfig) -> list[Rung]:
         small, large = LADDER_BATCH_COMPACT_GPU
     workers = min(usable_cpu_count(), 8 if device.type == "cuda" else 2)
     amp = preferred_amp(device)
+    if amp == "off":  # a CPU without native bf16: the rung stays, as the known trap (shown in one short run)
+        amp = "bf16"
     stock = TrainConfig()
     return [
         Rung("naive", "naive", dict(loader="dataloader", num_workers=0, pin_memory=False, non_blocking=False,
@@ -62,7 +71,8 @@ def ladder(base: TrainConfig) -> list[Rung]:
              f"makes copies async"),
         Rung("amp", f"+{amp} autocast", dict(amp=amp),
              "lower precision halves memory traffic and uses tensor cores" +
-             ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)")),
+             ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)") +
+             (" (this CPU has no native bf16: a known trap, shown in one short run)" if bf16_is_trap(device) else "")),
         Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), "cuDNN times its algorithms per shape"),
         Rung("channels_last", "+channels_last", dict(channels_last=True), "NHWC is the layout tensor cores want"),
         Rung("fused_adamw", "+AdamW (fused step, weight decay 0.05)",
@@ -102,11 +112,19 @@ DROP_BELOW_RATIO = 0.5
 
 
 def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
-    """Why a rung's change should not be carried up the ladder, or None to keep it."""
+    """Why a rung's change should not be carried up the ladder, or None to keep it. A rung stopped by the harness's
+    own time budget is never a trap: it is judged by the windows it finished, like any other rung."""
     if below is None:
         return None
-    if result.status in ("failed", "time_limited", "diverged") or not result.window_throughput:
+    if stopped_by_harness_budget(result) and not result.window_throughput:
+        return (f"not measured: the harness's time budget ran out before its first timed window ({result.error}); "
+                "not a trap, but nothing measured to carry up")
+    budget_stop = stopped_by_harness_budget(result)
+    if result.status in ("failed", "diverged") or (result.status == "time_limited" and not budget_stop) \
+            or not result.window_throughput:
         return f"{result.status}: {result.error or 'no timed window finished'}"
+    if not below.window_throughput:
+        return None  # nothing to compare with (the rung below went unmeasured)
     ratio = result.throughput.median / below.throughput.median
     if ratio < DROP_BELOW_RATIO and not is_noise(below.throughput, result.throughput):
         return f"{ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
@@ -115,11 +133,15 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
 
 def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                on_result: Callable[[RunResult], None] | None = None,
-               max_seconds: Callable[[], float] | None = None, repeats: int | None = None,
+               max_seconds: float | Callable[[], float] | None = None, budget_s: float | None = None,
+               not_run: dict[str, str] | None = None, repeats: int | None = None,
                on_update: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
     """Run the rungs cumulatively; a rung that is a trap here (see drop_reason) is not carried up.
     Stops early (keeping what ran) when a run is interrupted. on_result(result) is called after each rung of the
-    first pass (to save as it goes); max_seconds(), when given, is each rung's time budget (the time left).
+    first pass (to save as it goes). max_seconds: each rung's budget on its timed steps, a number (the same for
+    every rung) or a function called before each rung. budget_s: no rung of the first pass is started once the
+    ladder has run this many seconds of wall time (set-up, compilation and evaluation included); not_run (when
+    given) gets each such rung's title and why.
 
     repeats (default: the profile's comparison_repeats): after the first pass decides the ladder, each measured
     rung runs again, in reverse order, then forward again...: naive, +a, +b, +b, +a, naive. A steady drift of the
@@ -131,19 +153,27 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
     kept: dict[str, Any] = {}
     below: RunResult | None = None
     bar = _rung_bar(len(rungs), "bench ladder", progress)
+    started = time.monotonic()
     for rung in rungs:
+        spent = time.monotonic() - started
+        if budget_s is not None and spent >= budget_s:
+            if not_run is not None:
+                not_run[rung.title] = f"the ladder's budget of {budget_s:g} s was spent ({spent:.0f} s)"
+            continue
         cfg = base.replace(**{**kept, **rung.changes})
         if max_seconds is not None:
-            cfg = cfg.replace(max_seconds=max(max_seconds(), 1.0))
-        result = run(cfg, label=rung.title, progress=progress)
+            budget = max_seconds() if callable(max_seconds) else max_seconds
+            cfg = cfg.replace(max_seconds=max(budget, 1.0))
+        result = _run_rung(rung, cfg, progress)
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
-        reason = drop_reason(result, below) if result.status != "interrupted" else None
+        reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
+        reason = reason or (f"a trap here: {result.extras['trap']}" if result.extras.get("trap") else None)
         if reason:
             result.extras["dropped"] = reason
         else:
             kept.update(rung.changes)
-            below = result
+            below = below if result.status == "no_op" else result  # a rung not trained measured nothing to build on
         results.append(result)
         configs.append(cfg)
         if on_result is not None:
@@ -163,11 +193,38 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
     return results
 
 
+def idle_rung(rung: Rung, cfg: TrainConfig, device) -> str | None:
+    """Why a rung above naive can teach nothing here (every knob it changes a no-op on this device), or None."""
+    idle = no_op_reasons(cfg, device)
+    if rung.name == "naive" or not set(rung.changes) <= set(idle):
+        return None
+    return "; ".join(f"{k}: {idle[k]}" for k in rung.changes)
+
+
+def _run_rung(rung: Rung, cfg: TrainConfig, progress: bool) -> RunResult:
+    """One throughput rung: not trained when it can teach nothing here, one short run when it is a known trap
+    (comparisons.plan_arm's rules), else a full run."""
+    from .comparisons import demonstration_config, not_trained
+
+    device = resolve_device(cfg.device)
+    idle = idle_rung(rung, cfg, device)
+    if idle:
+        return not_trained(cfg, rung.title, idle)
+    traps = trap_reasons(cfg, device)
+    hit = [k for k in rung.changes if k in traps]
+    if rung.name != "naive" and hit:
+        result = run(demonstration_config(cfg), label=f"{rung.title} (trap demonstration, one short run)",
+                     progress=progress)
+        result.extras["trap"] = "; ".join(f"{k}: {traps[k]}" for k in hit)
+        return result
+    return run(cfg, label=rung.title, progress=progress)
+
+
 def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: int, progress: bool,
                   on_update: Callable[[list[RunResult]], None] | None) -> list[RunResult]:
     """Passes 2..rounds over the rungs that timed a window, alternating direction; each rung's runs merged."""
     runs = [[r] for r in first]
-    again = [i for i, r in enumerate(first) if r.window_throughput]
+    again = [i for i, r in enumerate(first) if r.window_throughput and not r.extras.get("trap")]  # a trap: shown once
     for p in range(1, rounds):
         for i in (reversed(again) if p % 2 else again):
             r = run(configs[i], label=first[i].label, progress=progress)
@@ -205,7 +262,7 @@ def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
     seed stopped while taking 2x longer per image than there is a speed trap (see outcomes.TrapLimits)."""
     if below is None or not below.reached:
         return None
-    per_image = [median_step_seconds(r) / r.images_per_step for r in below.runs if r.step_seconds and r.images_per_step]
+    per_image = [s for r in below.runs if (s := seconds_per_image(r)) is not None]  # synchronised windows
     return TrapLimits(max_training_seconds=below.seconds.high / DROP_BELOW_RATIO,
                       max_seconds_per_image=statistics.median(per_image) / DROP_BELOW_RATIO if per_image else None)
 
@@ -222,11 +279,11 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
     device = resolve_device(base.device)
     for rung in rungs:
         cfg = base.replace(**{**kept, **rung.changes})
-        idle = no_op_reasons(cfg, device)
-        if rung.name != "naive" and set(rung.changes) <= set(idle):
+        idle = idle_rung(rung, cfg, device)
+        if idle:
             # every knob of this rung is a no-op on this device: recorded with the reason, not trained 3 times
             if not_run is not None:
-                not_run[rung.title] = "; ".join(f"{k}: {idle[k]}" for k in rung.changes)
+                not_run[rung.title] = idle
             if bar is not None:
                 bar.update(1)
             continue
@@ -273,6 +330,11 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
     out = Path(out_dir) if out_dir else default_out_dir()
     path = out / "results.json"
     meta: dict[str, Any] = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
+    if metric == "throughput":  # every rung the same steps, sized by time from the naive rung's calibration
+        from .calibration import sized
+
+        naive, meta["calibration"] = sized(base.replace(**rungs[0].changes), len(rungs) * comparison_repeats(base))
+        base = base.replace(steps=naive.steps)
     done: list[RunResult] = []
     started = time.perf_counter()
 
@@ -429,15 +491,25 @@ def only_no_ops(r: RunResult, below: RunResult) -> bool:
     return bool(changed) and all(k in r.no_ops for k in changed)
 
 
+def _wait_cell(r: RunResult) -> str:
+    """'12%' of data wait, '12% + 30% copy' where a host-to-device copy was timed apart."""
+    wait, copy = r.data_wait_fraction(), r.copy_fraction()
+    if math.isnan(wait):
+        return ""
+    return f"{wait:.0%}" + ("" if math.isnan(copy) else f" + {copy:.0%} copy")
+
+
 def markdown_table(results: list[RunResult]) -> str:
     """The ladder as a Markdown table; each figure is computed from the results, with its formula below."""
     if not results:
         return "No results.\n"
     env = results[0].env
     data = "SYNTHETIC data" if results[0].synthetic else f"real {results[0].dataset.get('name', '?')}"
+    copies = any(not math.isnan(r.copy_fraction()) for r in results)  # a device to copy to: shown apart
     lines = [f"fastlab bench on {env.get('device_name')}, torch {env.get('torch')}, profile "
              f"{env.get('profile')}, model {results[0].config.get('model')}, {data}, {env.get('date')}", "",
-             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | data wait | "
+             "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | "
+             f"data wait{' (+ copy)' if copies else ''} | "
              "held-out acc. (one run) | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = results[0]
@@ -467,9 +539,8 @@ def markdown_table(results: list[RunResult]) -> str:
         status = "" if r.ok else f" ({r.status}{': speed not credited' if r.status == 'diverged' else ''})"
         if r.extras.get("dropped"):
             status += " (dropped from the rungs above)"
-        wait = r.data_wait_fraction()
         lines.append(f"| {r.label}{status} | {t.median:,.0f} ({t.low:,.0f}-{t.high:,.0f}) | {vs_base} | {vs_prev} | "
-                     f"{r.peak_memory_mb:,.0f} | {'' if math.isnan(wait) else f'{wait:.0%}'} | {acc} | {no_ops} |")
+                     f"{r.peak_memory_mb:,.0f} | {_wait_cell(r)} | {acc} | {no_ops} |")
     reasons = {k: v for r in results for k, v in r.no_ops.items()}
     if reasons:
         lines += ["", "No-ops here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()) + "."]
@@ -482,7 +553,10 @@ def markdown_table(results: list[RunResult]) -> str:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "
               "over the timed windows (warm-up excluded), of every repeat when the ladder ran more than once (naive to "
-              "top, then back down: a steady drift lands on every rung alike). 'noise': measure.is_noise, the one "
+              "top, then back down: a steady drift lands on every rung alike). " + (
+                  "Data wait: time blocked on the next batch / step time; '+ copy': the host-to-device copy's share, "
+                  "apart (without non_blocking it also waits for the previous step's GPU work). " if copies else "") +
+              "'noise': measure.is_noise, the one "
               "noise rule: with repeats, a difference that some repeat does not show outside its intervals of the "
               "median; else, intervals of the median that overlap. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
               "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "

@@ -143,6 +143,10 @@ def amp_dtype(cfg: TrainConfig, device: torch.device, no_ops: NoOps, notes: list
             if notes is not None:
                 notes.append("bf16 is emulated on this GPU (compute capability below 8.0): fp16 with GradScaler "
                              "is its native half precision")
+        elif device.type == "cpu":  # every CPU runs bf16 autocast; without bf16 instructions it is the known trap
+            if notes is not None:
+                notes.append("this CPU has no native bf16 instructions: bf16 autocast ran emulated (converted to "
+                             "and from fp32 around every op)")
         else:
             no_ops["amp"] = f"bf16 autocast is not supported on {device.type}; ran in fp32"
             return None

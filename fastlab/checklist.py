@@ -80,9 +80,10 @@ def _rung_index(results: Sequence[RunResult], rung: str) -> int | None:
 
 
 def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
-    """The rung that results[index] was built on: the last one below it not dropped as a trap."""
+    """The rung that results[index] was built on: the last one below it not dropped as a trap, nor left untrained
+    (every change a no-op here: it measured nothing)."""
     for r in reversed(results[:index]):
-        if not r.extras.get("dropped"):
+        if not r.extras.get("dropped") and r.status != "no_op":
             return r
     return None
 

@@ -245,6 +245,49 @@ def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
 
 
 
+# Runs sized by time (fastlab.calibration): how many seconds of timed steps one run should take, and a whole
+# comparison (its arms share it), on the machine at hand; a short calibration turns them into steps, within
+# min_steps (enough for the windows to mean something) and max_steps. None: the profile keeps its fixed `steps`
+# (smoke: nbval's checked outputs must not depend on the machine's speed). Warm-up, evaluation and data set-up
+# come on top of these seconds.
+TIME_SIZING: dict[str, dict[str, float] | None] = {
+    "smoke": None,
+    "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60),
+    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400),
+    "mps": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=20, max_steps=200),
+    "custom": None,
+}
+
+
+# FASTLAB_THOROUGH=1: the thorough version of a notebook. Runs and comparisons get this many times the seconds (and
+# steps) of the fast default, and the lessons that compare accuracy over seeds use THOROUGH_SEEDS.
+THOROUGH_SCALE = 4.0
+THOROUGH_SEEDS = (0, 1, 2, 3, 4)
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def thorough() -> bool:
+    """Whether FASTLAB_THOROUGH asks for the thorough version (more seeds, longer runs) instead of the fast one."""
+    value = os.environ.get("FASTLAB_THOROUGH", "").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ValueError(f"FASTLAB_THOROUGH={value!r} is not allowed: choose one of '1' (thorough) or '0' (fast, the "
+                         f"default)")
+    return value in _TRUE
+
+
+def time_sizing(profile: str) -> dict[str, float] | None:
+    """The profile's time sizing (see TIME_SIZING), scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1, or None
+    where it keeps fixed steps."""
+    if profile not in TIME_SIZING:
+        raise ValueError(f"profile={profile!r} is not allowed: choose one of {', '.join(map(repr, TIME_SIZING))}")
+    sizing = TIME_SIZING[profile]
+    if sizing is None or not thorough():
+        return sizing
+    return {**sizing, "run_seconds": sizing["run_seconds"] * THOROUGH_SCALE,
+            "comparison_seconds": sizing["comparison_seconds"] * THOROUGH_SCALE,
+            "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
+
+
 # How many times each arm of a speed comparison runs, interleaved (fastlab.train.interleave): two repeats let the
 # noise rule tell a difference that every repeat shows from the machine drifting between runs. Smoke (CI, where
 # speed means nothing) runs each arm once.

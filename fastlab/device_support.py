@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .config import TrainConfig
+from .measure import bf16_is_trap
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
                              if f.default is not dataclasses.MISSING}
@@ -66,4 +67,18 @@ def no_op_reasons(config: TrainConfig, device: torch.device | str,
     if config.compile in _CUDA_GRAPH_MODES:
         out["compile"] = (f"compile='{config.compile}' adds CUDA graphs, which need a CUDA GPU; on {where} it "
                           f"compiles without them")
+    return out
+
+
+def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, str]:
+    """Knob -> why it is a known trap on `device`: it runs, but far slower than the baseline, so one short
+    demonstration run shows it better than a full arm per seed. Judged from the hardware, never the device type."""
+    device = torch.device(device)
+    out: dict[str, str] = {}
+    if config.amp == "bf16" and bf16_is_trap(device):
+        from .measure import cpu_isa, cpu_model
+
+        out["amp"] = (f"this CPU ({cpu_model()}, {cpu_isa()}) has no native bf16 instructions (no avx512_bf16 or "
+                      f"amx_bf16): bf16 autocast converts to fp32 and back around every op, so it runs far slower "
+                      f"than fp32 here; one short run shows by how much")
     return out

@@ -6,7 +6,7 @@ import torch
 
 from .config import active_profile
 from .data import cifar10_on_disk, data_dir
-from .measure import bf16_supported, environment, has_tensor_cores, resolve_device
+from .measure import bf16_is_trap, bf16_supported, environment, has_tensor_cores, resolve_device
 
 
 def techniques_here(device: torch.device | None = None) -> list[tuple[str, bool, str]]:
@@ -20,7 +20,9 @@ def techniques_here(device: torch.device | None = None) -> list[tuple[str, bool,
         ("pin_memory + non_blocking", cuda, "speeds host-to-GPU copies" if cuda else f"no host-to-GPU copy {on}"),
         ("device-resident loader", True, "batches made on the device as tensor ops"),
         ("fp16 autocast + GradScaler", True, "tensor cores" if has_tensor_cores(dev) else f"runs {on}; gains not assured"),
-        ("bf16 autocast", bf16_supported(dev), "supported" if bf16_supported(dev) else "not supported on this device"),
+        ("bf16 autocast", bf16_supported(dev), "native" if bf16_supported(dev) else
+         "runs emulated: no native bf16 on this CPU (a known trap)" if bf16_is_trap(dev) else
+         "not native on this device"),
         ("TF32", ampere, "Ampere or newer GPU" if ampere else "needs an Ampere-or-newer NVIDIA GPU"),
         ("cudnn.benchmark", cuda, "cuDNN present" if cuda else f"cuDNN is not used {on}"),
         ("channels_last", True, "tensor cores prefer NHWC" if cuda else "CPU convolutions have NHWC kernels too"),

@@ -1,14 +1,28 @@
 """The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python -m fastlab.gpu_check`).
 
 Checks, with assertions and at small sizes, every CUDA-only path of fastlab, then runs both bench ladders at
-gpu-profile sizes and saves their results. Needs torch (2.11 or newer) and nothing from Jupyter. On a machine
-without CUDA it says so in one line and exits 0. Exit status 1 when any check failed; each check's outcome is
-printed as it finishes and written to <out>/checks.json.
+gpu-profile sizes and saves their results. Needs torch 2.11 or newer with the torchvision of the same release,
+numpy, Pillow and nvidia-ml-py (see PACKAGES; nothing from Jupyter): before starting, it names in one line every
+one that is missing. On a machine without CUDA it says so in one line and exits 0. Exit status 1 when any check
+failed; each check's outcome is printed as it finishes and written to <out>/checks.json.
+
+How long, on one H200 (an estimate, not a measurement: no GPU has run it yet). Basis: DESIGN.md's H200 figures
+(ResNet-18 4.4k images/s naive to 52k at batch 512; the compact net 4.8k to 286k), every run in a fresh process
+(~0.1 s, plus ~1-2 s of CUDA context and cuBLAS/cuDNN set-up in each), torch.compile ~25 s (compact net) to
+~60 s (ResNet-18) of inductor compilation on the host.
+- the checks: ~130 s (the out-of-memory search ~14 probes of ~2 s; two reduce-overhead runs ~45 s; the one-rank
+  DDP launch ~15 s; the rest a few seconds each);
+- the ladders: each rung's timed steps stop at LADDER_RUNG_SECONDS (3 s), plus ~3 s of set-up, warm-up and
+  evaluation, so ~55 s for ResNet-18's first eight rungs and ~40 s for the compact net's, and then each ladder's
+  compiled rung (~65 s and ~30 s): ~190 s. No rung starts once a ladder has run its share of --ladder-budget-s
+  (120 s together, 60 s each), so slower machines lose their last rungs rather than run long.
+- together about 5.5 minutes, import and start-up included.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -19,6 +33,29 @@ from typing import Any
 
 import torch
 from torch import nn
+
+# What the paths gpu-check runs import, beyond torch: (module, the package that provides it, where it is needed).
+PACKAGES: tuple[tuple[str, str, str], ...] = (
+    ("numpy", "numpy", "data sets and preflight"),
+    ("torchvision", "torchvision (the release that matches torch)", "ResNet-18 and the DataLoader rungs"),
+    ("PIL", "Pillow", "the DataLoader rungs' transforms"),
+    ("pynvml", "nvidia-ml-py", "GPU utilisation"),
+)
+LADDER_RUNG_SECONDS = 3.0  # each rung's budget on its timed steps: a few windows at every rung's speed
+
+
+def missing_packages() -> list[str]:
+    """The packages gpu-check needs that do not import here, each with why (a torchvision built for another torch
+    fails at import: that counts as missing too)."""
+    missing = []
+    for module, package, used_for in PACKAGES:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # ImportError, or a mismatched build's RuntimeError
+            why = "" if isinstance(e, ModuleNotFoundError) else f": {type(e).__name__}: {str(e).splitlines()[0]}"
+            missing.append(f"{package} (for {used_for}{why})")
+    return missing
+
 
 CHECKS: list[tuple[str, Callable[[], str]]] = []
 
@@ -81,10 +118,13 @@ class _Hog(nn.Module):
         return self.fc(wide[:, : 3 * 32 * 32] + wide[:, -3 * 32 * 32 :])
 
 
+OOM_PROBE_STEPS = 2
+
+
 @check("an out-of-memory run returns memory to its starting level; find_max_batch is exact")
 def _oom() -> str:
     import fastlab
-    from fastlab.lessons.batch_size import find_max_batch
+    from fastlab.lessons.batch_size import find_max_batch, probe_config
 
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -94,11 +134,12 @@ def _oom() -> str:
     assert r.status == "failed" and "out of memory" in r.error, r.summary()
     after = torch.cuda.memory_allocated()
     assert after <= before + 2**20, f"memory allocated before {before}, after the OOM run {after}"
-    search = find_max_batch(_small(steps=2, windows=1, train_images=4 * huge), start=max(huge // 8, 1), resolution=1,
+    base = _small(steps=2, windows=1)
+    search = find_max_batch(base, start=max(huge // 8, 1), resolution=1, probe_steps=OOM_PROBE_STEPS,
                             runner=lambda cfg, **kw: fastlab.run(cfg, model=_Hog, **kw))
     assert search.largest and search.smallest_failing == search.largest + 1, (search.largest, search.smallest_failing)
-    again = fastlab.run(_small(batch_size=search.largest, steps=2, windows=1, train_images=4 * huge), model=_Hog,
-                        progress=False)
+    # the probes' own configuration: a larger training set kept on the device would fail at the boundary
+    again = fastlab.run(probe_config(base, search.largest, OOM_PROBE_STEPS), model=_Hog, progress=False)
     assert again.ok, again.summary()
     return (f"OOM at batch {huge}: allocated {before / 2**20:.0f} -> {after / 2**20:.0f} MiB; largest batch "
             f"{search.largest}, {search.smallest_failing} fails; rerun at {search.largest}: ok")
@@ -130,30 +171,39 @@ def _precision() -> str:
     return text
 
 
-@check("channels_last reaches weights and inputs")
-def _channels_last() -> str:
-    import fastlab
-    from fastlab.models import build_model
-
-    seen: list[tuple[bool, bool]] = []
+def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda") -> Callable[[], nn.Module]:
+    """A ResNet-18 factory whose first convolution records (input channels_last, weight channels_last) for each
+    forward pass on `device_type` only: a model factory also builds a model for preflight's CPU check (without
+    channels_last weights), and those passes say nothing about the training run."""
+    from .models import build_model
 
     def net() -> nn.Module:
         m = build_model("resnet18")
         conv = next(c for c in m.modules() if isinstance(c, nn.Conv2d))
 
         def hook(module: nn.Module, args: tuple) -> None:
+            if args[0].device.type != device_type:
+                return
             cl = torch.channels_last
             seen.append((args[0].is_contiguous(memory_format=cl), conv.weight.is_contiguous(memory_format=cl)))
 
         conv.register_forward_pre_hook(hook)
         return m
 
-    r = fastlab.run(_small(channels_last=True, steps=4, windows=2), model=net, progress=False)
-    assert r.ok and seen and all(a and b for a, b in seen), seen[:3]
-    return f"{len(seen)} forward passes, inputs and weights channels_last in all"
+    return net
 
 
-@check("cudnn.benchmark on vs off differ in warm-up, each run in a fresh thread")
+@check("channels_last reaches weights and inputs")
+def _channels_last() -> str:
+    import fastlab
+
+    seen: list[tuple[bool, bool]] = []
+    r = fastlab.run(_small(channels_last=True, steps=4, windows=2), model=layout_recording_net(seen), progress=False)
+    assert r.ok and seen and all(a and b for a, b in seen), (r.summary(), seen[:3])
+    return f"{len(seen)} forward passes on CUDA, inputs and weights channels_last in all"
+
+
+@check("cudnn.benchmark on vs off differ in warm-up, each run fresh")
 def _cudnn() -> str:
     import fastlab
 
@@ -165,15 +215,53 @@ def _cudnn() -> str:
     return f"warm-up {off:.2f} s off, {on:.2f} s on (autotuning); second pair of an off/on/off/on sequence"
 
 
-@check("compile reduce-overhead runs with CUDA graphs")
+class UntunedForward(nn.Module):
+    """ResNet-18 whose forward convolutions run with cudnn.benchmark off whatever the run says: what cuDNN
+    autotunes in a run of it is its backward pass alone. (ATen reads the flag when each convolution runs, and
+    backward runs after forward has restored it.) A class, not a closure: a run in a fresh process can build it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .models import build_model
+
+        self.net = build_model("resnet18")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flag = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = False
+        try:
+            return self.net(x)
+        finally:
+            torch.backends.cudnn.benchmark = flag
+
+
+@check("cudnn.benchmark autotunes the backward pass too (an off run, then an on run)")
+def _cudnn_backward() -> str:
+    import fastlab
+
+    # warm-up of one step: the step that autotunes, synchronised at its end
+    cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=1)
+    off, on = (fastlab.run(cfg.replace(cudnn_benchmark=b), model=UntunedForward, progress=False) for b in (False, True))
+    assert off.ok and on.ok, (off.summary(), on.summary())
+    # backward plans cached by the off run (autograd's thread outlives a run) would leave nothing to tune
+    assert on.warmup_seconds > off.warmup_seconds * 1.1, (f"first step {on.warmup_seconds:.3f} s with benchmark vs "
+                                                          f"{off.warmup_seconds:.3f} s without (forward untuned in both)")
+    return (f"first step {off.warmup_seconds:.2f} s off, {on.warmup_seconds:.2f} s on, forward untuned in both: "
+            f"the difference is the backward pass's autotuning")
+
+
+@check("compile reduce-overhead: two runs back to back, each with CUDA graphs")
 def _compile() -> str:
     import fastlab
 
-    r = fastlab.run(_small(model="compact", compile="reduce-overhead", amp="bf16", channels_last=True,
-                           loader="device", max_seconds=120.0), progress=False)
-    assert r.ok, r.summary()
-    assert "cuda_graphs" not in r.no_ops, r.no_ops.get("cuda_graphs")
-    return f"{r.throughput.median:,.0f} images/s, warm-up (compile) {r.warmup_seconds:.1f} s"
+    cfg = _small(model="compact", compile="reduce-overhead", amp="bf16", channels_last=True, loader="device",
+                 max_seconds=120.0)
+    runs = [fastlab.run(cfg, label=f"reduce-overhead #{i}", progress=False) for i in (1, 2)]
+    for r in runs:  # the second compiles and records graphs after the first's pools were freed
+        assert r.ok, r.summary()
+        assert "cuda_graphs" not in r.no_ops, r.no_ops.get("cuda_graphs")
+    return "; ".join(f"#{i}: {r.throughput.median:,.0f} images/s, warm-up (compile) {r.warmup_seconds:.1f} s"
+                     for i, r in enumerate(runs, 1))
 
 
 @check("NVML utilisation samples arrive")
@@ -195,40 +283,52 @@ def _ddp() -> str:
     return f"{r.throughput.median:,.0f} images/s on 1 rank, backend nccl"
 
 
-def run_ladders(out: Path, budget_s: float) -> str:
+def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS) -> str:
+    """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds` (the same for every
+    rung: a budget that shrinks as time passes would stop late rungs and make them look like traps); no rung is
+    started once a ladder has run for its half of `budget_s`. Results saved after every rung."""
     from .bench import ladder, markdown_table, run_ladder
     from .config import config_for
     from .results import save_results
 
-    start = time.monotonic()
     lines = []
     for model in ("resnet18", "compact"):
         base = config_for("gpu", model=model)
         done: list = []
+        not_run: dict[str, str] = {}
         path = out / f"ladder-{model}.json"
+        meta = {"kind": "bench", "metric": "throughput", "profile": "gpu", "model": model, "not_run": not_run,
+                "rung_seconds": rung_seconds}
 
-        def save(r, done=done, path=path, model=model) -> None:
+        def save(r, done=done, path=path, meta=meta) -> None:
             done.append(r)
-            save_results(path, done, meta={"kind": "bench", "metric": "throughput", "profile": "gpu", "model": model})
+            save_results(path, done, meta=meta)
 
-        def left(model=model) -> float:
-            share = budget_s / 2 if model == "resnet18" else budget_s
-            return max(share - (time.monotonic() - start), 5.0) / 3
-
-        run_ladder(base, ladder(base), progress=False, on_result=save, max_seconds=left, repeats=1)
+        # one pass (no repeats): gpu-check shows each rung works on CUDA within its budget; `make bench` measures
+        run_ladder(base, ladder(base), progress=False, on_result=save, max_seconds=rung_seconds,
+                   budget_s=budget_s / 2, not_run=not_run, repeats=1)
+        save_results(path, done, meta=meta)
         lines.append(markdown_table(done))
+        if not_run:
+            lines.append("Not started (budget spent): " + "; ".join(f"{k}: {v}" for k, v in not_run.items()))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="gpu-check-results", help="folder for checks.json and the ladders")
-    parser.add_argument("--ladder-budget-s", type=float, default=240.0, help="time for both ladders together")
+    parser.add_argument("--ladder-budget-s", type=float, default=120.0,
+                        help="wall time for both ladders together (half each): no rung starts once its half is spent")
     parser.add_argument("--no-ladder", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("fastlab gpu-check: no CUDA GPU on this machine; nothing to check (exit 0).")
         return 0
+    missing = missing_packages()
+    if missing:
+        print(f"fastlab gpu-check: missing {', '.join(missing)}; install them (torchvision of the release that "
+              f"matches torch {torch.__version__}) and run again (exit 1).")
+        return 1
     from .measure import device_name
 
     out = Path(args.out)

@@ -1,8 +1,12 @@
 """Getting the workbook onto a machine: where fastlab installs from, each notebook's first cell, and the copy.
 
-- PROJECT_URL / PIP_TARGET: the one place the install address lives.
-- install_cell_source(): the first code cell of every notebook, generated from that address. It imports
-  fastlab; where that fails it prints the one install line, and on Colab (google.colab importable) runs it.
+- No address is built in: fastlab installs from a clone (`pip install .`) or from a wheel built from one
+  (`pip wheel --no-deps . -w dist`). Where a class installs from is set once by its teacher: the environment
+  variable FASTLAB_INSTALL_SOURCE (SOURCE_ENV), or a one-line file fastlab-install-source.txt (SOURCE_FILE) in the
+  notebook's working folder, holding what `pip install` takes: a wheel's path or URL, or a clone's folder.
+- install_cell_source(): the first code cell of every notebook. It imports fastlab; where that fails it reads
+  the install source and prints the one install line, and on Colab (google.colab importable) runs it; with no
+  source set it says what to set.
 - `python -m fastlab.install --ensure-notebooks notebooks/` inserts or updates that cell in each notebook
   (it edits the JSON; it never executes a notebook).
 - copy_notebooks(): what `python -m fastlab notebooks DIR` runs: the notebooks that travel inside the package
@@ -20,11 +24,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Where `pip install` fetches fastlab: the project's git repository. Change it here, then run
+# Where a notebook's first cell installs fastlab from, when it is missing: set by the teacher, never built in (no
+# address is published that nobody has seen work). Change these names here, then run
 # `python -m fastlab.install --ensure-notebooks notebooks/` so every notebook's first cell follows.
-PROJECT_URL = "https://github.com/fastlab-workbook/fastlab"
-PIP_TARGET = f"fastlab @ git+{PROJECT_URL}"
-INSTALL_LINE = f'pip install "{PIP_TARGET}"'
+SOURCE_ENV = "FASTLAB_INSTALL_SOURCE"
+SOURCE_FILE = "fastlab-install-source.txt"
+INSTALL_LINE = "pip install .   # in a clone of the repository (or: pip install fastlab-<version>-py3-none-any.whl)"
 
 CELL_ID = "fastlab-install"  # the install cell's id in every notebook (nbformat 4.5 cell ids)
 CELL_MARK = "# fastlab install check"  # its first line: how the cell is found again
@@ -32,22 +37,38 @@ MANIFEST = ".fastlab-notebooks.json"  # in a copy's folder: the hash of each not
 DEFAULT_DIR = "fastlab-notebooks"
 
 
-def install_cell_source(pip_target: str = PIP_TARGET) -> str:
-    """The first code cell of every notebook: import fastlab, or say how to install it (and do it on Colab)."""
+def install_cell_source() -> str:
+    """The first code cell of every notebook: import fastlab, or install it from the teacher's source."""
     return f'''{CELL_MARK} (written by `python -m fastlab.install`; edit fastlab/install.py, not this cell)
 try:
     import fastlab
 except ImportError:
+    import os
+    import pathlib
     import subprocess
     import sys
 
+    # where to install from, set once by the teacher: a wheel's path or URL, or a clone's folder
+    source = os.environ.get("{SOURCE_ENV}", "").strip()
+    if not source and pathlib.Path("{SOURCE_FILE}").is_file():
+        source = pathlib.Path("{SOURCE_FILE}").read_text().strip()
     try:
         import google.colab  # noqa: F401  on Colab, install it into this runtime now
+        on_colab = True
     except ImportError:
-        print('fastlab is not installed in this kernel. Run this in a cell, then restart the kernel:\\n'
-              '%pip install "{pip_target}"')
+        on_colab = False
+    if not source:
+        print("fastlab is not installed in this kernel, and no install source is set.\\n"
+              "Set {SOURCE_ENV} to a fastlab wheel (its path or URL) or to a folder holding a clone:\\n"
+              "  in a cell above this one:  %env {SOURCE_ENV}=<path or URL of the fastlab wheel>\\n"
+              "  or as the one line of a file {SOURCE_FILE} in " + os.getcwd() + "\\n"
+              "then run this cell again. (In a clone of the repository, pip install . works too.)")
+        raise ModuleNotFoundError("fastlab is not installed and {SOURCE_ENV} is not set (see above)") from None
+    if not on_colab:
+        print("fastlab is not installed in this kernel. Run this in a cell, then restart the kernel:\\n"
+              f\'%pip install "{{source}}"\')
         raise ModuleNotFoundError("fastlab is not installed (the line to run is printed above)") from None
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{pip_target}"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", source], check=True)
     import fastlab
 print(f"fastlab {{fastlab.__version__}} from {{fastlab.__path__[0]}}")'''
 
@@ -100,7 +121,7 @@ def packaged_notebooks() -> Path:
         if any(folder.glob("*.ipynb")):
             return folder
     raise FileNotFoundError(f"this fastlab ({here}) carries no notebooks: reinstall it from a wheel or sdist "
-                            f"({INSTALL_LINE}), or run it from a checkout of the repository")
+                            "built from a clone (pip wheel --no-deps . -w dist), or run it from the clone itself")
 
 
 def _sha256(path: Path) -> str:

@@ -189,7 +189,10 @@ def environment(device: torch.device | None = None, profile: str = "custom") -> 
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_arch": platform.machine(),
+        "cpu_isa": cpu_isa(),  # the vector ISA torch's CPU kernels dispatch to (AVX2, AVX512, ...)
+        "cpu_native_bf16": cpu_native_bf16(),
         "torch_threads": torch.get_num_threads(),
         "device_type": device.type,
         "device_name": device_name(device),
@@ -216,7 +219,7 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
         return f"Apple GPU (mps, {_mac_chip()})"
-    return f"CPU ({os.cpu_count()} cores, {platform.machine()})"
+    return f"CPU ({cpu_model()}, {os.cpu_count()} cores, {cpu_isa()})"  # which CPU: their speeds differ widely
 
 
 def _mac_chip() -> str:
@@ -231,17 +234,107 @@ def _mac_chip() -> str:
     return out or platform.machine()
 
 
+# /proc/cpuinfo flags that mean the CPU computes in bf16 itself (x86: AVX-512 BF16, AMX; Arm: FEAT_BF16).
+# Without one, bf16 autocast on a CPU converts to fp32 and back around every op: on an AVX2-only AMD EPYC it was
+# measured an order of magnitude slower than fp32, while an AVX-512 BF16 CPU ran it faster (issue 27).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def _cpuinfo(path: str = "/proc/cpuinfo") -> str:
+    """The text of /proc/cpuinfo, or "" where there is none (macOS, Windows)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _cpuinfo_field(text: str, *names: str) -> str:
+    """The first value of the first of `names` found in /proc/cpuinfo's text ("" if none)."""
+    for name in names:
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name and value.strip():
+                return value.strip()
+    return ""
+
+
+def cpu_flags(text: str | None = None) -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on Arm); empty where unreadable."""
+    text = _cpuinfo() if text is None else text
+    return set(_cpuinfo_field(text, "flags", "Features").split())
+
+
+def cpu_model(text: str | None = None) -> str:
+    """The CPU's model name ("AMD EPYC 7B13", "Apple M2 Pro"), or the architecture where it cannot be read."""
+    text = _cpuinfo() if text is None else text
+    name = _cpuinfo_field(text, "model name", "Model", "Hardware", "cpu model")
+    if not name and platform.system() == "Darwin":
+        name = _mac_chip()
+    return name or platform.processor() or platform.machine()
+
+
+def cpu_isa() -> str:
+    """The instruction set torch's CPU kernels use here: torch.backends.cpu.get_cpu_capability() ("AVX2",
+    "AVX512", "DEFAULT", ...; torch 2.0+, so 2.11 has it too), or "unknown"."""
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    try:
+        return str(get()) if get is not None else "unknown"
+    except RuntimeError:
+        return "unknown"
+
+
+def cpu_native_bf16(flags: set[str] | None = None) -> bool:
+    """Whether this CPU has bf16 instructions. The flags decide where /proc/cpuinfo lists them; elsewhere
+    oneDNN's own check (torch.ops.mkldnn._is_mkldnn_bf16_supported, which also accepts AVX-512 without BF16,
+    where oneDNN's bf16 kernels are still fast), and False where neither can be read."""
+    flags = cpu_flags() if flags is None else flags
+    if flags:
+        return any(f in flags for f in NATIVE_BF16_FLAGS)
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else False
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def bf16_supported(device: torch.device) -> bool:
     """Native bf16 only. torch.cuda.is_bf16_supported() also answers True where bf16 is emulated (compute
-    capability below 8.0: T4, V100), which is slower than fp16 there, so the capability decides."""
+    capability below 8.0: T4, V100), which is slower than fp16 there, so the capability decides; on a CPU the
+    CPU's own instructions decide (cpu_native_bf16), never the device type: every CPU *runs* bf16 autocast."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)
-    return device.type == "cpu"
+    return device.type == "cpu" and cpu_native_bf16()
+
+
+def bf16_is_trap(device: torch.device) -> bool:
+    """bf16 autocast runs here, but without native bf16: the known trap (on a CPU), worth one short demonstration
+    run rather than full arms. On a GPU without native bf16 it is emulated too, yet fp16 is the answer there."""
+    return device.type == "cpu" and not bf16_supported(device)
 
 
 def preferred_amp(device: torch.device) -> str:
-    """The autocast dtype a run on this device should use: bf16 where it is native, else fp16 with GradScaler."""
-    return "bf16" if bf16_supported(device) else "fp16"
+    """The autocast dtype a run on this device should use: bf16 where it is native; on a GPU without it, fp16
+    with GradScaler; on a CPU without it, "off" (fp32): nothing here judges a CPU's fp16, so it is not assumed."""
+    if bf16_supported(device):
+        return "bf16"
+    return "off" if device.type == "cpu" else "fp16"
+
+
+def describe_amp(device: torch.device) -> str:
+    """preferred_amp(device) and why, in words: what decided it on this hardware."""
+    amp = preferred_amp(device)
+    if device.type == "cpu":
+        cpu = f"{cpu_model()}, {cpu_isa()}"
+        if amp == "bf16":
+            return f"bf16 (this CPU, {cpu}, has native bf16 instructions)"
+        return (f"none, fp32 (this CPU, {cpu}, has no native bf16 instructions: bf16 autocast runs emulated there, "
+                f"a known trap, shown in one short run)")
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        why = "native bf16" if amp == "bf16" else "bf16 only emulated below 8.0"
+        return f"{amp}{' with GradScaler' if amp == 'fp16' else ''} (compute capability {cap[0]}.{cap[1]}: {why})"
+    return f"{amp}{' with GradScaler' if amp == 'fp16' else ''} (no native bf16 on {device.type})"
 
 
 def usable_cpu_count() -> int:
@@ -256,13 +349,15 @@ def has_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 7
 
 
-def nvml_device_key(index: int, visible: str | None) -> tuple[str, int | str]:
+def nvml_device_key(index: int, visible: str | None, uuid: str | None = None) -> tuple[str, int | str]:
     """How to find CUDA device `index` (as torch numbers it) in NVML, which ignores CUDA_VISIBLE_DEVICES.
 
     Returns ("index", n) for an NVML index or ("uuid", "GPU-..."/"MIG-...") when the visible list names UUIDs.
+    Without CUDA_VISIBLE_DEVICES, `uuid` (torch's own for that device, see cuda_uuid) decides: CUDA numbers
+    devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML in PCI order, so an index may name another GPU.
     """
     if not visible or not visible.strip():
-        return ("index", index)
+        return ("uuid", uuid) if uuid else ("index", index)
     entries = [e.strip() for e in visible.split(",") if e.strip()]
     if index >= len(entries):
         raise ValueError(f"CUDA device {index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
@@ -270,6 +365,33 @@ def nvml_device_key(index: int, visible: str | None) -> tuple[str, int | str]:
     if entry.isdigit():
         return ("index", int(entry))
     return ("uuid", entry)
+
+
+def cuda_uuid(index: int) -> str | None:
+    """NVML's name ("GPU-<uuid>") of CUDA device `index` as torch numbers it, or None where torch cannot say.
+    torch.cuda.get_device_properties(i).uuid (a torch._C._CUuuid, in torch 2.11 too) prints bare 8-4-4-4-12 hex."""
+    try:
+        raw = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # an older torch, a ROCm build without it, or no device: fall back to the index
+        return None
+    if not raw:
+        return None
+    return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
+
+
+def _nvml_handle(pynvml, index: int):
+    """NVML's handle of CUDA device `index`: by torch's UUID where it has one (falling back to the index when
+    NVML does not know it, as for a MIG slice), else as CUDA_VISIBLE_DEVICES maps it."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    how, key = nvml_device_key(index, visible, None if visible and visible.strip() else cuda_uuid(index))
+    if how == "uuid":
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(key)
+        except Exception:
+            if visible and visible.strip():
+                raise  # the visible list named this UUID: no index to fall back on
+            return pynvml.nvmlDeviceGetHandleByIndex(index)
+    return pynvml.nvmlDeviceGetHandleByIndex(key)
 
 
 class GpuUtilSampler:
@@ -295,11 +417,7 @@ class GpuUtilSampler:
 
             pynvml.nvmlInit()
             index = device.index if device.index is not None else torch.cuda.current_device()
-            how, key = nvml_device_key(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            if how == "uuid":
-                handle = pynvml.nvmlDeviceGetHandleByUUID(key)
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(key)
+            handle = _nvml_handle(pynvml, index)
             pynvml.nvmlDeviceGetUtilizationRates(handle)  # the probe: raises where it is not supported
             self._handle, self._nvml = handle, pynvml
         except Exception as e:  # NVML missing, no driver, or a MIG slice: say so instead of dying in a thread

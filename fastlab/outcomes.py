@@ -162,11 +162,14 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
 @dataclass(frozen=True)
 class TrapLimits:
     """How the ladders cut a rung above naive short. Each seed stops after `max_training_seconds` of training
-    (warm-up included). A first seed that diverged or failed, that was stopped while taking longer per image than
-    `max_seconds_per_image`, or that spent its budget before its first timed step (warm-up and compilation, which
-    every seed repeats from the same fresh state), makes the other seeds pointless (no seed makes a 10x slower
-    precision fast), so they are not run; a first seed that was merely slow to learn is not a trap, and the other
-    seeds run. Per image, not per step: a rung that doubles the batch doubles the step."""
+    (warm-up included). A first seed that diverged or failed, that was stopped by that limit while taking longer
+    per image than `max_seconds_per_image`, or that was stopped by it before its first synchronised window ended
+    (warm-up and compilation, which every seed repeats from the same fresh state, or steps too slow to finish
+    one window), makes the other seeds pointless (no seed makes a 10x slower precision fast), so they are not
+    run; a first seed that was merely slow to learn is not a trap, and the other seeds run. A stop by the
+    harness's own budget (config.max_seconds) is never a trap. Per image, not per step: a rung that doubles the
+    batch doubles the step. Seconds per image come from the synchronised windows (on CUDA a step's own time is
+    mostly the time to enqueue its kernels)."""
 
     max_training_seconds: float | None = None
     max_seconds_per_image: float | None = None
@@ -177,21 +180,32 @@ class TrapLimits:
             return None
         if r.status in ("diverged", "failed"):
             return f"{r.extras['tta']['why_not']} before reaching the target"
-        if r.status != "time_limited":
+        if r.status != "time_limited" or stopped_by_harness_budget(r):
             return None
-        timed = timed_step_seconds(r)
-        steps = timed or r.step_seconds[1:]  # in warm-up: the steps after the first (compilation, allocation)
-        step = statistics.median(steps) if steps else 0.0
-        per_image = step / max(r.images_per_step, 1)
+        per_image = seconds_per_image(r)
+        if per_image is None:
+            warm = int(r.config.get("warmup_steps", 0))
+            where = (f"in {r.steps_done} warm-up step{'s' if r.steps_done != 1 else ''} (compilation, first "
+                     "allocations: every seed repeats them from fresh caches)" if r.steps_done <= warm else
+                     f"before its first synchronised window ended ({r.steps_done - warm} timed steps)")
+            return f"spent {sum(r.step_seconds):.1f} s, over its budget, {where}"
         if self.max_seconds_per_image and per_image > self.max_seconds_per_image:
-            return (f"was stopped{'' if timed else ' in warm-up'} at {per_image * 1000:.1f} ms an image "
-                    f"({step:.2f} s a step), over {self.max_seconds_per_image * 1000:.1f} ms "
-                    "(twice the rung below's): a speed trap")
-        if not timed:
-            return (f"spent {sum(r.step_seconds):.1f} s, over its budget, in {r.steps_done} warm-up step"
-                    f"{'s' if r.steps_done != 1 else ''} (compilation, first allocations: every seed repeats them "
-                    "from fresh caches)")
+            return (f"was stopped at {per_image * 1000:.1f} ms an image (synchronised windows), over "
+                    f"{self.max_seconds_per_image * 1000:.1f} ms (twice the rung below's): a speed trap")
         return None
+
+
+def stopped_by_harness_budget(r: RunResult) -> bool:
+    """Whether a time_limited run was stopped by the harness's own budget on its timed steps (config.max_seconds),
+    not by a trap limit: that says how long the harness gave it, nothing about the technique."""
+    return r.status == "time_limited" and r.extras.get("stopped_by") == "max_seconds"
+
+
+def seconds_per_image(r: RunResult) -> float | None:
+    """Median seconds per image over the run's synchronised timed windows (1 / each window's images/s); None when
+    no window finished. Never from per-step times: on CUDA those are mostly enqueue times."""
+    per_window = [1.0 / t for t in r.window_throughput if t > 0]
+    return statistics.median(per_window) if per_window else None
 
 
 def timed_step_seconds(r: RunResult) -> list[float]:

@@ -135,16 +135,22 @@ def plot_step_split(results: list[RunResult], title: str = ""):
     import statistics
 
     fig, (ax,) = new_figure(1, width=max(5.0, 1.1 * len(results) + 2))
-    waits, computes = [], []
+    waits, copies, computes = [], [], []
     for r in results:
         warm = int(r.config.get("warmup_steps", 0))
         steps = r.step_seconds[warm:] or [0.0]
         wait = r.data_wait_seconds[warm:] or [0.0]
+        # the host-to-device copy apart from data wait, where the run had a device to copy to
+        copy = r.copy_seconds[warm:] if r.env.get("device_type", "cpu") != "cpu" and r.copy_seconds else [0.0]
         waits.append(1000 * statistics.median(wait))
-        computes.append(1000 * (statistics.median(steps) - statistics.median(wait)))
+        copies.append(1000 * statistics.median(copy))
+        computes.append(1000 * (statistics.median(steps) - statistics.median(wait) - statistics.median(copy)))
     x = range(len(results))
     ax.bar(x, waits, label="waiting for data", color="tab:orange")
-    ax.bar(x, computes, bottom=waits, label="compute (the rest of the step)", color="tab:blue")
+    if any(copies):
+        ax.bar(x, copies, bottom=waits, label="copy to the device", color="tab:purple")
+    ax.bar(x, computes, bottom=[w + c for w, c in zip(waits, copies)], label="compute (the rest of the step)",
+           color="tab:blue")
     ax.set_xticks(list(x))
     ax.set_xticklabels([r.label for r in results], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("ms per step (median)")

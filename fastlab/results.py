@@ -20,7 +20,8 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 class RunResult:
     config: dict[str, Any]
     label: str = "run"
-    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited" or "diverged"
+    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited", "diverged" or "no_op" (not trained: see
+    #   comparisons.run_arms, every change was a no-op on this device)
     error: str | None = None
     diverged_step: int | None = None  # first step whose loss (or grad scale, or parameters) was non-finite
     last_finite_loss: float | None = None  # the last finite training loss read before it diverged
@@ -30,7 +31,10 @@ class RunResult:
     warmup_seconds: float = 0.0  # wall time of the untimed warm-up steps (compile, autotune)
     timed_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # host wall time of each step, data wait included
-    data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on the next batch, per step
+    data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on next(batches), per step
+    # host time of each step's host-to-device copy and channels_last conversion (on CUDA without non_blocking it
+    # includes waiting for the previous step's queued kernels: not data wait)
+    copy_seconds: list[float] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     eval_accuracy: float | None = None
     eval_seconds: float | None = None
@@ -74,6 +78,22 @@ class RunResult:
         total = sum(self.step_seconds[warm:])
         return sum(self.data_wait_seconds[warm:]) / total if total else float("nan")
 
+    def copy_fraction(self) -> float:
+        """Share of timed step time spent in the host-to-device copy: sum(copy) / sum(step time); nan when the
+        run had no device to copy to (a CPU run) or kept no copy times (results saved before they were kept)."""
+        warm = int(self.config.get("warmup_steps", 0))
+        total = sum(self.step_seconds[warm:])
+        copies = self.copy_seconds[warm:]
+        if not (total and copies) or self.env.get("device_type", "cpu") == "cpu":
+            return float("nan")
+        return sum(copies) / total
+
+    def data_split(self) -> str:
+        """'data wait 12%, copy to device 30%' (the copy only where there was one)."""
+        wait, copy = self.data_wait_fraction(), self.copy_fraction()
+        text = "data wait " + ("not measured" if wait != wait else f"{wait:.0%}")  # NaN: not measured
+        return text + ("" if copy != copy else f", copy to device {copy:.0%}")
+
     def optimizer_share(self) -> float:
         """Share of a (sampled, synchronised) step spent in optimizer.step(); nan when not sampled."""
         total = sum(self.sampled_step_seconds)
@@ -83,6 +103,8 @@ class RunResult:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
         if self.status == "failed":
             return f"{self.label}: FAILED ({self.error})"
+        if self.status == "no_op":
+            return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
             import statistics
 
@@ -92,7 +114,7 @@ class RunResult:
                     f"warm-up included), {data}")
         t = self.throughput
         parts = [f"{self.label}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows)",
-                 f"peak memory {self.peak_memory_mb:,.0f} MiB", f"data wait {self.data_wait_fraction():.0%}"]
+                 f"peak memory {self.peak_memory_mb:,.0f} MiB", self.data_split()]
         if self.eval_accuracy is not None:
             parts.append(f"held-out accuracy {self.eval_accuracy:.1%}")
         parts.append(data)

@@ -84,11 +84,22 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
     entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile)
     if not entry:
         return (f"{notebook}: not measured yet on profile {profile} (tests/notebook_timings.py measures the "
-                f"CPU profiles)")
+                f"CPU profiles)" + thorough_hint(notebook, profile))
     status = "" if entry.get("status") == "ok" else f" (that run ended: {entry.get('status')})"
     busy = f" while other work kept it busy (load average {entry['load']:g})" if entry.get("load") else ""
     return (f"{notebook} took {_duration(entry['seconds'])} top to bottom on profile {profile}{status}, measured "
-            f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ")
+            f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ" + thorough_hint(notebook, profile))
+
+
+def thorough_hint(notebook: str, profile: str) -> str:
+    """How to run the thorough version of a notebook, with its measured time (timings key '<profile>-thorough')."""
+    from .config import time_sizing
+
+    if time_sizing(profile) is None:
+        return ""
+    entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(f"{profile}-thorough")
+    took = f"it took {_duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
+    return f". The thorough version (more seeds, longer runs): set FASTLAB_THOROUGH=1 before starting ({took})"
 
 
 def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.PathLike | None = None) -> str:

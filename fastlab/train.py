@@ -2,8 +2,11 @@
 
 What is inside the timer: everything a training step does (waiting for the batch, the
 host-to-device copy, forward, backward, optimiser and scheduler step, loss logging). Evaluation
-and warm-up are timed apart. On CUDA the clock is read only after a synchronise, at the end of
-warm-up and at the end of every timed window, so queued GPU work is always counted.
+and warm-up are timed apart. Within a step, data wait is the wait for `next(batches)` alone; the
+host-to-device copy (and channels_last conversion) is booked apart as copy time: without non_blocking the
+copy ends in a stream sync, so it also waits for the previous step's GPU work, which is compute, not data.
+On CUDA the clock is read only after a synchronise, at the end of warm-up and at the end of every timed
+window, so queued GPU work is always counted.
 
     throughput of a window = images per step x steps in the window / window wall time
     images per step        = batch_size x grad_accum_steps
@@ -151,16 +154,30 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
 
 def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None, repeats: int | None = None,
             **changes: Any) -> list[RunResult]:
-    """Run `base` and `base` with `changes`, interleaved (see interleave); returns [baseline, changed]."""
+    """Run `base` and `base` with `changes`, interleaved (see interleave); returns [baseline, changed]. When every
+    change is a no-op on this device, the changed arm is not trained: its result (status "no_op") says why."""
     changed = base.replace(**changes)
     return interleave([("baseline", base), (describe_changes(changes), changed)], repeats=repeats, progress=progress,
                       comparison=comparison)
 
 
+def _idle_arm(base: TrainConfig, arm: TrainConfig, label: str, comparison: str | None) -> RunResult | None:
+    """The not-trained result of an arm that can teach nothing on this device (comparisons.plan_arm), else None."""
+    from .comparisons import not_trained, plan_arm
+
+    plan = plan_arm(base, arm)
+    if plan.kind != "no-op":
+        return None
+    result = not_trained(arm, label, plan.reason)
+    if comparison:
+        result.extras["comparison"] = comparison
+    return result
+
+
 def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True,
           comparison: str | None = None, repeats: int | None = None) -> list[RunResult]:
     """One arm per value of `knob`, interleaved (see interleave); stops early, keeping what ran, if a run is
-    interrupted."""
+    interrupted. A value whose change from the first is a no-op on this device is not trained (see interleave)."""
     configs = [base.replace(**{knob: v}) for v in values]  # validate every value before running any
     return interleave([(f"{knob}={v}", cfg) for v, cfg in zip(values, configs)], repeats=repeats, progress=progress,
                       comparison=comparison)
@@ -174,17 +191,26 @@ def interleave(arms: list[tuple[str, TrainConfig]], *, repeats: int | None = Non
     arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (measure.is_noise).
     An interrupted run ends the comparison, keeping every arm that ran."""
     rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])
+    # an arm whose every change from the first arm is a no-op on this device is not trained: it says why instead
+    idle = {i: r for i, (label, cfg) in enumerate(arms) if i
+            and (r := _idle_arm(arms[0][1], cfg, label, comparison)) is not None}
     ran: dict[int, list[RunResult]] = {i: [] for i in range(len(arms))}
+
+    def merged() -> list[RunResult]:
+        return [idle[j] if j in idle else merge_repeats(ran[j]) for j in range(len(arms)) if j in idle or ran[j]]
+
     for r in range(max(1, rounds)):
         order = range(len(arms)) if r % 2 == 0 else reversed(range(len(arms)))
         for i in order:
+            if i in idle:
+                continue
             label, cfg = arms[i]
             result = run(cfg, label=label, progress=progress, comparison=comparison)
             result.extras["repeat"] = r
             ran[i].append(result)
             if result.status == "interrupted":
-                return [merge_repeats(ran[j]) for j in range(len(arms)) if ran[j]]
-    return [merge_repeats(ran[i]) for i in range(len(arms))]
+                return merged()
+    return merged()
 
 
 def describe_changes(changes: dict[str, Any]) -> str:
@@ -233,7 +259,7 @@ class WindowClock:
     def is_boundary(self, done: int) -> bool:
         return done == self.warmup or done in self.ends
 
-    def step_done(self, done: int, t0: float, wait: float, memory_mb: float) -> float:
+    def step_done(self, done: int, t0: float, wait: float, memory_mb: float, copy: float = 0.0) -> float:
         """Book step `done` (1-based) that began at t0; returns the clock read at its end."""
         res = self.res
         if self.is_boundary(done):
@@ -241,6 +267,7 @@ class WindowClock:
         t1 = time.perf_counter()
         res.step_seconds.append(t1 - t0)
         res.data_wait_seconds.append(wait)
+        res.copy_seconds.append(copy)
         res.memory_trace_mb.append(memory_mb)
         res.steps_done = done
         if done == self.warmup:
@@ -389,7 +416,8 @@ class TrainingRun:
 
     def _release(self) -> None:
         """Drop every tensor of this run and return cached device memory, so the next run starts clean."""
-        for name in ("net", "model", "compiled", "opt", "batches", "loader", "scaler", "data"):
+        # the scheduler with the optimiser: it holds the optimiser (and so Adam's state) until it goes too
+        for name in ("net", "model", "compiled", "sched", "opt", "batches", "loader", "scaler", "data"):
             self.__dict__.pop(name, None)
         if self.cfg.compile != "off":
             torch.compiler.reset()  # frees compiled code and CUDA-graph pools; the next compiled run compiles anew
@@ -468,7 +496,7 @@ class TrainingRun:
                         kept_losses.append(loss)  # the pitfall: keeps this step's whole graph alive
                     if (step + 1) % cfg.log_every == 0:
                         self._read_loss(step, loss, watch)
-                    t1 = clock.step_done(step + 1, t0, wait, meter.sample())
+                    t1 = clock.step_done(step + 1, t0, wait, meter.sample(), self.copy_s)
                     bar.update(1)
                     if self.on_step is not None:
                         self.on_step(step + 1, clock.total)
@@ -477,12 +505,14 @@ class TrainingRun:
                     if self._over_training_budget(clock, t1):
                         res.error = (f"stopped after {t1 - clock.t_start:.0f} s of training without reaching the "
                                      f"target (its budget: {self.checkpoints.max_training_seconds:.0f} s)")
+                        res.extras["stopped_by"] = "max_training_seconds"  # a trap limit (outcomes.TrapLimits)
                         raise _OverBudget
                     if self._over_budget(clock, step + 1, t1):
                         raise _OverBudget
             self._final_check(clock.total - 1, loss, watch)
         except _OverBudget:
             res.status = "time_limited"
+            res.extras.setdefault("stopped_by", "max_seconds")  # the harness's own budget: never a trap
             res.error = res.error or (f"stopped at its max_seconds={cfg.max_seconds:g} budget after "
                                       f"{res.steps_done} steps")
             self._final_check(res.steps_done - 1, loss, watch)
@@ -508,23 +538,25 @@ class TrainingRun:
         return clock.is_boundary(done) and done < clock.total and self.parallel.agree(clock.over_budget(done, t1))
 
     def _one_step(self, step: int, sample: bool) -> tuple[torch.Tensor, float]:
-        """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait).
+        """One optimiser step over grad_accum_steps micro-batches; returns (the last loss, seconds of data wait)
+        and leaves the step's copy-to-device seconds in self.copy_s.
         Warm-up steps after the first (sample=True) are bracketed by syncs to sample the optimiser's share."""
         cfg, dev, res = self.cfg, self.device, self.result
         non_blocking = cfg.non_blocking and cfg.pin_memory and dev.type == "cuda"
         if sample:
             synchronize(dev)
         t0 = time.perf_counter()
-        wait = 0.0
+        wait, self.copy_s = 0.0, 0.0
         self.opt.zero_grad(set_to_none=cfg.set_to_none)
         for micro in range(cfg.grad_accum_steps):
             tw = time.perf_counter()
-            x, y = next(self.batches)
-            x = x.to(dev, non_blocking=non_blocking)
-            y = y.to(dev, non_blocking=non_blocking)
-            if cfg.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            wait += time.perf_counter() - tw
+            x, y = next(self.batches)  # data wait: this call alone
+            tc = time.perf_counter()
+            wait += tc - tw
+            # the copy is apart: without non_blocking it ends in a stream sync, so it also waits for the
+            # previous step's queued kernels (GPU compute, not data)
+            x, y = to_device(x, y, dev, non_blocking, cfg.channels_last)
+            self.copy_s += time.perf_counter() - tc
             last = micro == cfg.grad_accum_steps - 1
             with self.parallel.accumulate(self.model, last) if self.parallel else contextlib.nullcontext():
                 with builders.autocast(dev, self.amp):
@@ -616,6 +648,16 @@ class TrainingRun:
         res.eval_accuracy, res.eval_seconds = self._accuracy(meter)
         res.eval_peak_memory_mb = meter.peak()
         self.net.train()
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, non_blocking: bool,
+              channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's host-to-device copy (and NHWC conversion): timed as its own part of the step, not as data wait."""
+    x = x.to(device, non_blocking=non_blocking)
+    y = y.to(device, non_blocking=non_blocking)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y
 
 
 def _progress_bar(total: int, label: str, enabled: bool):

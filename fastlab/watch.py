@@ -1,28 +1,40 @@
 """fastlab.watch: your own training loop, measured the way fastlab.run measures its own.
 
     w = fastlab.watch(label="my loop")
-    for x, y in w(loader):                      # 1st touch: times the wait for each batch
-        with w.step(len(x)):                    # 2nd touch (or call w.step_done(len(x)) after the step)
-            ...forward, backward, optimiser step...
+    for epoch in range(epochs):
+        for x, y in w(loader):                  # 1st touch: times the wait for each batch (the loader's own
+            with w.step(len(x)) as s:           #   attributes stay: w(loader).dataset); 2nd touch: the step
+                ...forward, backward, optimiser step...
+                s.loss = loss                   # the step's loss: a non-finite or blown-up loss marks divergence
+        evaluate(model)                         # between epochs: not counted (or inside the loop: w.paused())
     result = w.result()                         # a RunResult: plots, save_results and fastlab.advise apply
     print(fastlab.advise(result).text())
 
+    fastlab.compare_loops(before_fn, after_fn, repeats=3)  # each fn(w) runs the loop under the watch it is given
+
 What is measured, and where:
 - step time: wall time from the end of one step to the end of the next: waiting for the batch, the step, and
-  whatever the loop does in between. Data wait: time inside the loader (iter() at an epoch's start, and each
-  next()). Compute is the rest.
+  whatever the loop does in between, except the time between epochs (from the end of an epoch's batches to the
+  next epoch's first fetch: evaluation, checkpoints) and inside `with w.paused():`. Data wait: time inside the
+  loader (iter() at an epoch's start, and each next()). Compute is the rest.
 - throughput: the first `warmup_steps` steps (compile, autotuning, allocator growth) are not timed; after them
   the device is synchronised every `window_steps` steps and only there (a sync per step would change what is
   measured): a window's images / its wall time. Median with min and max over the windows, as fastlab.run does.
-- memory after every step (CUDA: allocated tensor memory, which needs no sync; CPU: the process's resident set)
-  and the peak. A steady rise over the steps is read by fastlab.advise as a probable leak (C11).
+- memory (CUDA: allocated tensor memory, which needs no sync; CPU: the process's resident set) and the peak.
+  Reading the resident set costs tens of microseconds, so on short CPU steps it is read at most every
+  MEMORY_EVERY_S after the first timed steps (extras["watch"]["memory_steps"] says which steps). A steady rise
+  is read by fastlab.advise as a probable leak (C11).
 - GPU utilisation through NVML where it works (fastlab.measure.GpuUtilSampler).
 - sync_debug=True (CUDA only): torch.cuda.set_sync_debug_mode("warn") after the warm-up; each host-device sync
   torch reports is counted by the line of your code that caused it (the warnings are counted, not printed).
-- loss (optional, step(n, loss=loss)): kept as a detached tensor every `log_every` steps and read once at the
-  end, so watching adds no sync; a non-finite one marks the run diverged.
+- loss (`s.loss = loss` in the with block, or step_done(n, loss=loss)): kept as a detached tensor every
+  `log_every` steps and read once at the end, so watching adds no sync; a non-finite one, or one BLOWUP_FACTOR
+  times the first logged one, marks the run diverged.
 - profile_steps=N: torch.profiler around N steps right after the warm-up (one more step for the profiler's own
   warm-up); those steps are not timed. It adds an idle-time breakdown and a trace file (Perfetto, chrome://tracing).
+- misuse (a step never marked, the loader not wrapped, a dict batch counted by its keys, a generator used up by
+  the first epoch, one watch in two threads) ends in one line: an error, or a note in
+  extras["watch"]["notes"] that fastlab.advise prints.
 
 A callback-style trainer (Lightning, Hugging Face's Trainer) fetches batches itself: call w.describe(loader) once,
 w.batch_ready() when a batch arrives (on_train_batch_start) and w.step_done(n) when its step ends; the time from
@@ -33,25 +45,38 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import re
 import statistics
 import tempfile
+import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .measure import GpuUtilSampler, MemoryMeter, environment, resolve_device, synchronize
+from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, is_noise, resolve_device, synchronize, verdict
 from .profiling import safe_name
 from .results import RunResult
 
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
 SYNC_WARNING = re.compile(r"synchronizing CUDA operation")  # what set_sync_debug_mode("warn") says
 SOURCE = "your loop (fastlab.watch)"
+# Reading a process's resident set (psutil, /proc) costs tens of microseconds: about 1% of a 3 ms step when read
+# every step. A leak worth naming grows over seconds, so on a CPU it is read once per MEMORY_EVERY_S after the first
+# MEMORY_DENSE_STEPS timed steps (read every step, so a short loop still has enough points for a trend).
+MEMORY_EVERY_S = 0.02
+MEMORY_DENSE_STEPS = 16
+# A finite loss this many times its first logged value has blown up (Adadelta at lr=1e4: 2.3 -> 1e9), even though
+# no NaN appeared: three orders of magnitude is far beyond the wobble of a training loss.
+BLOWUP_FACTOR = 1000.0
+EARLIER_KEPT = 20  # watched runs remembered in this process, so advice never proposes a setting just left
+_EARLIER: list[dict[str, Any]] = []  # what each finished watch ran with and measured (this process only)
 
 
 def _positive_int(name: str, value: Any, minimum: int) -> int:
@@ -200,6 +225,83 @@ def profile_text(result: RunResult) -> str:
             f"{share['idle_waiting_on_host_ms']:.0%}\n  trace: {p.get('trace', '?')}")
 
 
+# ---------------------------------------------------------------- what a step and a batch are
+
+
+class Step:
+    """What `with w.step(n) as s:` hands the block: set `s.loss = loss` in it; it is read when the block ends."""
+
+    __slots__ = ("batch_size", "loss")
+
+    def __init__(self, batch_size: int, loss: Any = None) -> None:
+        self.batch_size = batch_size
+        self.loss = loss
+
+
+def _images(batch_size: Any) -> int:
+    """The step's image count, or one line saying what step() takes."""
+    if isinstance(batch_size, torch.Tensor):
+        shape = tuple(batch_size.shape)
+        raise TypeError(f"fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
+                        f"a tensor of shape {shape}: pass len(x) or x.shape[0]")
+    try:
+        n = operator.index(batch_size)  # int, numpy integers; not floats or bools' meaning
+    except TypeError:
+        raise TypeError(f"fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
+                        f"{type(batch_size).__name__} {batch_size!r}: pass len(x)") from None
+    if isinstance(batch_size, bool) or n < 1:
+        raise ValueError(f"fastlab.watch: step(batch_size={batch_size!r}) is not allowed: the number of images in "
+                         "the batch, an integer >= 1")
+    return n
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
+    """The batch's first tensor: the batch itself, the first of a tuple/list, the first value of a dict."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    return next((t for t in items if isinstance(t, torch.Tensor)), None)
+
+
+def _batch_bytes(batch: Any) -> int:
+    """Bytes of the tensors in a batch (one level deep): what a DataLoader worker pickles for each batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    return sum(t.element_size() * t.nelement() for t in items if isinstance(t, torch.Tensor))
+
+
+def _watch_device(device: Any) -> torch.device:
+    """The device to watch, or one line naming fastlab.watch's own argument."""
+    name = str(device)
+    try:
+        return resolve_device(name) if isinstance(device, str) else torch.device(device)
+    except ValueError as e:
+        raise ValueError(str(e).replace(f"TrainConfig.device={name!r}", f"fastlab.watch(device={name!r})")) from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"fastlab.watch(device={device!r}) is not allowed: choose 'auto', 'cpu', 'cuda', 'cuda:N' "
+                         "or 'mps' (or a torch.device)") from None
+
+
+class WatchedLoader:
+    """What w(loader) returns: iterate it (each epoch) and its batches' wait is timed; every other attribute
+    (len(), .dataset, .batch_size, .sampler) is the loader's own."""
+
+    def __init__(self, watch: Watch, loader: Iterable) -> None:
+        self._watch, self.loader = watch, loader
+
+    def __iter__(self) -> Iterator:
+        return self._watch._batches(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]  # a loader without len() says so itself
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
 # ---------------------------------------------------------------- the watch
 
 
@@ -210,7 +312,7 @@ class Watch:
                  window_steps: int = 10, log_every: int = 10, sync_debug: bool = False, profile_steps: int = 0,
                  trace_dir: str | Path | None = None, config: dict[str, Any] | None = None) -> None:
         self.label = label
-        self.device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+        self.device = _watch_device(device)
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
         self.window_steps = _positive_int("window_steps", window_steps, 1)
         self.log_every = _positive_int("log_every", log_every, 1)
@@ -223,6 +325,7 @@ class Watch:
         self._loader: dict[str, Any] = {}
         self._started = False
         self._finished = False
+        self._thread: int | None = None  # the thread of the first touch: one watch, one loop, one thread
         self._steps = 0
         self._wait = 0.0
         self._t_start = self._t_last = self._window_start = 0.0
@@ -231,16 +334,30 @@ class Watch:
         self._batch_sizes: list[int] = []
         self._losses: list[tuple[int, Any]] = []
         self._meter: MemoryMeter | None = None
+        self._memory_steps: list[int] = []  # the step (0-based) of each memory sample
+        self._t_memory = 0.0
         self._util: GpuUtilSampler | None = None
         self._syncs: SyncCounter | None = None
         self._prof: Any = None
+        self._fetched = self._ready = 0  # batches through w(loader); batch_ready() calls
+        self._epochs: list[int] = []  # batches fetched in each epoch of w(loader)
+        self._epoch_end: float | None = None  # when the last epoch's batches ran out
+        self._excluded = 0.0  # seconds between epochs and in paused(): not the loop's step time
+        self._last_batch: Any = None
+        self._batch_bytes = 0
+        self._notes: dict[str, str] = {}  # misuse seen, one line each (shown by fastlab.advise)
 
     # ------------------------------------------------------------ the two touches
 
-    def __call__(self, loader: Iterable) -> Iterator:
-        """Iterate `loader` as usual; the time spent getting each batch is recorded as data wait."""
+    def __call__(self, loader: Iterable) -> WatchedLoader:
+        """Iterate `loader` as usual (each epoch); the time spent getting each batch is recorded as data wait."""
+        if isinstance(loader, WatchedLoader):
+            if loader._watch is self:
+                return loader  # wrapped once outside train(), wrapped again inside it: the same thing
+            raise ValueError("fastlab.watch: this loader is already watched by another fastlab.watch: wrap the "
+                             "loader itself (w(loader.loader))")
         self.describe(loader)
-        return self._batches(loader)
+        return WatchedLoader(self, loader)
 
     def describe(self, loader: Iterable) -> None:
         """Record what the loader is (DataLoader arguments, dataset name and size) without wrapping it: for a
@@ -251,39 +368,83 @@ class Watch:
         self.res.dataset = data
 
     def _batches(self, loader: Iterable) -> Iterator:
+        self._check_open()
         self._start()
+        if self._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
+            self._exclude(time.perf_counter() - self._epoch_end)
+            self._epoch_end = None
         t = time.perf_counter()
         with self._data_range():
             it = iter(loader)  # an epoch's start (DataLoader workers starting) is data wait too
         self._wait += time.perf_counter() - t
+        self._epochs.append(0)
         while True:
             t = time.perf_counter()
             try:
                 with self._data_range():
                     batch = next(it)
             except StopIteration:
+                self._epoch_ended(loader, it)
                 return
             self._wait += time.perf_counter() - t
+            self._fetched += 1
+            self._epochs[-1] += 1
+            self._last_batch = batch
+            if not self._batch_bytes:
+                self._batch_bytes = _batch_bytes(batch)
             yield batch
+
+    def _epoch_ended(self, loader: Iterable, it: Iterator) -> None:
+        self._sync()  # the last step's queued work belongs to the epoch, not to the time between epochs
+        self._epoch_end = time.perf_counter()
+        if self._epochs[-1] == 0 and len(self._epochs) > 1 and it is loader:
+            note = (f"epoch {len(self._epochs)} got no batches: the loader is an iterator (a generator?) that an "
+                    "earlier epoch used up; pass a DataLoader or a list, or make a new generator each epoch")
+            if "empty_epoch" not in self._notes:
+                warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=3)
+            self._notes["empty_epoch"] = note
+
+    def _exclude(self, seconds: float) -> None:
+        """Leave `seconds` just spent out of the step and window clocks."""
+        self._t_last += seconds
+        self._window_start += seconds
+        self._excluded += seconds
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time inside is not the loop's: `with w.paused(): evaluate(model)` in the middle of an epoch."""
+        self._check_open()
+        self._sync()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self._exclude(time.perf_counter() - t)
 
     def batch_ready(self) -> None:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
         self._check_open()
         self._start()
+        self._ready += 1
         self._wait += time.perf_counter() - self._t_last
 
     @contextlib.contextmanager
-    def step(self, batch_size: int, loss: Any = None) -> Iterator[None]:
-        """Wrap one training step (forward, backward, optimiser); batch_size: the images it trained on."""
+    def step(self, batch_size: int, loss: Any = None) -> Iterator[Step]:
+        """Wrap one training step (forward, backward, optimiser); batch_size: the images it trained on.
+        `with w.step(len(x)) as s: ...; s.loss = loss` records the step's loss too (the loss of this step does not
+        exist yet when the block starts, so set it inside; `loss=` here is kept for a value known beforehand)."""
+        s = Step(_images(batch_size), loss)
         try:
-            yield
+            yield s
         except BaseException as e:
             self._failed(e)
             raise
-        self.step_done(batch_size, loss)
+        self.step_done(s.batch_size, s.loss)
 
     def step_done(self, batch_size: int, loss: Any = None) -> None:
         """Call after each step instead of `with w.step(n)`. loss: optionally the step's loss (read at the end)."""
+        n = self._counted(_images(batch_size))
         self._check_open()
         self._start()
         self._steps += 1
@@ -298,11 +459,14 @@ class Watch:
         t = time.perf_counter()
         self.res.step_seconds.append(t - self._t_last)
         self.res.data_wait_seconds.append(self._wait)
-        self.res.memory_trace_mb.append(self._meter.sample())
-        self._batch_sizes.append(int(batch_size))
+        if self._memory_due(k, t, boundary):
+            self.res.memory_trace_mb.append(self._meter.sample())
+            self._memory_steps.append(k - 1)
+            self._t_memory = t
+        self._batch_sizes.append(n)
         self._wait, self._t_last = 0.0, t
         if timed:
-            self._window_images += int(batch_size)
+            self._window_images += n
             self._window_count += 1
             if boundary:
                 self._close_window(t)
@@ -315,11 +479,37 @@ class Watch:
             self._stop_profiler()
             self._t_last = self._window_start = time.perf_counter()  # the analysis is not the loop's time
 
+    def _counted(self, n: int) -> int:
+        """The images of this step: n, unless n is the key count of the dict batch just fetched (len(batch))."""
+        batch = self._last_batch
+        if isinstance(batch, Mapping) and n == len(batch):
+            first = _first_tensor(batch)
+            rows = int(first.shape[0]) if first is not None and first.dim() else n
+            if rows != n:
+                key = next(k for k, v in batch.items() if v is first)
+                self._notes["dict_batch"] = (f"step({n}) was given len(batch) of a dict batch ({n} keys); counted "
+                                             f"{rows} images a step, the first dimension of batch[{key!r}]: pass "
+                                             f"len(batch[{key!r}])")
+                return rows
+        return n
+
+    def _memory_due(self, k: int, t: float, boundary: bool) -> bool:
+        """Sample memory this step? Always where it is cheap (CUDA, mps) and in the first steps; on a CPU's short
+        steps at most once per MEMORY_EVERY_S."""
+        if self._meter.kind != "process_rss" or k <= self.untimed + MEMORY_DENSE_STEPS or boundary:
+            return True
+        return t - self._t_memory >= MEMORY_EVERY_S
+
     # ------------------------------------------------------------ phases
 
     def _start(self) -> None:
+        me = threading.get_ident()
+        if self._thread is not None and self._thread != me:
+            raise RuntimeError("fastlab.watch: one watch measures one loop in one thread; this one was started in "
+                               "another thread: make a fastlab.watch per thread")
         if self._started:
             return
+        self._thread = me
         self._started = True
         self._meter = MemoryMeter(self.device)
         self.res.memory_kind = self._meter.kind
@@ -391,6 +581,8 @@ class Watch:
         """Finish (one sync, the sampler and the sync counting stopped) and return what was measured."""
         if self._finished:
             return self.res
+        if self._thread is not None and self._thread != threading.get_ident():
+            self._start()  # raises: result() belongs to the loop's own thread
         self._finished = True
         if not self._started:
             self._start()
@@ -422,9 +614,29 @@ class Watch:
         res.dataset = res.dataset or {"name": "data not described (w.describe(loader))", "synthetic": False,
                                       "source": SOURCE}
         res.extras["watched"] = True
-        watch_extras["images"] = sum(self._batch_sizes)
+        watch_extras.update(images=sum(self._batch_sizes), memory_steps=self._memory_steps,
+                            epochs=self._epochs, excluded_seconds=self._excluded, batch_bytes=self._batch_bytes)
         self._read_losses()
+        self._check_use()
+        watch_extras["notes"] = list(self._notes.values())
+        watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
+        _remember(res)
         return res
+
+    def _check_use(self) -> None:
+        """Misuse that only the end can see: no step marked, or steps with no batch fetched through the watch."""
+        res = self.res
+        if self._steps == 0 and res.status == "ok":
+            got = (f"the loader gave {self._fetched} batches through the watch" if self._fetched else
+                   "no batch came through the watch either")
+            res.status = "failed"
+            res.error = (f"no step was marked ({got}): put each step in `with w.step(len(x)) as s:` or call "
+                         "w.step_done(len(x)) after it")
+        elif self._steps and not (self._fetched or self._ready):
+            res.data_wait_seconds = [float("nan")] * len(res.data_wait_seconds)
+            self._notes["loader_not_wrapped"] = ("data wait not measured: the loader was not wrapped; iterate "
+                                                 "`for x, y in w(loader)` (or call w.batch_ready() when a batch "
+                                                 "arrives)")
 
     def _close_partial_window(self) -> None:
         """The steps after the last full window. On a CPU the end of the last step is exact: they make a window of
@@ -440,7 +652,7 @@ class Watch:
         self._window_count = self._window_images = 0
 
     def _read_losses(self) -> None:
-        """The kept losses, read once (one sync); the first non-finite one marks the run diverged."""
+        """The kept losses, read once (one sync); the first non-finite or blown-up one marks the run diverged."""
         if not self._losses:
             return
         tensors = [v.float().mean() for _, v in self._losses if isinstance(v, torch.Tensor)]
@@ -448,16 +660,120 @@ class Watch:
         values = [next(read) if isinstance(v, torch.Tensor) else v for _, v in self._losses]
         res = self.res
         res.losses = [(step, value) for (step, _), value in zip(self._losses, values)]
+        first = abs(values[0]) if math.isfinite(values[0]) else float("nan")
         for step, value in res.losses:
             if not math.isfinite(value):
-                if res.status == "ok":
-                    res.status, res.diverged_step = "diverged", step
-                    res.error = f"the training loss became {value} at step {step} (read every {self.log_every} steps)"
+                self._diverged(step, f"the training loss became {value} at step {step} (read every "
+                                     f"{self.log_every} steps)")
+                break
+            if first > 0 and abs(value) >= BLOWUP_FACTOR * first:
+                self._diverged(step, f"the training loss blew up: {value:.3g} at step {step}, {abs(value) / first:,.0f}x "
+                                     f"its first logged value {values[0]:.3g} (>= {BLOWUP_FACTOR:,.0f}x counts as "
+                                     "diverged)")
+                res.last_finite_loss = value
                 break
             res.last_finite_loss = value
+
+    def _diverged(self, step: int, why: str) -> None:
+        if self.res.status == "ok":
+            self.res.status, self.res.diverged_step, self.res.error = "diverged", step, why
+
+
+def _remember(res: RunResult) -> None:
+    """Keep what this watched run ran with and measured, for the advice on the next one (this process only)."""
+    cfg = res.config
+    _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "loader": cfg.get("loader"),
+                     "num_workers": cfg.get("num_workers"), "batch_size": cfg.get("batch_size"),
+                     "persistent_workers": cfg.get("persistent_workers"), "status": res.status,
+                     "window_throughput": list(res.window_throughput)})
+    del _EARLIER[:-EARLIER_KEPT]
 
 
 def watch(label: str = "your loop", **options: Any) -> Watch:
     """Watch a training loop you wrote. Options: device, warmup_steps, window_steps, log_every, sync_debug,
     profile_steps, trace_dir, config (what you know about the loop, e.g. {"amp": "bf16", "lr": 1e-3})."""
     return Watch(label, **options)
+
+
+# ---------------------------------------------------------------- before and after, measured
+
+
+@dataclass
+class LoopComparison:
+    """A watched "before" and "after" of your loop, run in turns; the verdict comes from fastlab.measure."""
+
+    before: list[RunResult]
+    after: list[RunResult]
+    before_speed: Spread
+    after_speed: Spread
+    outcome: str  # "faster", "slower", "no measurable difference", "diverged" (after), "fixed" (before diverged,
+    #   after did not), "failed" (a run measured nothing: the sentence says why)
+    sentence: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.after_speed.median / self.before_speed.median if self.before_speed.median else float("nan")
+
+    def text(self) -> str:
+        head = (f"{self.after[0].label.rsplit(' #', 1)[0]} against {self.before[0].label.rsplit(' #', 1)[0]}, "
+                f"{len(self.before)} run(s) each, in turns: {self.outcome}")
+        return "\n".join([head, f"  training images/s: {self.sentence}", *(f"  {n}" for n in self.notes)])
+
+
+LoopFn = Callable[[Watch], Any]
+
+
+def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tuple[str, str] = ("before", "after"),
+                  **options: Any) -> LoopComparison:
+    """Run your loop's two versions in turns (before, after, after, before, ...), each under a new watch it is
+    given (`def before(w): for x, y in w(loader): with w.step(len(x)) as s: ...`), and compare their speed.
+
+    Each run's timed windows are pooled per side and judged by fastlab.measure's one noise rule (is_noise,
+    verdict). A side that diverged is not credited; a run that measured nothing says why. options: as for
+    fastlab.watch (warmup_steps, window_steps, device, ...)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"compare_loops(repeats={repeats!r}) is not allowed: an integer >= 1")
+    for name, fn in zip(labels, (before, after)):
+        if not callable(fn):
+            raise TypeError(f"compare_loops: {name} must be a function that takes a watch and runs the loop "
+                            f"under it, got {type(fn).__name__}")
+    runs: dict[str, list[RunResult]] = {labels[0]: [], labels[1]: []}
+    for i in range(repeats):
+        # alternate which side goes first, so a drift in the machine's load falls on both alike
+        order = ((labels[0], before), (labels[1], after)) if i % 2 == 0 else ((labels[1], after), (labels[0], before))
+        for name, fn in order:
+            w = Watch(f"{name} #{i + 1}" if repeats > 1 else name, **options)
+            fn(w)
+            runs[name].append(w.result())
+    return judge_loops(runs[labels[0]], runs[labels[1]])
+
+
+def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparison:
+    """The verdict on two sides' watched runs (measured or built): diverged and empty runs first, then speed."""
+    nan = Spread.of([])
+    if (d := next((r for r in after if r.status == "diverged"), None)) is not None:
+        return LoopComparison(before, after, nan, nan, "diverged",
+                              f"{d.label} diverged ({d.error}): its speed is not credited")
+    if (d := next((r for r in before if r.status == "diverged"), None)) is not None:
+        fine = all(r.ok for r in after)
+        return LoopComparison(before, after, nan, Spread.of([x for r in after for x in r.window_throughput]),
+                              "fixed" if fine else "failed",
+                              f"{d.label} diverged ({d.error}); " + ("no run of the other side diverged: no speed-up "
+                                                                     "over a diverged run is claimed" if fine else
+                                                                     "the other side did not finish either"))
+    broken = [r for r in before + after if not r.ok or not r.window_throughput]
+    if broken:
+        r = broken[0]
+        reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"
+                             if r.ok else r.status)
+        return LoopComparison(before, after, nan, nan, "failed", f"{r.label}: {r.status} ({reason}); no comparison")
+    # every window of every run, and each run's own windows: the noise rule pairs the repeats (each pair ran back
+    # to back, so a drift in the machine's load falls on both)
+    b = Spread.of([x for r in before for x in r.window_throughput], [r.window_throughput for r in before])
+    a = Spread.of([x for r in after for x in r.window_throughput], [r.window_throughput for r in after])
+    outcome = "no measurable difference" if is_noise(b, a) else ("faster" if a.median > b.median else "slower")
+    notes = [f"{r.label}: {n}" for r in before[:1] + after[:1] for n in r.extras.get("watch", {}).get("notes", [])]
+    if len(before) < 2:
+        notes.append("one run each: a drift in the machine's load between them is not averaged out (repeats=3)")
+    return LoopComparison(before, after, b, a, outcome, verdict(b, a), notes)

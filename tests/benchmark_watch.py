@@ -9,7 +9,11 @@ On a machine shared with other work the A/B ratio carries that work's noise, so 
 watch's own bookkeeping alone (the two touches around an empty step, thousands of times) and prints it as a
 share of the unwatched loop's median step: a bound that load does not blur the way it blurs the ratio.
 
-    python tests/benchmark_watch.py [--profile smoke] [--steps 100] [--repeats 7] [--threads N]
+--short-step times a ~3 ms step instead: the network of PyTorch's CIFAR-10 tutorial at batch 4 on batches in
+memory, the loop on which watch's per-step memory read was about 1% of the step (issue 29); the step's own
+median time is printed beside the ratio.
+
+    python tests/benchmark_watch.py [--profile smoke] [--steps 100] [--repeats 7] [--threads N] [--short-step]
     (about a minute on 2 idle cores)
 """
 
@@ -55,6 +59,71 @@ def loop(cfg: fastlab.TrainConfig, images: ImageSet, watched: bool) -> tuple[flo
     return rate, (w.result() if w is not None else None)
 
 
+class TutorialNet(nn.Module):
+    """The network of PyTorch's "Training a Classifier" tutorial (beginner_source/blitz/cifar10_tutorial.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.pool, self.conv2 = nn.Conv2d(3, 6, 5), nn.MaxPool2d(2, 2), nn.Conv2d(6, 16, 5)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16 * 5 * 5, 120), nn.Linear(120, 84), nn.Linear(84, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))))
+
+
+def short_loop(batches: list, warmup: int, watched: bool) -> tuple[float, float, fastlab.RunResult | None]:
+    """The tutorial's loop (batch 4, SGD with momentum) on batches in memory: (images/s, median step s, result)."""
+    torch.manual_seed(0)
+    net = TutorialNet()
+    opt = torch.optim.SGD(net.parameters(), lr=0.001, momentum=0.9)
+    w = fastlab.watch("watched, short step", device="cpu", warmup_steps=warmup) if watched else None
+    steps, t_prev = [], 0.0
+    for i, (x, y) in enumerate(w(batches) if w is not None else batches):
+        if i == warmup:
+            t0 = t_prev = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        if w is not None:
+            w.step_done(len(x))
+        if i >= warmup:
+            t = time.perf_counter()
+            steps.append(t - t_prev)
+            t_prev = t
+    rate = len(batches[0][0]) * (len(batches) - warmup) / (time.perf_counter() - t0)
+    return rate, statistics.median(steps), (w.result() if w is not None else None)
+
+
+def short_step_main(steps: int, repeats: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    warmup = 10
+    batches = [(torch.randn(4, 3, 32, 32, generator=gen), torch.randint(0, 10, (4,), generator=gen))
+               for _ in range(warmup + steps)]
+    short_loop(batches, warmup, True)  # a first pass of each kind, not counted
+    short_loop(batches, warmup, False)
+    watched, plain, step_s = [], [], []
+    for i in range(repeats):
+        for kind in (("watched", "plain") if i % 2 == 0 else ("plain", "watched")):
+            rate, step, r = short_loop(batches, warmup, watched=kind == "watched")
+            (watched if kind == "watched" else plain).append(rate)
+            if kind == "plain":
+                step_s.append(step)
+            else:
+                sampled = len(r.extras["watch"]["memory_steps"])
+        print(f"  repeat {i + 1}: watched {watched[-1]:,.0f} images/s, unwatched {plain[-1]:,.0f} images/s")
+    w, p = statistics.median(watched), statistics.median(plain)
+    ratios = [a / b for a, b in zip(watched, plain)]
+    print(f"short step: the CIFAR-10 tutorial's net, batch 4, {steps} timed steps, median unwatched step "
+          f"{statistics.median(step_s) * 1000:.2f} ms, memory sampled on {sampled} of {warmup + steps} steps, "
+          f"torch threads {torch.get_num_threads()}, SYNTHETIC data")
+    print(f"watched {w:,.0f} images/s (range {min(watched):,.0f}-{max(watched):,.0f}); "
+          f"unwatched {p:,.0f} images/s (range {min(plain):,.0f}-{max(plain):,.0f})")
+    print(f"watched / unwatched = {w / p:.3f} (paired ratios {min(ratios):.3f}-{max(ratios):.3f}, median "
+          f"{statistics.median(ratios):.3f}); overhead {max(0.0, 1 - w / p):.1%} (target: under 2%)")
+
+
 def bookkeeping_seconds(device: torch.device, steps: int = 2000, blocks: int = 5) -> float:
     """Median seconds per step that watch adds around an empty step (loader touch + step_done)."""
     per_step = []
@@ -74,9 +143,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="timed steps per loop")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--short-step", action="store_true", help="a ~3 ms step: the CIFAR-10 tutorial's net, batch 4")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.short_step:
+        short_step_main(args.steps * 5, args.repeats)  # 5x the steps: each is ~20x shorter than the smoke net's
+        return
     cfg = fastlab.config_for(args.profile, dataset="synthetic", log_every=10, steps=args.steps)
     images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=False)
     _, result = loop(cfg, images, watched=True)  # a first pass of each kind, not counted: lazy set-up, caches

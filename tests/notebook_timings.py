@@ -23,11 +23,9 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 def machine() -> str:
-    import platform
+    from fastlab.measure import cpu_isa, cpu_model, usable_cpu_count
 
-    from fastlab.measure import usable_cpu_count
-
-    return f"CPU ({usable_cpu_count()} cores usable, {platform.machine()}), no GPU"
+    return f"CPU ({cpu_model()}, {cpu_isa()}, {usable_cpu_count()} cores usable), no GPU"
 
 
 def time_notebook(path: Path, profile: str, timeout: float) -> tuple[float, str, float]:
@@ -61,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="smoke,cpu", help="comma-separated CPU profiles (default smoke,cpu)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a cell may run (default 1800)")
     parser.add_argument("--out", default=str(NOTEBOOKS / "timings.json"))
+    parser.add_argument("--thorough", action="store_true",
+                        help="time the thorough versions (FASTLAB_THOROUGH=1), recorded as '<profile>-thorough'")
     args = parser.parse_args(argv)
+    if args.thorough:
+        os.environ["FASTLAB_THOROUGH"] = "1"
     sys.path.insert(0, str(ROOT))
     from fastlab.timings import record_timing
 
@@ -74,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     for profile in profiles:
         for name in names:
             seconds, status, load = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout)
-            record_timing(args.out, name, profile, seconds, status, where, load=load)
-            print(f"{name} [{profile}]: {seconds:.0f} s, {status}, load average {load:.1f}", flush=True)
+            key = f"{profile}-thorough" if args.thorough else profile
+            record_timing(args.out, name, key, seconds, status, where, load=load)
+            print(f"{name} [{key}]: {seconds:.0f} s, {status}, load average {load:.1f}", flush=True)
     write_workshop_table(Path(args.out))
     return 0
 

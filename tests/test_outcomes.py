@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -230,21 +231,40 @@ def test_a_rung_whose_first_seed_is_a_trap_runs_no_more_seeds(quick):
     assert len(every.runs) == 2 and every.seeds_not_run == ""
 
 
-def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(quick):
+class _Sleepy(nn.Module):
+    """10 ms a training batch (preflight's two images pass at once): windows that end before a small budget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, 10)
+
+    def forward(self, x):
+        if x.shape[0] > 2 and self.training:
+            time.sleep(0.01)
+        return self.fc(x.flatten(1))
+
+
+def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(monkeypatch, quick):
     from fastlab.outcomes import TrapLimits
 
-    timed = quick.replace(warmup_steps=0)  # the one step before the budget stops it is a timed step
-    slow = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
-                                    limits=TrapLimits(max_training_seconds=1e-6, max_seconds_per_image=1e-9))
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # no fresh process's first-op costs inside a small budget
+    timed = quick.replace(warmup_steps=0)
+    slow = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, max_steps=400, progress=False,
+                                    model=_Sleepy, limits=TrapLimits(max_training_seconds=0.6,
+                                                                     max_seconds_per_image=1e-9))
     r = slow.runs[0]
-    assert r.status == "time_limited" and r.steps_done == 1 and "without reaching the target" in r.error
+    assert r.status == "time_limited" and r.window_throughput and "without reaching the target" in r.error
     assert r.extras["tta"]["why_not"] == "time budget spent" and r.eval_accuracy is None  # no pass on a trap
     assert len(slow.runs) == 1 and "ms an image" in slow.seeds_not_run and "a speed trap" in slow.seeds_not_run
-    assert "stopped before its first evaluation" in slow.summary()
     # stopped by the budget but stepping at an ordinary speed: slow to learn, not a trap; the other seeds run
-    learner = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, progress=False,
-                                       limits=TrapLimits(max_training_seconds=1e-6, max_seconds_per_image=1e6))
+    learner = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, max_steps=400,
+                                       progress=False, model=_Sleepy,
+                                       limits=TrapLimits(max_training_seconds=0.6, max_seconds_per_image=1e6))
     assert len(learner.runs) == 2 and learner.seeds_not_run == ""
+    # stopped before its first evaluation: said so
+    first = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0,), eval_every=2, progress=False,
+                                     limits=TrapLimits(max_training_seconds=1e-6, max_seconds_per_image=1e6))
+    assert "stopped before its first evaluation" in first.summary()
 
 
 def test_a_seed_that_spends_its_budget_in_warm_up_ends_the_rung(quick):
@@ -260,19 +280,18 @@ def test_a_seed_that_spends_its_budget_in_warm_up_ends_the_rung(quick):
 def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
     from fastlab.outcomes import TrapLimits
 
-    def stopped(batch: int, step: float) -> RunResult:
+    def stopped(batch: int, step: float) -> RunResult:  # synchronised windows of `step` seconds a step
         return RunResult(config={"warmup_steps": 1}, label="x", status="time_limited", images_per_step=batch,
-                         step_seconds=[9.0, step, step], extras={"tta": {"reached": False, "why_not": "time"}})
+                         step_seconds=[9.0, step, step], steps_done=3, window_throughput=[batch / step],
+                         extras={"tta": {"reached": False, "why_not": "time"}, "stopped_by": "max_training_seconds"})
 
     limits = TrapLimits(max_training_seconds=10.0, max_seconds_per_image=2 * 0.5 / 64)  # below: 0.5 s a 64-batch
     assert limits.trap(stopped(128, 1.2)) is None  # twice the batch, 1.2x the step: faster per image
     assert "a speed trap" in limits.trap(stopped(64, 1.2))
-    # stopped in warm-up: its steps after the first tell the speed (bf16 on a CPU), else it is warm-up's cost
+    # stopped in warm-up: warm-up's cost, which every seed repeats from fresh caches
     in_warm_up = RunResult(config={"warmup_steps": 3}, label="x", status="time_limited", images_per_step=64,
-                           step_seconds=[9.0, 10.0], steps_done=2, extras={"tta": {"reached": False}})
-    assert "stopped in warm-up at 156.2 ms an image (10.00 s a step)" in limits.trap(in_warm_up)
-    in_warm_up.step_seconds = [50.0]
-    in_warm_up.steps_done = 1
+                           step_seconds=[50.0], steps_done=1,
+                           extras={"tta": {"reached": False}, "stopped_by": "max_training_seconds"})
     assert "spent 50.0 s, over its budget, in 1 warm-up step (compilation" in limits.trap(in_warm_up)
 
 
@@ -280,7 +299,7 @@ def test_the_limits_come_from_the_rung_below():
     below = fastlab.TimeToAccuracy("below", 0.5)
     for seconds, step in ((10.0, 0.2), (14.0, 0.4)):
         below.runs.append(RunResult(config={"warmup_steps": 1}, label="x", step_seconds=[3.0, step, step],
-                                    images_per_step=10,
+                                    images_per_step=10, window_throughput=[10 / step, 10 / step],
                                     extras={"tta": {"reached": True, "seconds": seconds, "steps": 5,
                                                     "best_accuracy": 0.6}}))
     limits = bench.tta_limits(below)

@@ -80,8 +80,13 @@ def test_a_slow_loader_is_data_bound():
     found = {f.key: f for f in findings_for(r)}
     assert "data_bound" in found, fastlab.advise(r).text()
     f = found["data_bound"]
-    assert f.notebooks == ("01_data_loading",) and f.changes["num_workers"] >= 2
-    assert "DataLoader(num_workers=" in f.technique  # said in terms of the reader's own loader
+    assert f.notebooks == ("01_data_loading",) and f.confidence
+    # said in terms of the reader's own loader, weighing the cores: workers where a core is left for them, else
+    # a larger batch (each batch of 8 pays its trip between processes)
+    if r.env["cpu_count"] >= 3:
+        assert f.changes["num_workers"] >= 2 and "DataLoader(num_workers=" in f.technique
+    else:
+        assert f.changes == {"batch_size": 32} and "larger batch" in f.technique
     assert f.evidence[0].value == pytest.approx(r.data_wait_fraction())
 
 
@@ -120,7 +125,8 @@ def test_the_result_is_a_run_result_that_saves_plots_and_reloads(tmp_path):
     assert r.extras["watched"] is True and r.config["watched"] is True and r.status == "ok"
     assert r.config["loader"] == "dataloader" and r.config["num_workers"] == 0 and r.config["amp"] == "off"
     assert r.steps_done == 12 and r.images_per_step == 8 and r.config["warmup_steps"] == 2
-    assert len(r.step_seconds) == len(r.data_wait_seconds) == len(r.memory_trace_mb) == 12
+    assert len(r.step_seconds) == len(r.data_wait_seconds) == 12
+    assert len(r.memory_trace_mb) == len(r.extras["watch"]["memory_steps"]) == 12  # short run: every step sampled
     assert len(r.window_throughput) == 3 and r.timed_seconds > 0  # 10 timed steps: 3 windows of 3, 1 step merged
     assert r.dataset == {"name": "SlowDataset", "synthetic": True, "source": watch_mod.SOURCE, "train_images": 96}
     assert r.env["device_type"] == "cpu" and r.memory_kind == "process_rss" and r.peak_memory_mb > 0
@@ -141,9 +147,11 @@ def test_windows_synchronise_only_at_their_ends(monkeypatch):
     w = fastlab.watch("syncs", warmup_steps=3, window_steps=5)
     for x, _ in w(batches(23, batch_size=2)):
         w.step_done(len(x))
-    assert calls == [2, 7, 12, 17, 22]  # before recording steps 3 (warm-up end), 8, 13, 18, 23: never in between
+    # before recording steps 3 (warm-up end), 8, 13, 18, 23, and once when the epoch's batches ran out (what
+    # follows an epoch is not a step's time): never in between
+    assert calls == [2, 7, 12, 17, 22, 23]
     r = w.result()
-    assert len(calls) == 6 and len(r.window_throughput) == 4
+    assert len(calls) == 7 and len(r.window_throughput) == 4
     assert r.timed_seconds == pytest.approx(sum(r.step_seconds[3:]), rel=0.05)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
+from ..bench import RUNG_NAMES, Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
@@ -44,7 +44,7 @@ def rungs_for(base: TrainConfig) -> list[Rung]:
     return select_rungs(ladder(base), skip=list(skipped_rungs(base)))
 
 
-@comparison(NAME)
+@comparison(NAME, arms=len(RUNG_NAMES))  # the throughput ladder: every rung the same steps
 def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The ladder of `python -m fastlab bench` on base (less the profile's skips), tagged with this comparison."""
     results = run_ladder(base, rungs_for(base), progress=progress)
@@ -85,7 +85,7 @@ def summary_lines(results: list[RunResult]) -> list[str]:
                          f"peak memory {r.peak_memory_mb:,.0f} MiB")
         if r.extras.get("dropped"):
             lines.append(f"    dropped from the rungs above: {r.extras['dropped']}")
-        else:
+        elif r.status != "no_op":  # a rung not trained (every change a no-op here) measured nothing to build on
             below = r
     top = results[top_index(results)]
     lines.append(f"top of the ladder ({top.label}): {verdict(naive.throughput, top.throughput)}")

@@ -252,7 +252,12 @@ def describe_data_wait(result: RunResult) -> str:
         return "No timed steps: nothing to diagnose."
     kind = ("a data bottleneck: the model waits for batches" if share > 0.3 else
             "mostly compute-bound: faster loading would gain little" if share < 0.1 else "partly waiting for data")
-    return f"{share:.0%} of step time was spent waiting for data: {kind}."
+    text = f"{share:.0%} of step time was spent waiting for data: {kind}."
+    copy = result.copy_fraction()
+    if not math.isnan(copy):  # timed apart: a copy without non_blocking also waits for the GPU's queued work
+        text += (f" Copying batches to the device took another {copy:.0%} (not counted as data wait: it also "
+                 "waits for the previous step's GPU work to finish).")
+    return text
 
 
 def plot_busy_trace(results: list[RunResult], title: str = ""):

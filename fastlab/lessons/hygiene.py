@@ -124,7 +124,7 @@ def plot_eval(results: list[RunResult]):
 # ------------------------------------------------------------------ total_loss += loss vs loss.item()
 
 
-@comparison("05_no_grad_detach_item:log_loss")
+@comparison("05_no_grad_detach_item:log_loss", arms=2)
 def log_loss(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """log_loss="item" (the loss as a Python float) against "tensor" (every step's loss tensor kept)."""
     return sweep("log_loss", ["item", "tensor"], base, progress=progress)
@@ -178,7 +178,7 @@ def sync_free_config(base: TrainConfig) -> TrainConfig:
     return cfg
 
 
-@comparison("05_no_grad_detach_item:log_every")
+@comparison("05_no_grad_detach_item:log_every", arms=len(LOG_EVERY))
 def log_every(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """Reading the loss (.item(), a host-device sync on a GPU) every step against every 10th step, on a
     configuration where nothing else syncs every step (sync_free_config)."""

@@ -27,12 +27,11 @@ from torch import nn
 
 from .. import claims, isolation
 from ..claims import Finding
-from ..comparisons import comparison
+from ..comparisons import comparison, run_arms
 from ..config import TrainConfig
 from ..measure import MemoryMeter, Spread, is_noise, now, resolve_device
 from ..models import build_model
 from ..results import RunResult
-from ..train import run
 from .data_loading import vs_baseline
 from .mixed_precision import low_precision
 
@@ -41,30 +40,38 @@ FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timin
 VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned during warm-up; mean pixels ~ 32x32
 
 
-@comparison(f"{NAME}:cudnn_benchmark")
+# Each comparison's arms go through comparisons.run_arms: an arm whose every change is a no-op here (cuDNN or TF32
+# on a CPU) is not trained but reported with its reason, and a known trap (bf16 without native bf16) runs once, short.
+
+
+@comparison(f"{NAME}:cudnn_benchmark", arms=2)
 def compare_cudnn_benchmark(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    return [run(base.replace(cudnn_benchmark=on), label=f"cudnn.benchmark {'on' if on else 'off'}",
-                progress=progress) for on in (False, True)]
+    off = base.replace(cudnn_benchmark=False)
+    return run_arms(off, [(f"cudnn.benchmark {'on' if on else 'off'}", base.replace(cudnn_benchmark=on))
+                          for on in (False, True)], progress=progress)
 
 
-@comparison(f"{NAME}:channels_last")
+@comparison(f"{NAME}:channels_last", arms=4)
 def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """channels_last against NCHW in fp32, and in the low precision of this device; each pair against its NCHW."""
     low = low_precision(base.device)
-    configs = [(f"{'fp32' if amp == 'off' else amp}, {'channels_last' if cl else 'NCHW'}",
-                base.replace(amp=amp, channels_last=cl)) for amp in ("off", low) for cl in (False, True)]
-    return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+    results: list[RunResult] = []
+    for amp in ("off", low):
+        nchw = base.replace(amp=amp, channels_last=False)
+        results += run_arms(base.replace(amp="off", channels_last=False),
+                            [(f"{'fp32' if amp == 'off' else amp}, {'channels_last' if cl else 'NCHW'}",
+                              nchw.replace(channels_last=cl)) for cl in (False, True)], progress=progress)
+    return results
 
 
-@comparison(f"{NAME}:tf32")
+@comparison(f"{NAME}:tf32", arms=3)
 def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """fp32 throughout: conv TF32 off (strict) against on (torch's default), then TF32 matmuls too."""
-    cfg = base.replace(amp="off")
-    return [run(cfg.replace(tf32=False, matmul_precision="highest"), label="strict fp32 (conv TF32 off)",
-                progress=progress),
-            run(cfg.replace(tf32=True, matmul_precision="highest"), label="conv TF32 on (torch's default)",
-                progress=progress),
-            run(cfg.replace(tf32=True, matmul_precision="high"), label="+ TF32 matmuls (matmul_precision='high')",
-                progress=progress)]
+    strict = base.replace(amp="off", tf32=False, matmul_precision="highest")
+    return run_arms(strict, [("strict fp32 (conv TF32 off)", strict),
+                             ("conv TF32 on (torch's default)", strict.replace(tf32=True)),
+                             ("+ TF32 matmuls (matmul_precision='high')",
+                              strict.replace(tf32=True, matmul_precision="high"))], progress=progress)
 
 
 # ---------------------------------------------------------------- reading the results
@@ -76,7 +83,11 @@ def kernels_report(results: list[RunResult]) -> str:
         return "no results"
     lines = []
     for r in results:
-        lines.append(f"{r.summary()}; warm-up {r.warmup_seconds:.2f} s")
+        if r.status == "no_op":
+            lines.append(r.summary())
+            continue
+        trap = f" (a trap here, one short run: {r.extras['trap']})" if r.extras.get("trap") else ""
+        lines.append(f"{r.summary()}; warm-up {r.warmup_seconds:.2f} s{trap}")
         if r is not results[0]:
             lines.append(f"    vs '{results[0].label}': {vs_baseline(results[0], r)}")
         for knob, why in r.no_ops.items():

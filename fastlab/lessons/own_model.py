@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-import os
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,7 @@ from torch.utils.data import Dataset
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import ImageSet
-from ..measure import bf16_supported, is_noise, resolve_device, verdict
+from ..measure import bf16_supported, is_noise, resolve_device, usable_cpu_count, verdict
 from ..results import RunResult
 from ..train import run
 
@@ -263,7 +262,7 @@ def candidates(base: TrainConfig, dataset: DatasetArg, max_mb: float = 2048.0
     tried: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
     if base.loader == "dataloader" and base.num_workers == 0:
-        workers = min(os.cpu_count() or 1, 8 if device.type == "cuda" else 2)
+        workers = min(usable_cpu_count(), 8 if device.type == "cuda" else 2)  # affinity-aware, not the host's
         safe, why = (True, "") if isinstance(dataset, ImageSet) else spawn_safety(dataset[0])
         if safe or worker_start_method() == "fork":
             tried["DataLoader workers"] = dict(num_workers=workers, persistent_workers=True,

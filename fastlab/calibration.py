@@ -1,0 +1,180 @@
+"""Runs sized by time: a short calibration turns a profile's seconds into steps.
+
+A profile counted in steps cannot fit a workshop slot on every machine of one kind: the same naive cpu-profile
+run has measured several times faster on one CPU than on another. So a profile says how long a run and a
+comparison should take (config.TIME_SIZING), and a calibration measures a few steps of the comparison's baseline
+once per machine and kernel (cached on disk under the machine's fingerprint: CPU model, instruction set, native
+bf16, cores, OS kernel, torch, device) and turns the seconds into steps. Every arm of one comparison gets the
+same steps (they are derived from one sized baseline), and each result records the calibration it used.
+
+The smoke profile has no time sizing: its fixed steps keep nbval's checked outputs the same on every machine.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import measure
+from .config import TrainConfig, time_sizing
+from .measure import resolve_device
+
+CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
+CALIBRATION_STEPS = 4  # timed steps: the median of these is the step time
+# The fields of a config that set the cost of a step; a calibration is kept per machine and per these.
+WORKLOAD_FIELDS = ("model", "batch_size", "grad_accum_steps", "loader", "num_workers", "amp", "channels_last",
+                   "compile", "device")
+
+Measure = Callable[[TrainConfig], list[float]]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one calibration measured: the median wall time of a step of `workload` on the machine `fingerprint`."""
+
+    step_seconds: float
+    workload: dict[str, Any]
+    fingerprint: dict[str, Any]
+    steps_measured: int
+    measured_at: str
+    source: str = "measured"  # "measured" now, or "cache" (read back from an earlier calibration here)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fingerprint(device: torch.device) -> dict[str, Any]:
+    """The machine a step time belongs to: a calibration measured on another is not reused."""
+    return {"cpu_model": measure.cpu_model(), "cpu_isa": measure.cpu_isa(), "cpu_native_bf16": measure.cpu_native_bf16(),
+            "usable_cpus": measure.usable_cpu_count(), "torch_threads": torch.get_num_threads(),
+            "host": platform.node(), "os_kernel": platform.release(), "torch": torch.__version__,
+            "device": measure.device_name(device)}
+
+
+def workload(config: TrainConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in WORKLOAD_FIELDS}
+
+
+def cache_path() -> Path:
+    """FASTLAB_CALIBRATION_CACHE if set, else ~/.cache/fastlab/calibration.json."""
+    given = os.environ.get("FASTLAB_CALIBRATION_CACHE", "").strip()
+    return Path(given) if given else Path.home() / ".cache" / "fastlab" / "calibration.json"
+
+
+def cache_key(machine: dict[str, Any], work: dict[str, Any]) -> str:
+    text = json.dumps({"machine": machine, "workload": work}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: calibrate again
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, entries: dict[str, Any]) -> None:
+    """Atomically: two kernels calibrating at once never leave half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: the calibration still holds for this kernel
+        pass
+
+
+_KERNEL_CACHE: dict[str, Calibration] = {}  # this kernel's calibrations (the disk cache may be unwritable)
+
+
+def measure_step_seconds(config: TrainConfig) -> list[float]:
+    """Wall times of CALIBRATION_STEPS timed steps of `config` (after CALIBRATION_WARMUP), in a run of its own."""
+    from .train import run
+
+    short = config.replace(steps=CALIBRATION_STEPS, warmup_steps=CALIBRATION_WARMUP, windows=1, max_seconds=0.0,
+                           eval_images=min(config.eval_images, config.batch_size))
+    result = run(short, label="calibration", progress=False)
+    return result.step_seconds[CALIBRATION_WARMUP:]
+
+
+def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibration:
+    """The step time of `config` on this machine: from this kernel's or the disk cache, else measured now."""
+    machine = fingerprint(resolve_device(config.device))
+    work = workload(config)
+    key = cache_key(machine, work)
+    if key in _KERNEL_CACHE:
+        return _KERNEL_CACHE[key]
+    path = cache_path()
+    entries = _read_cache(path)
+    if key in entries:
+        try:
+            cal = Calibration(**{**entries[key], "source": "cache"})
+        except TypeError:  # written by another version: measure again
+            cal = None
+        if cal is not None:
+            _KERNEL_CACHE[key] = cal
+            return cal
+    seconds = (measure or measure_step_seconds)(config)
+    if not seconds:
+        raise RuntimeError(f"the calibration of {work} finished no timed step")
+    cal = Calibration(step_seconds=statistics.median(seconds), workload=work, fingerprint=machine,
+                      steps_measured=len(seconds),
+                      measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    _KERNEL_CACHE[key] = cal
+    entries[key] = cal.to_dict()
+    _write_cache(path, entries)
+    return cal
+
+
+def seconds_per_run(profile: str, arms: int) -> float | None:
+    """Timed seconds each run of a comparison of `arms` runs gets: the profile's run time, or its share of the
+    comparison's time when that is smaller. None when the profile is not sized by time."""
+    sizing = time_sizing(profile)
+    if sizing is None:
+        return None
+    if isinstance(arms, bool) or not isinstance(arms, int) or arms < 1:
+        raise ValueError(f"arms={arms!r} is not allowed: an integer >= 1 (the runs in the comparison)")
+    return min(sizing["run_seconds"], sizing["comparison_seconds"] / arms)
+
+
+def steps_for(cal: Calibration, seconds: float, profile: str, windows: int = 1) -> int:
+    """Timed steps that take about `seconds` at the calibrated step time, within the profile's min and max."""
+    sizing = time_sizing(profile) or {"min_steps": 1, "max_steps": 10**9}
+    steps = int(seconds / cal.step_seconds) if cal.step_seconds > 0 else sizing["max_steps"]
+    return max(windows, sizing["min_steps"], min(sizing["max_steps"], steps))
+
+
+def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple[TrainConfig, dict[str, Any] | None]:
+    """`base` with the steps that fit its profile's time for one of `arms` runs, and the record of how (None,
+    and `base` unchanged, where the profile keeps fixed steps). Arms derived from the result share its steps."""
+    seconds = seconds_per_run(base.profile, arms)
+    if seconds is None:
+        return base, None
+    cal = calibrate(base, measure)
+    steps = steps_for(cal, seconds, base.profile, base.windows)
+    record = {**cal.to_dict(), "seconds_per_run": seconds, "arms": arms, "steps": steps,
+              "profile_steps": base.steps}
+    return base.replace(steps=steps), record
+
+
+def describe_sizing(config: TrainConfig) -> str:
+    """How the runs of `config`'s profile are sized, in words (for a notebook's first cell)."""
+    sizing = time_sizing(config.profile)
+    if sizing is None:
+        return f"{config.steps} timed steps a run (fixed under the {config.profile} profile)"
+    return (f"timed steps sized by time: about {sizing['run_seconds']:g} s a run and {sizing['comparison_seconds']:g} s "
+            f"a comparison on this machine ({sizing['min_steps']}-{sizing['max_steps']} steps, from a calibration "
+            f"cached in {cache_path()}; each result records it in extras['calibration'])")

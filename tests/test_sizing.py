@@ -1,0 +1,302 @@
+"""Issue 27: bf16 judged from the CPU, traps shown in one short run, no-op arms not trained, runs sized by time.
+
+No test here trains: runs are faked (RunResults built from the config they were given), the CPU's capability
+and the calibration's step times are mocked.
+"""
+
+import pytest
+import torch
+
+import fastlab
+import fastlab.train
+from fastlab import bench, calibration, comparisons, measure
+from fastlab.comparisons import plan_arm, run_arms
+from fastlab.config import config_for
+from fastlab.lessons import kernels, mixed_precision
+
+CPU = torch.device("cpu")
+AVX2_FLAGS = "fpu sse sse2 avx avx2 fma"
+AVX512_BF16_FLAGS = "fpu sse sse2 avx avx2 avx512f avx512bw avx512_bf16"
+
+
+def fake_run(seen):
+    """A stand-in for fastlab.run: records the config and returns a result of four 100 images/s windows."""
+
+    def run(cfg, label="run", progress=True, **kwargs):
+        seen.append((label, cfg))
+        return fastlab.RunResult(config=cfg.to_dict(), label=label, window_throughput=[100.0] * 4,
+                                 step_seconds=[0.1] * (cfg.warmup_steps + cfg.steps), images_per_step=cfg.batch_size)
+
+    return run
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    def set_native(native: bool) -> None:
+        monkeypatch.setattr(measure, "cpu_native_bf16", lambda flags=None: native)
+
+    return set_native
+
+
+# ---------------------------------------------------------------- 1. bf16 from the CPU's capability
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    assert measure.cpu_native_bf16(set(AVX512_BF16_FLAGS.split()))
+    assert measure.cpu_native_bf16({"avx2", "amx_bf16"})
+    assert not measure.cpu_native_bf16(set(AVX2_FLAGS.split()))  # the AMD EPYC with AVX2 only
+    text = f"processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: {AVX2_FLAGS}\n"
+    assert measure.cpu_model(text) == "AMD EPYC 7B13"
+    assert measure.cpu_flags(text) == set(AVX2_FLAGS.split())
+    assert measure.cpu_isa() == str(torch.backends.cpu.get_cpu_capability())
+
+
+@pytest.mark.parametrize("native, preferred", [(True, "bf16"), (False, "off")])
+def test_bf16_supported_on_a_cpu_follows_the_cpu_not_the_device_type(native_bf16, native, preferred):
+    native_bf16(native)
+    assert measure.bf16_supported(CPU) is native
+    assert measure.bf16_is_trap(CPU) is (not native)
+    assert measure.preferred_amp(CPU) == preferred
+    # the lessons that compare a half precision keep bf16 where it is a trap: it is shown, as a trap
+    assert mixed_precision.low_precision(CPU) == "bf16"
+    amp = next(r for r in bench.ladder(config_for("smoke", device="cpu")) if r.name == "amp")
+    assert amp.changes == {"amp": "bf16"} and (("known trap" in amp.why) is (not native))
+
+
+def test_every_environment_names_the_cpu_model_and_isa():
+    env = measure.environment(CPU)
+    assert env["cpu"] == measure.cpu_model() and env["cpu"] != ""
+    assert env["cpu_isa"] == measure.cpu_isa() and isinstance(env["cpu_native_bf16"], bool)
+
+
+def test_bf16_without_native_support_runs_emulated_with_a_note(native_bf16):
+    from fastlab import builders
+
+    native_bf16(False)
+    no_ops, notes = {}, []
+    assert builders.amp_dtype(config_for("smoke", amp="bf16"), CPU, no_ops, notes) == torch.bfloat16
+    assert no_ops == {} and "no native bf16" in notes[0]
+
+
+# ---------------------------------------------------------------- 2. a known trap: one short demonstration run
+
+
+def test_without_native_bf16_the_bf16_arms_become_one_trap_demonstration(native_bf16, monkeypatch, smoke):
+    native_bf16(False)
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
+    bf16 = [(label, cfg) for label, cfg in seen if cfg.amp == "bf16"]
+    assert len(bf16) == 1 and "trap demonstration" in bf16[0][0]
+    assert bf16[0][1].steps == comparisons.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
+    assert [cfg.seed for _, cfg in seen if cfg.amp == "off"] == list(mixed_precision.seeds_for(smoke))
+    trap = [r for r in results if r.extras.get("trap")]
+    assert len(trap) == 1 and "no native bf16" in trap[0].extras["trap"]
+    report = mixed_precision.precision_report(results)
+    assert "a trap here, shown in one short run" in report and "accuracy after so few steps is not compared" in report
+
+
+def test_with_native_bf16_the_bf16_arms_run_as_arms(native_bf16, monkeypatch, smoke):
+    native_bf16(True)
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
+    bf16 = [cfg for _, cfg in seen if cfg.amp == "bf16"]
+    assert [cfg.seed for cfg in bf16] == list(mixed_precision.seeds_for(smoke))
+    assert all(cfg.steps == smoke.steps for cfg in bf16) and not any(r.extras.get("trap") for r in results)
+
+
+def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf16, monkeypatch, smoke):
+    native_bf16(False)
+    seen = []
+    monkeypatch.setattr(bench, "run", fake_run(seen))
+    base = smoke.replace(device="cpu")
+    results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["amp", "channels_last"]),
+                               progress=False)
+    amp = next(r for r in results if r.extras["rung"] == "amp")
+    assert amp.config["steps"] == comparisons.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
+    assert results[-1].config["amp"] == "off"  # not carried up
+
+
+# ---------------------------------------------------------------- 3. no run that can teach nothing
+
+
+def test_a_comparison_whose_changes_are_all_no_ops_trains_nothing_and_says_why(monkeypatch, smoke):
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    results = kernels.compare_cudnn_benchmark(smoke.replace(device="cpu"), progress=False)
+    assert [label for label, _ in seen] == ["cudnn.benchmark off"]  # the baseline only
+    idle = results[1]
+    assert idle.status == "no_op" and not idle.window_throughput and "cudnn_benchmark" in idle.no_ops
+    assert "cuDNN runs only on NVIDIA GPUs" in idle.error and "NOT TRAINED" in idle.summary()
+    assert "NOT TRAINED" in kernels.kernels_report(results)
+    # undoing a knob that is a no-op here is a no-op too (either direction)
+    assert plan_arm(smoke.replace(tf32=False), smoke, CPU).kind == "no-op"
+    assert plan_arm(smoke, smoke.replace(channels_last=True), CPU).kind == "train"
+    assert plan_arm(smoke, smoke.replace(cudnn_benchmark=True, channels_last=True), CPU).kind == "train"
+
+
+def test_tf32_comparison_on_a_cpu_does_not_train_conv_tf32(monkeypatch, smoke):
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    results = kernels.compare_tf32(smoke.replace(device="cpu"), progress=False)
+    # conv TF32 is a no-op on a CPU; matmul_precision is not known to be one there, so that arm is measured
+    assert len(seen) == 2 and [r.status for r in results] == ["ok", "no_op", "ok"]
+
+
+def test_the_throughput_ladder_does_not_train_a_rung_of_no_ops(monkeypatch, smoke):
+    seen = []
+    monkeypatch.setattr(bench, "run", fake_run(seen))
+    base = smoke.replace(device="cpu")
+    results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["cudnn", "channels_last"]),
+                               progress=False)
+    assert [label for label, _ in seen] == ["naive", "+channels_last"]
+    cudnn = next(r for r in results if r.extras["rung"] == "cudnn")
+    assert cudnn.status == "no_op" and "cuDNN" in cudnn.error
+    assert "no_op: every change is a no-op here (cudnn_benchmark: cuDNN" in bench.markdown_table(results)
+
+
+def test_run_arms_keeps_a_changed_arm_and_stops_when_interrupted(smoke):
+    calls = []
+
+    def interrupted(cfg, label="run", progress=True):
+        calls.append(label)
+        return fastlab.RunResult(config=cfg.to_dict(), label=label, status="interrupted")
+
+    out = run_arms(smoke, [("a", smoke), ("b", smoke.replace(channels_last=True))], seeds=(0, 1), device=CPU,
+                   runner=interrupted)
+    assert calls == ["a (seed 0)"] and out[0].extras["variant"] == "a"
+
+
+# ---------------------------------------------------------------- 4. runs sized by time
+
+
+@pytest.fixture
+def calibration_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTLAB_CALIBRATION_CACHE", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(calibration, "_KERNEL_CACHE", {})
+    return tmp_path / "calibration.json"
+
+
+def test_the_calibrated_steps_follow_the_measured_step_time(calibration_cache, monkeypatch):
+    cpu = config_for("cpu", device="cpu", dataset="synthetic")
+    fast, _ = calibration.sized(cpu, arms=2, measure=lambda cfg: [0.10, 0.11, 0.09])
+    monkeypatch.setattr(calibration, "_KERNEL_CACHE", {})
+    monkeypatch.setattr(calibration, "fingerprint", lambda device: {"cpu_model": "a slower CPU"})
+    slow, record = calibration.sized(cpu, arms=2, measure=lambda cfg: [0.40, 0.40, 0.40])
+    sizing = fastlab.config.time_sizing("cpu")
+    assert fast.steps == min(sizing["max_steps"], int(sizing["run_seconds"] / 0.10))
+    assert slow.steps == max(sizing["min_steps"], int(sizing["run_seconds"] / 0.40)) < fast.steps
+    assert record["step_seconds"] == 0.40 and record["steps"] == slow.steps
+    assert record["fingerprint"] == {"cpu_model": "a slower CPU"} and record["profile_steps"] == cpu.steps
+
+
+def test_a_calibration_is_measured_once_per_machine_and_cached_with_its_fingerprint(calibration_cache,
+                                                                                     monkeypatch):
+    cpu = config_for("cpu", device="cpu", dataset="synthetic")
+    measured = []
+
+    def measure_once(cfg):
+        measured.append(cfg)
+        return [0.2] * 4
+
+    first = calibration.calibrate(cpu, measure_once)
+    assert first.fingerprint["cpu_model"] == measure.cpu_model() and "cpu_isa" in first.fingerprint
+    monkeypatch.setattr(calibration, "_KERNEL_CACHE", {})  # a new kernel on the same machine: read from disk
+    again = calibration.calibrate(cpu, measure_once)
+    assert len(measured) == 1 and again.source == "cache" and again.step_seconds == first.step_seconds
+    monkeypatch.setattr(measure, "cpu_model", lambda text=None: "another CPU")  # another machine: measured anew
+    calibration.calibrate(cpu, measure_once)
+    assert len(measured) == 2
+
+
+def test_every_arm_of_a_comparison_gets_the_same_calibrated_steps(calibration_cache, monkeypatch):
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    monkeypatch.setattr(calibration, "measure_step_seconds", lambda cfg: [0.25] * 4)
+    cpu = config_for("cpu", device="cpu", dataset="synthetic")
+    results = comparisons.run_comparison("03_cudnn_benchmark_and_channels_last:channels_last", cpu,
+                                         progress=False)
+    steps = {cfg.steps for _, cfg in seen if "trap" not in _}
+    runs = 4 * fastlab.config.comparison_repeats(cpu)  # 4 arms, each repeated (interleaved)
+    expected = calibration.steps_for(calibration.calibrate(cpu), calibration.seconds_per_run("cpu", runs), "cpu")
+    assert steps == {expected} and expected != cpu.steps
+    assert all(r.extras["calibration"]["steps"] == expected for r in results)
+
+
+def test_smoke_keeps_its_fixed_steps(monkeypatch):
+    def never(cfg):
+        raise AssertionError("smoke must not calibrate")
+
+    smoke = config_for("smoke")
+    assert calibration.sized(smoke, arms=3, measure=never) == (smoke, None)
+    with pytest.raises(ValueError, match="arms=0 is not allowed"):
+        calibration.seconds_per_run("cpu", 0)
+
+
+def test_compare_and_sweep_do_not_train_a_no_op_change(monkeypatch, smoke):
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    base = smoke.replace(device="cpu")
+    results = fastlab.train.compare(base, progress=False, comparison="x:y", cudnn_benchmark=True)
+    assert [label for label, _ in seen] == ["baseline"] and results[1].status == "no_op"
+    assert results[1].extras["comparison"] == "x:y"
+    swept = fastlab.train.sweep("pin_memory", [False, True], base, progress=False)
+    assert [r.status for r in swept] == ["ok", "no_op"] and "pin_memory" in swept[1].error
+    fastlab.train.sweep("channels_last", [False, True], base, progress=False)
+    assert [label for label, _ in seen][-2:] == ["channels_last=False", "channels_last=True"]
+
+
+def test_the_bench_ladder_sizes_every_rung_alike_and_records_the_calibration(calibration_cache, monkeypatch,
+                                                                            tmp_path):
+    seen = []
+    monkeypatch.setattr(bench, "run", fake_run(seen))
+    monkeypatch.setattr(bench, "write_report", lambda path: None)
+    monkeypatch.setattr(calibration, "measure_step_seconds", lambda cfg: [0.5] * 4)
+    out = bench.bench(tmp_path / "b", profile="cpu", only=["workers", "channels_last"], progress=False)
+    doc = fastlab.results.load_document(out / "results.json")
+    steps = {cfg.steps for _, cfg in seen}
+    assert steps == {doc["meta"]["calibration"]["steps"]} and doc["meta"]["calibration"]["step_seconds"] == 0.5
+
+
+# ---------------------------------------------------------------- 5. thorough on request
+
+
+def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path):
+    from fastlab import config, timings
+
+    fast = config.time_sizing("cpu")
+    monkeypatch.setenv("FASTLAB_THOROUGH", "1")
+    slow = config.time_sizing("cpu")
+    assert slow["run_seconds"] == fast["run_seconds"] * config.THOROUGH_SCALE > fast["run_seconds"]
+    assert config.time_sizing("smoke") is None  # smoke stays fixed: nbval's outputs
+    assert mixed_precision.seeds_for(config_for("cpu")) == config.THOROUGH_SEEDS
+    assert mixed_precision.seeds_for(config_for("smoke")) == mixed_precision.SEEDS["smoke"]
+    monkeypatch.setenv("FASTLAB_TIMINGS", str(tmp_path / "timings.json"))
+    assert "FASTLAB_THOROUGH=1" in timings.notebook_time("02_mixed_precision", "cpu")
+    assert "not measured yet)" in timings.notebook_time("02_mixed_precision", "cpu")
+    timings.record_timing(tmp_path / "timings.json", "02_mixed_precision", "cpu-thorough", 600.0, "ok", "CPU (x)")
+    assert "(it took 10.0 min on CPU (x))" in timings.notebook_time("02_mixed_precision", "cpu")
+    assert "THOROUGH" not in timings.notebook_time("02_mixed_precision", "smoke")
+    monkeypatch.setenv("FASTLAB_THOROUGH", "very")
+    with pytest.raises(ValueError, match="FASTLAB_THOROUGH='very' is not allowed"):
+        config.thorough()
+
+
+def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke):
+    from fastlab.checklist import built_on
+    from fastlab.comparisons import not_trained
+    from fastlab.lessons import all_together
+
+    cfg = smoke.replace(device="cpu")
+
+    def ran(label, speed, **changes):
+        return fastlab.RunResult(config=cfg.replace(**changes).to_dict(), label=label, window_throughput=[speed] * 3,
+                                 peak_memory_mb=100.0, extras={"rung": label})
+
+    idle = not_trained(cfg.replace(cudnn_benchmark=True), "+cudnn", "cudnn_benchmark: no cuDNN here")
+    results = [ran("naive", 100.0), idle, ran("+channels_last", 300.0, cudnn_benchmark=True, channels_last=True)]
+    assert built_on(results, 2) is results[0]
+    lines = all_together.summary_lines(results)
+    assert lines[1].startswith("+cudnn: no_op (every change is a no-op here")
+    assert "3.00x (faster)" in lines[2] and "nan" not in " ".join(lines)
