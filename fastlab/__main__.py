@@ -1,4 +1,4 @@
-"""python -m fastlab bench | env | run | report | advise | download | notebooks"""
+"""python -m fastlab bench | env | run | code | report | advise | download | notebooks"""
 
 from __future__ import annotations
 
@@ -163,6 +163,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "ok" else 1
 
 
+def _cmd_code(args: argparse.Namespace) -> int:
+    from .code import code, code_diff
+    from .config import config_for
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}
+    changes = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    cfg = config_for(args.profile, **changes)
+    if args.diff is None:
+        print(code(cfg), end="")
+    else:  # against the profile's preset (the flags undone), or another profile's
+        print(code_diff(config_for(args.profile if args.diff == "preset" else args.diff), cfg))
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from .bench import write_report
 
@@ -229,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the result to this JSON file")
     add_config_flags(p)
     p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("code", help="print the run as a standalone PyTorch script; every TrainConfig field is a flag")
+    p.add_argument("--profile", choices=PROFILES)
+    p.add_argument("--diff", nargs="?", const="preset", choices=("preset",) + PROFILES,
+                   help="print only what the flags change: a diff against the profile's preset (or another profile)")
+    add_config_flags(p)
+    p.set_defaults(func=_cmd_code)
     p = sub.add_parser("report", help="redraw bench.png and bench.md from a results.json")
     p.add_argument("results")
     p.set_defaults(func=_cmd_report)

@@ -27,6 +27,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,10 +101,36 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
     return _run_child(training, spec)
 
 
+class StopFlag:
+    """A stop request the child reads at every step: one shared byte, no lock. (A multiprocessing Event takes a
+    lock to set and to read; a Ctrl-C landing while the caller held it would leave the child waiting forever.)"""
+
+    def __init__(self, ctx: Any) -> None:
+        self.flag = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self.flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self.flag.value)
+
+
+def _receive(conn: Any) -> Any:
+    """conn.recv() with Ctrl-C held back until the message is read whole: an interrupt in the middle of a read
+    would leave the pipe mid-message. (Python runs signal handlers in the main thread only.)"""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        return conn.recv()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return conn.recv()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _run_child(training: Any, spec: RunSpec) -> Any:
     ctx = _mp_context()
     here, there = ctx.Pipe(duplex=False)
-    stop = ctx.Event()
+    stop = StopFlag(ctx)
     child = ctx.Process(target=_child_main, args=(there, stop, spec), name=f"fastlab-run {spec.label}", daemon=False)
     with _without_main():
         child.start()
@@ -116,7 +143,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                 if any(e.is_set() for e in training.stops):
                     stop.set()
                 if here.poll(0.05):
-                    message = here.recv()
+                    message = _receive(here)
                     if message[0] == "step":
                         _, step, total = message
                         bar = bar or _bar(training)
@@ -223,7 +250,7 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         child.start()
     there.close()
     try:
-        message = here.recv()
+        message = _receive(here)
     except EOFError:
         child.join()
         raise RuntimeError(f"{getattr(fn, '__name__', fn)!s} ended its process without a result "

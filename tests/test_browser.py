@@ -344,13 +344,25 @@ def open_dashboard(browser, url: str, outside: list[str]):
 
 
 def report_memory(server: subprocess.Popen) -> None:
-    """Print each kernel's resident memory and what it means for a room on this machine."""
-    sizes = sorted((k.memory_info().rss / 2**30 for k in kernels(server)), reverse=True)
+    """Print each kernel's memory, with its forkserver (fastlab.isolation: it holds torch once more), and what
+    that means for a room on this machine. A kernel's RSS plus its children's own pages (USS): the server shares
+    torch's libraries with the kernel, so its RSS would count them twice."""
+    def with_children(k: psutil.Process) -> float:
+        own = 0.0
+        for child in k.children(recursive=True):
+            try:
+                own += child.memory_full_info().uss
+            except psutil.Error:
+                pass
+        return (k.memory_info().rss + own) / 2**30
+
+    sizes = sorted((with_children(k) for k in kernels(server)), reverse=True)
     total = psutil.virtual_memory().total / 2**30
     used = sizes[0]  # the kernel that ran (the preheated one waiting has run only the page-load baseline)
     room = int((0.9 * total - used) / used)  # 10% for the system, one kernel waiting preheated
-    print(f"\nkernel RSS after a Run (GiB): {', '.join(f'{s:.2f}' for s in sizes)}; one machine of {total:.0f} GiB "
-          f"holds about {room} participants at {used:.2f} GiB each (10% kept for the system, one kernel preheated)")
+    print(f"\nkernel RSS + its processes' own memory after a Run (GiB): {', '.join(f'{s:.2f}' for s in sizes)}; one "
+          f"machine of {total:.0f} GiB holds about {room} participants at {used:.2f} GiB each (10% kept for the "
+          "system, one kernel preheated; a run in progress adds its process's own pages, 0.1-0.3 GiB)")
 
 
 @pytest.mark.browser
