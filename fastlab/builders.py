@@ -43,8 +43,10 @@ def backend_flags(cfg: TrainConfig, device: torch.device, no_ops: NoOps) -> Iter
         torch.set_float32_matmul_precision(saved[2])
 
 
-def load_data(cfg: TrainConfig, dataset_arg: Data | None) -> tuple[Data, dict[str, Any]]:
-    """The run's images (or the caller's Datasets) and the description every result carries."""
+def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | None = None
+              ) -> tuple[Data, dict[str, Any]]:
+    """The run's images (or the caller's Datasets) and the description every result carries. preloaded: the
+    images load_images gives for cfg, already loaded (a run's process gets them from its caller's cache)."""
     if isinstance(dataset_arg, tuple):
         train, held_out = dataset_arg
         if cfg.loader == "device":
@@ -53,8 +55,8 @@ def load_data(cfg: TrainConfig, dataset_arg: Data | None) -> tuple[Data, dict[st
         return dataset_arg, {"name": type(train).__name__, "synthetic": bool(getattr(train, "synthetic", False)),
                              "source": "Datasets passed to fastlab.run", "train_images": len(train),
                              "eval_images": len(held_out)}
-    images = dataset_arg or load_images(cfg.dataset, cfg.train_images, cfg.eval_images,
-                                        allow_download=cfg.profile != "smoke")
+    images = dataset_arg or preloaded or load_images(cfg.dataset, cfg.train_images, cfg.eval_images,
+                                                     allow_download=cfg.profile != "smoke")
     return images, {"name": images.name, "synthetic": images.synthetic, "source": images.source,
                     "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}
 

@@ -66,6 +66,9 @@ class RunSpec:
     sys_path: list[str]
     cwd: str
     num_threads: int
+    # The config's own images from the caller's cache (fastlab.data.load_images), pickled here: sent as tensors,
+    # multiprocessing would move them to shared memory, which the run then reads as a mapped file.
+    images: bytes | None = None
 
 
 def why_in_process(training: Any) -> tuple[str | None, bytes]:
@@ -96,8 +99,13 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
             result = run_in_fresh_thread(training.execute, stop=training.halt)
         result.extras["isolation"] = f"in-process (fresh thread): {reason}"
         return result
+    images = None
+    if training.dataset_arg is None:  # this process's cache has them after the first run: generating 10,000
+        from .builders import load_data  # synthetic images in every child cost about 1.4 s a run on a 2-core CPU
+
+        images = pickle.dumps(load_data(training.cfg, None)[0], protocol=pickle.HIGHEST_PROTOCOL)
     spec = RunSpec(training.cfg, training.result.label, payload, training.checkpoints, cold_compile_caches,
-                   dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads())
+                   dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads(), images)
     return _run_child(training, spec)
 
 
@@ -301,6 +309,7 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
         model, dataset = pickle.loads(spec.payload)
         training = TrainingRun(spec.config, spec.label, model, dataset, False, stop,
                                lambda step, total: conn.send(("step", step, total)), checkpoints=spec.checkpoints)
+        training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
         training.result.extras["run_pid"] = os.getpid()
         with builders.cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
             result = training.execute()

@@ -386,6 +386,7 @@ class TrainingRun:
                                 images_per_step=config.batch_size * config.grad_accum_steps)
         self.no_ops = self.result.no_ops
         self.notes: list[str] = []
+        self.preloaded = None  # the config's own images, loaded by the caller (fastlab.isolation hands them over)
 
     def _build_optimizer(self, net: nn.Module) -> torch.optim.Optimizer:
         """The optimiser this config builds (kept for the optimiser micro-benchmark)."""
@@ -427,7 +428,7 @@ class TrainingRun:
 
     def _train_and_evaluate(self) -> None:
         cfg, dev, res = self.cfg, self.device, self.result
-        self.data, res.dataset = builders.load_data(cfg, self.dataset_arg)
+        self.data, res.dataset = builders.load_data(cfg, self.dataset_arg, self.preloaded)
         par = self.parallel
         if par is None and (self.model_arg is not None or self.dataset_arg is not None):
             # the reader's own model or data: a wrong shape or label is named before any timing, not mid-run
