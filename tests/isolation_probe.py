@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import torch
 from torch import nn
@@ -77,3 +78,16 @@ class FlagReporter(TinyNet):
 
 def flag_reporting_net() -> nn.Module:
     return FlagReporter()
+
+
+class SlowNet(TinyNet):
+    """Sleeps 0.3 s at every training forward pass: a step slow enough to run into a time budget."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            time.sleep(0.3)
+        return super().forward(x)
+
+
+def slow_net() -> nn.Module:
+    return SlowNet()

@@ -65,12 +65,10 @@ def test_a_trap_rung_is_shown_then_dropped(quick):
 
 
 def test_time_budget_stops_a_run_and_keeps_its_steps(quick):
-    import time
+    import isolation_probe  # a model that sleeps 0.3 s a training step, inside the run's own process
 
-    def slow(done, total):
-        time.sleep(0.3)
-
-    r = fastlab.run(quick.replace(steps=40, windows=2, max_seconds=1.0), on_step=slow, progress=False)
+    r = fastlab.run(quick.replace(steps=40, windows=2, max_seconds=1.0), model=isolation_probe.slow_net,
+                    progress=False)
     assert r.status == "time_limited" and 2 <= r.steps_done < 41
     assert "max_seconds=1 budget" in r.error and "TIME LIMITED" in r.summary()
 
