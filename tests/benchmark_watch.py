@@ -25,6 +25,7 @@ import time
 from itertools import islice
 
 import torch
+from test_watch_real_loops import TutorialNet  # the tutorial's net, defined once, beside its tests
 from torch import nn
 
 import fastlab
@@ -59,18 +60,6 @@ def loop(cfg: fastlab.TrainConfig, images: ImageSet, watched: bool) -> tuple[flo
     return rate, (w.result() if w is not None else None)
 
 
-class TutorialNet(nn.Module):
-    """The network of PyTorch's "Training a Classifier" tutorial (beginner_source/blitz/cifar10_tutorial.py)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1, self.pool, self.conv2 = nn.Conv2d(3, 6, 5), nn.MaxPool2d(2, 2), nn.Conv2d(6, 16, 5)
-        self.fc1, self.fc2, self.fc3 = nn.Linear(16 * 5 * 5, 120), nn.Linear(120, 84), nn.Linear(84, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x)))
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))))
 
 
 def short_loop(batches: list, warmup: int, watched: bool) -> tuple[float, float, fastlab.RunResult | None]:
