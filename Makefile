@@ -17,9 +17,9 @@ lab: $(STAMP)  ## JupyterLab on notebooks/
 
 # Serving a room (docs/dashboard.md): a kernel with no tab connected (Voila 0.5 leaves a closed tab's kernel
 # running: voila issue 1458) is shut down after 60 s idle; one kernel waits preheated, the notebook already run, so
-# a page is ready at once (fastlab.dashboard_server keeps it from being culled before the page connects); the
+# a page is ready at once (fastlab.tools.dashboard_server keeps it from being culled before the page connects); the
 # fastlab template (share/jupyter) fetches nothing from the network.
-DASHBOARD_ROOM := --template=fastlab --preheat_kernel=True --pool_size=1 --VoilaConfiguration.multi_kernel_manager_class=fastlab.dashboard_server.RoomKernelManager --MappingKernelManager.cull_interval=10 --MappingKernelManager.cull_idle_timeout=60
+DASHBOARD_ROOM := --template=fastlab --preheat_kernel=True --pool_size=1 --VoilaConfiguration.multi_kernel_manager_class=fastlab.tools.dashboard_server.RoomKernelManager --MappingKernelManager.cull_interval=10 --MappingKernelManager.cull_idle_timeout=60
 dashboard: $(STAMP)  ## notebooks/dashboard.ipynb as an app (Voila): code hidden, widgets live; DASHBOARD_ARGS="--port=8867"
 	JUPYTER_PATH=$(CURDIR)/share/jupyter $(VENV)/bin/voila $(DASHBOARD_ROOM) $(DASHBOARD_ARGS) notebooks/dashboard.ipynb
 
@@ -36,12 +36,12 @@ overhead: $(STAMP)  ## the harness against a bare hand-written loop
 	$(PY) tests/benchmark_overhead.py
 
 # On a CUDA machine: every CUDA-only path checked with assertions, then both ladders (estimated 5.5 minutes on an
-# H200: fastlab/gpu_check.py says on what basis). Needs torch 2.11+ with the torchvision of the same release, numpy,
+# H200: fastlab/tools/gpu_check.py says on what basis). Needs torch 2.11+ with the torchvision of the same release, numpy,
 # Pillow and nvidia-ml-py (it names what is missing in one line); prints one line and exits 0 without a CUDA GPU.
 GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	@$(GPU_PY) -c "import torch" 2>/dev/null || { echo "fastlab gpu-check: missing torch (2.11 or newer, with the torchvision of the same release) for $(GPU_PY) (exit 1)."; exit 1; }
-	@PYTHONPATH=. $(GPU_PY) -m fastlab.gpu_check
+	@PYTHONPATH=. $(GPU_PY) -m fastlab.tools.gpu_check
 
 clean:
 	rm -rf $(VENV) bench-results

@@ -3,7 +3,7 @@
 The top-level notebooks/ folder stays the one source of truth (the layout is fixed by the design). When a
 wheel is built (directly, or from an sdist, which carries notebooks/ through MANIFEST.in), build_py copies
 notebooks/*.ipynb into fastlab/notebooks/, where `python -m fastlab notebooks DIR` finds them. An editable
-install reads the checkout's notebooks/ instead (fastlab.install.packaged_notebooks).
+install reads the checkout's notebooks/ instead (fastlab.tools.install.packaged_notebooks).
 """
 
 from pathlib import Path

@@ -7,7 +7,7 @@ fastlab.widgets, which alone imports ipywidgets.
 
 __version__ = "0.1.0"
 
-from .advise import advise as advise  # re-exported: fastlab.advise(result), fastlab.advise.verify(result)
+from .advisor import advise, verify  # fastlab.advise(result), fastlab.verify(result)
 from .code import code, code_diff
 from .config import PROFILES, TrainConfig, active_profile, config_for
 from .data import DatasetError, ImageSet, load_images
@@ -30,5 +30,5 @@ __all__ = [
     "Spread", "environment", "is_noise", "verdict", "RunResult", "load_reference", "load_results",
     "save_results", "reference_for", "reference_summary", "compare", "interleave", "run", "sweep", "__version__",
     "active_run", "run_seeds", "accuracy_spread", "describe_accuracy", "outcome_verdict", "time_to_accuracy",
-    "TimeToAccuracy", "watch", "compare_loops", "code", "code_diff",
+    "TimeToAccuracy", "watch", "compare_loops", "code", "code_diff", "advise", "verify",
 ]

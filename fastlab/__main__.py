@@ -7,9 +7,8 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from .config import CHOICES, PROFILES, TrainConfig
+from .config import CHOICES, PROFILES, TrainConfig, add_config_flags
 
 
 class CliError(Exception):
@@ -94,30 +93,6 @@ def _results_file(path_text: str) -> Path:
     return path
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _parse_optional_int(text: str) -> int | None:
-    return None if text.lower() == "none" else int(text)
-
-
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One --flag per TrainConfig field; defaults stay None so only what was given overrides the profile."""
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in ("notes", "profile"):
-            continue
-        kind: Any = {"bool": _parse_bool, "int": int, "float": float, "int | None": _parse_optional_int}.get(
-            str(f.type), str)
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
-                            choices=CHOICES.get(f.name), help=f"TrainConfig.{f.name} (default: the profile's)")
-
-
 def _cmd_env(args: argparse.Namespace) -> int:
     from .environment_report import environment_report
 
@@ -195,7 +170,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
-    from .advise import results_advice_text
+    from .advisor import results_advice_text
     from .results import load_results
 
     results = load_results(_results_file(args.results))
@@ -207,7 +182,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _cmd_notebooks(args: argparse.Namespace) -> int:
-    from .install import copy_notebooks
+    from .tools.install import copy_notebooks
 
     report = copy_notebooks(_writable_folder(Path(args.dir), "the DIR argument"), force=args.force)
     for name in report.copied + report.updated + report.overwritten:

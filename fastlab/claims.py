@@ -384,16 +384,6 @@ def record(verdict: Verdict) -> Verdict:
     return verdict
 
 
-def record_verdict(claim_id: str, verdict: str, evidence: str, result_summary: str = "", *,
-                   device: str | None = None, profile: str | None = None) -> Verdict:
-    """Append one verdict to the store, with the date, device and profile (default: this process's)."""
-    here_device, here_profile = _context(())
-    v = Verdict(claim=claim_id, verdict=verdict, evidence=evidence, result_summary=result_summary,
-                device=device or here_device, profile=profile or here_profile, date=_now(),
-                notebook=get(claim_id).notebook)
-    return record(v)
-
-
 def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]:
     """The newest verdict of each claim (from the store unless given)."""
     out: dict[str, Verdict] = {}
@@ -523,10 +513,3 @@ def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (),
     if save:
         record(v)
     return v
-
-
-def describe_store() -> str:
-    """Where the verdicts are kept and how many there are."""
-    n = len(load_verdicts())
-    return f"{n} verdict(s) recorded in {store_path()} (set FASTLAB_RESULTS_DIR to keep them elsewhere)"
-

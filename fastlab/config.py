@@ -6,6 +6,7 @@ are all built from these fields.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -302,3 +303,29 @@ def comparison_repeats(config: TrainConfig) -> int:
             raise ValueError(f"FASTLAB_REPEATS={raw!r} is not allowed: a positive whole number of repeats")
         return int(raw)
     return COMPARISON_REPEATS.get(config.profile, 2)
+
+
+# ------------------------------------------------------------------ the command line's flags, built from the fields
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parse_optional_int(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One --flag per TrainConfig field; defaults stay None so only what was given overrides the profile."""
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in ("notes", "profile"):
+            continue
+        kind: Any = {"bool": _parse_bool, "int": int, "float": float, "int | None": _parse_optional_int}.get(
+            str(f.type), str)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
+                            choices=CHOICES.get(f.name), help=f"TrainConfig.{f.name} (default: the profile's)")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig
+from .config import TrainConfig, add_config_flags
 from .parallel import (  # noqa: F401  (re-exported: the names notebooks and tests use)
     BACKENDS,
     BATCH_MODES,
@@ -353,7 +353,6 @@ def _write_error(out: Path, rank: int) -> None:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from .__main__ import add_config_flags
     from .config import PROFILES
 
     p = argparse.ArgumentParser(prog="python -m torch.distributed.run ... -m fastlab.distributed",

@@ -61,11 +61,6 @@ class RunResult:
         return self.status == "ok"
 
     @property
-    def credited(self) -> bool:
-        """Whether its speed may be credited: a run that failed, stopped early or stopped learning is not fast."""
-        return self.status == "ok"
-
-    @property
     def throughput(self) -> Spread:
         """Images per second: median, min and max over the timed windows (of every repeat, for an arm measured in
         interleaved repeats, whose own windows the noise rule pairs: extras["repeat_windows"])."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from .advise import advice_html
+from .advisor import advice_html
 from .config import CHOICES, TrainConfig, field_names
 from .measure import Spread, is_noise
 from .plots import figure_png, plot_comparison
@@ -325,8 +325,3 @@ class Panel:
         hidden = len(self.results) - len(shown)
         self.count.value = f"{len(shown)} results in the plot" + (
             f" ({hidden} older runs not shown; Clear removes the runs)" if hidden else "")
-
-
-def knob_panel(base: TrainConfig, knobs: dict[str, Sequence[Any] | None], **kwargs: Any) -> Panel:
-    """Build a Panel (see Panel for the arguments)."""
-    return Panel(base, knobs, **kwargs)

@@ -5,7 +5,7 @@
 
 Each notebook runs in a fresh kernel (as a reader's would) with FASTLAB_PROFILE set, its claim verdicts kept in a
 temporary folder (never the reader's store), and nothing written back into the notebook. The wall seconds, the
-date, the machine, the machine's load average and how the run ended go into the timings file (fastlab.timings),
+date, the machine, the machine's load average and how the run ended go into the timings file (fastlab.tools.timings),
 which the notebooks' first cells and docs/workshop.md print from. A timeout or an error is recorded as such.
 """
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.thorough:
         os.environ["FASTLAB_THOROUGH"] = "1"
     sys.path.insert(0, str(ROOT))
-    from fastlab.timings import record_timing
+    from fastlab.tools.timings import record_timing
 
     names = [n.removesuffix(".ipynb") for n in args.notebooks] or sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_workshop_table(timings_file: Path) -> None:
     """The instructor's guide prints the table from the same file (tests/test_claims.py checks they agree)."""
-    from fastlab.timings import timings_table, with_timings_table
+    from fastlab.tools.timings import timings_table, with_timings_table
 
     guide = ROOT / "docs" / "workshop.md"
     guide.write_text(with_timings_table(guide.read_text(), timings_table(path=timings_file)))

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 import fastlab
 from fastlab import advise as adv_fn
-from fastlab.advise import (
+from fastlab.advisor import (
     CPU_SMALL_BATCH,
     DATA_WAIT_SHARE,
     MEMORY_HEADROOM_SHARE,
@@ -322,8 +322,10 @@ def test_verify_rejects_bad_arguments_by_name():
             verify(gpu_result(loader="dataloader", wait=0.5, device="auto"))
 
 
-def test_advise_is_also_reachable_as_the_package_function():
-    assert adv_fn is fastlab.advise and fastlab.advise.verify is verify
+def test_advise_and_verify_are_package_functions_and_the_module_is_not_shadowed():
+    import fastlab.advisor
+
+    assert adv_fn is fastlab.advise and fastlab.verify is verify and fastlab.advisor.advise is adv_fn
 
 
 # ----------------------------------------------------------------- the command line

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fastlab import claims, timings
+from fastlab import claims
 from fastlab.measure import Spread
 from fastlab.results import RunResult
+from fastlab.tools import timings
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # Every notebook but the start and the dashboard: a lesson, with the same scaffolding.
@@ -71,7 +72,8 @@ def test_less_and_conditions():
 
 def test_store_appends_atomically_and_keeps_the_latest(store):
     assert claims.load_verdicts() == []
-    first = claims.record_verdict("C1", "holds (1.5x faster)", "a sweep", "runs", device="CPU", profile="smoke")
+    first = claims.record(claims.Verdict(claim="C1", verdict="holds (1.5x faster)", evidence="a sweep", device="CPU",
+                                               profile="smoke", date="2026-01-01T00:00:00+00:00"))
     second = claims.conclude("C1", claims.Finding("does not hold here (slower: 0.90x)", "another sweep"),
                              [fake("a", [1.0])])
     assert [v.verdict for v in claims.load_verdicts()] == [first.verdict, second.verdict]
@@ -82,7 +84,7 @@ def test_store_appends_atomically_and_keeps_the_latest(store):
     assert not list(store.parent.glob("*.tmp"))
     store.write_text("{not json")
     assert claims.load_verdicts() == []  # a broken store reads as empty, and the next record starts it again
-    claims.record_verdict("C2", "no-op here (no GPU)", "pin_memory on cpu")
+    claims.record(claims.Verdict(claim="C2", verdict="no-op here (no GPU)", evidence="pin_memory on cpu"))
     assert [v.claim for v in claims.load_verdicts()] == ["C2"]
 
 

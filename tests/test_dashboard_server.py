@@ -8,7 +8,7 @@ pytest.importorskip("jupyter_server")
 
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager  # noqa: E402
 
-from fastlab.dashboard_server import RoomKernelManager  # noqa: E402
+from fastlab.tools.dashboard_server import RoomKernelManager  # noqa: E402
 
 
 def test_a_kernel_fresh_out_of_the_pool_gets_a_full_idle_timeout(monkeypatch):

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 import fastlab
-from fastlab import bench, gpu_check, measure, outcomes, train
+from fastlab import bench, measure, outcomes, train
 from fastlab.config import config_for
 from fastlab.lessons.data_loading import describe_data_wait
 from fastlab.results import RunResult, load_results, save_results
+from fastlab.tools import gpu_check
 
-advise = importlib.import_module("fastlab.advise")  # the module (fastlab.advise is also the function)
+advise = importlib.import_module("fastlab.advisor")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

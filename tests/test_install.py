@@ -1,5 +1,5 @@
-"""fastlab.install: no address built in, the install source a teacher sets once, the first cell of every notebook
-(written by `python -m fastlab.install`), the notebook copy, and the Colab dry run: a fresh venv with only the
+"""fastlab.tools.install: no address built in, the install source a teacher sets once, the first cell of every notebook
+(written by `python -m fastlab.tools.install`), the notebook copy, and the Colab dry run: a fresh venv with only the
 built wheel beside the notebook packages, a stub google.colab, a notebook run top to bottom outside the repository."""
 
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import fastlab
-from fastlab import install
+from fastlab.tools import install
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -131,9 +131,9 @@ def test_a_copy_made_earlier_and_not_edited_is_updated(tmp_path):
 
 
 def test_every_repository_notebook_starts_with_the_current_install_cell():
-    """Fails until `python -m fastlab.install --ensure-notebooks notebooks/` has been run on the repository."""
+    """Fails until `python -m fastlab.tools.install --ensure-notebooks notebooks/` has been run on the repository."""
     stale = [p.name for p in NOTEBOOKS if not install.has_current_install_cell(json.loads(p.read_text()))]
-    assert stale == [], f"run `python -m fastlab.install --ensure-notebooks notebooks/`; stale: {stale}"
+    assert stale == [], f"run `python -m fastlab.tools.install --ensure-notebooks notebooks/`; stale: {stale}"
 
 
 UNSEEN_ADDRESSES = re.compile(r"fastlab-workbook|git\+https?://|github\.com/[\w.-]+/fastlab\b")

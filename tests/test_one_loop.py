@@ -45,7 +45,7 @@ def test_max_seconds_ends_both_time_limited(knobs):
 def test_divergence_ends_both_diverged(knobs):
     single, ddp = knobs
     for r in (single["divergence"], ddp["divergence"]):
-        assert r.status == "diverged" and r.diverged_step is not None and not r.credited
+        assert r.status == "diverged" and r.diverged_step is not None and not r.ok
 
 
 def _functions(path: Path):

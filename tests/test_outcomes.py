@@ -43,7 +43,7 @@ def test_a_nan_output_ends_the_run_as_diverged_with_its_step(quick):
     assert r.status == "diverged"
     assert r.diverged_step == 3  # 0-based: the 4th step
     assert r.last_finite_loss is not None and math.isfinite(r.last_finite_loss)
-    assert "nan" in r.error and not r.credited
+    assert "nan" in r.error and not r.ok
     assert r.steps_done == 3  # the diverged step's own bookkeeping never happened
     assert "DIVERGED" in r.summary()
 
@@ -77,7 +77,7 @@ def test_non_finite_parameters_are_caught_at_the_end(quick):
 
 def test_a_healthy_run_is_ok_and_keeps_its_last_finite_loss(quick):
     r = fastlab.run(quick, progress=False)
-    assert r.status == "ok" and r.credited and r.diverged_step is None
+    assert r.status == "ok" and r.ok and r.diverged_step is None
     assert r.last_finite_loss == pytest.approx(r.losses[-1][1])
 
 

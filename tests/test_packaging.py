@@ -102,7 +102,7 @@ def test_the_wheel_holds_every_notebook_and_nothing_only_tests_need(wheel):
     notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert notebooks and [n for n in notebooks if f"fastlab/notebooks/{n}" not in names] == []
     assert not any(n.endswith(("checked_outputs.json", "conftest.py")) for n in names)
-    assert "fastlab/install.py" in names and "fastlab/__main__.py" in names
+    assert "fastlab/tools/install.py" in names and "fastlab/__main__.py" in names
 
 
 @pytest.mark.timeout(300)  # the build (shared with the test above) and the smallest notebook: about a minute idle

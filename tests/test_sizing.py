@@ -263,7 +263,8 @@ def test_the_bench_ladder_sizes_every_rung_alike_and_records_the_calibration(cal
 
 
 def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path):
-    from fastlab import config, timings
+    from fastlab import config
+    from fastlab.tools import timings
 
     fast = config.time_sizing("cpu")
     monkeypatch.setenv("FASTLAB_THOROUGH", "1")

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import fastlab
-from fastlab.advise import findings_for, verify
+from fastlab.advisor import findings_for, verify
 from fastlab.models import build_model
 from fastlab.results import load_results, save_results
 
@@ -200,7 +200,7 @@ def test_a_loss_that_turns_nan_marks_the_run_diverged_and_advise_names_it_first(
         w.step_done(len(x), loss=torch.tensor(float("nan") if i >= 5 else 2.0 - i / 10))
     r = w.result()
     assert r.status == "diverged" and r.diverged_step == 5 and r.last_finite_loss == pytest.approx(1.7)
-    assert keys(r)[0] == "diverged" and not r.credited
+    assert keys(r)[0] == "diverged" and not r.ok
     with pytest.raises(ValueError, match="cannot re-run it"):
         verify(r)
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fastlab
 from fastlab import RunResult
-from fastlab.advise import findings_for
+from fastlab.advisor import findings_for
 
 watch_mod = importlib.import_module("fastlab.watch")
 
@@ -204,7 +204,7 @@ def test_a_diverged_or_empty_side_is_not_credited():
 
 def test_verify_on_a_watched_run_points_to_compare_loops():
     with pytest.raises(ValueError, match="compare_loops"):
-        fastlab.advise.verify(watched("mine", [1.0, 2.0]))
+        fastlab.verify(watched("mine", [1.0, 2.0]))
 
 
 # ----------------------------------------------------------------- memory on short steps

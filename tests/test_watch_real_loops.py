@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fastlab
 from fastlab import RunResult
-from fastlab.advise import findings_for
+from fastlab.advisor import findings_for
 
 watch_mod = importlib.import_module("fastlab.watch")
 
@@ -240,7 +240,7 @@ def test_a_finite_blow_up_is_divergence_and_its_advice_names_only_what_is_in_use
             s.loss = loss
     r = w.result()
     assert all(math.isfinite(v) for _, v in r.losses)
-    assert r.status == "diverged" and "blew up" in r.error and not r.credited
+    assert r.status == "diverged" and "blew up" in r.error and not r.ok
     f = findings_for(r)[0]
     assert f.key == "diverged" and f.changes == {"lr": 1e3}
     assert "fp16" not in f.technique and "compile" not in f.technique and "bf16" not in f.technique

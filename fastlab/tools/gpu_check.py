@@ -1,4 +1,4 @@
-"""The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python -m fastlab.gpu_check`).
+"""The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python -m fastlab.tools.gpu_check`).
 
 Checks, with assertions and at small sizes, every CUDA-only path of fastlab, then runs both bench ladders at
 gpu-profile sizes and saves their results. Needs torch 2.11 or newer with the torchvision of the same release,
@@ -69,7 +69,7 @@ def check(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
 
 
 def _small(**changes: Any):
-    from .config import config_for
+    from ..config import config_for
 
     base = dict(dataset="synthetic", steps=20, warmup_steps=3, windows=4, train_images=4096, eval_images=512,
                 batch_size=256, max_seconds=60.0)
@@ -78,7 +78,7 @@ def _small(**changes: Any):
 
 @check("synchronised timing agrees with CUDA events")
 def _timing() -> str:
-    from .measure import now
+    from ..measure import now
 
     x = torch.randn(4096, 4096, device="cuda")
     for _ in range(3):
@@ -147,7 +147,7 @@ def _oom() -> str:
 
 @check("fp16 + GradScaler changes its scale; bf16 runs without a scaler")
 def _precision() -> str:
-    from .measure import bf16_supported
+    from ..measure import bf16_supported
 
     net = nn.Linear(64, 10).cuda()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -175,7 +175,7 @@ def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda
     """A ResNet-18 factory whose first convolution records (input channels_last, weight channels_last) for each
     forward pass on `device_type` only: a model factory also builds a model for preflight's CPU check (without
     channels_last weights), and those passes say nothing about the training run."""
-    from .models import build_model
+    from ..models import build_model
 
     def net() -> nn.Module:
         m = build_model("resnet18")
@@ -222,7 +222,7 @@ class UntunedForward(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from .models import build_model
+        from ..models import build_model
 
         self.net = build_model("resnet18")
 
@@ -275,7 +275,7 @@ def _nvml() -> str:
 
 @check("a one-process nccl DDP run finishes")
 def _ddp() -> str:
-    from .distributed import run_ddp
+    from ..distributed import run_ddp
 
     job = run_ddp(_small(steps=10, windows=2), nproc=1, timeout_s=240)
     r = job.result
@@ -287,9 +287,9 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
     """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds` (the same for every
     rung: a budget that shrinks as time passes would stop late rungs and make them look like traps); no rung is
     started once a ladder has run for its half of `budget_s`. Results saved after every rung."""
-    from .bench import ladder, markdown_table, run_ladder
-    from .config import config_for
-    from .results import save_results
+    from ..bench import ladder, markdown_table, run_ladder
+    from ..config import config_for
+    from ..results import save_results
 
     lines = []
     for model in ("resnet18", "compact"):
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastlab gpu-check: missing {', '.join(missing)}; install them (torchvision of the release that "
               f"matches torch {torch.__version__}) and run again (exit 1).")
         return 1
-    from .measure import device_name
+    from ..measure import device_name
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,10 @@ from typing import Any
 
 TIMINGS_VERSION = 1
 TIMINGS_NAME = "timings.json"
-REPO_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+REPO_NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
-PACKAGED_NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"  # where a wheel carries the notebooks
+PACKAGED_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"  # where a wheel carries the notebooks
 
 
 def timings_path() -> Path:
@@ -78,7 +78,7 @@ def _duration(seconds: float) -> str:
 def notebook_time(notebook: str, profile: str | None = None) -> str:
     """One sentence: how long `notebook` took top to bottom on `profile` (default: the active one), or that it
     was not measured yet on that profile."""
-    from .config import active_profile
+    from ..config import active_profile
 
     profile = profile or active_profile()
     entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile)
@@ -93,7 +93,7 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
 
 def thorough_hint(notebook: str, profile: str) -> str:
     """How to run the thorough version of a notebook, with its measured time (timings key '<profile>-thorough')."""
-    from .config import time_sizing
+    from ..config import time_sizing
 
     if time_sizing(profile) is None:
         return ""

@@ -1,6 +1,6 @@
 """Measure the bundled reference results on a real GPU, in one sitting.
 
-    PYTHONPATH=. python -m fastlab.reference_run --out fastlab/reference --budget-s 540
+    PYTHONPATH=. python -m fastlab.tools.reference_run --out fastlab/reference --budget-s 540
 
 Runs the bench ladder (ResNet-18 and the compact net) and then every registered notebook comparison
 under the gpu profile, saving after each one (atomically), so a run cut short by its budget still
@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from .bench import ladder, run_ladder
-from .comparisons import all_comparisons, run_comparison
-from .config import config_for
-from .measure import device_name, resolve_device
-from .results import RunResult, save_results
+from ..bench import ladder, run_ladder
+from ..comparisons import all_comparisons, run_comparison
+from ..config import config_for
+from ..measure import device_name, resolve_device
+from ..results import RunResult, save_results
 
 
 def device_slug(name: str) -> str:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = resolve_device("auto")
     if device.type != "cuda":
-        print("fastlab.reference_run: no CUDA GPU here; reference results are measured on a real GPU only.",
+        print("fastlab.tools.reference_run: no CUDA GPU here; reference results are measured on a real GPU only.",
               file=sys.stderr)
         return 2
     path = Path(args.out) / f"{device_slug(device_name(device))}.json"

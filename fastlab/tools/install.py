@@ -7,7 +7,7 @@
 - install_cell_source(): the first code cell of every notebook. It imports fastlab; where that fails it reads
   the install source and prints the one install line, and on Colab (google.colab importable) runs it; with no
   source set it says what to set.
-- `python -m fastlab.install --ensure-notebooks notebooks/` inserts or updates that cell in each notebook
+- `python -m fastlab.tools.install --ensure-notebooks notebooks/` inserts or updates that cell in each notebook
   (it edits the JSON; it never executes a notebook).
 - copy_notebooks(): what `python -m fastlab notebooks DIR` runs: the notebooks that travel inside the package
   (a wheel carries them as fastlab/notebooks/, copied from the top-level notebooks/ at build time by setup.py)
@@ -26,7 +26,7 @@ from pathlib import Path
 
 # Where a notebook's first cell installs fastlab from, when it is missing: set by the teacher, never built in (no
 # address is published that nobody has seen work). Change these names here, then run
-# `python -m fastlab.install --ensure-notebooks notebooks/` so every notebook's first cell follows.
+# `python -m fastlab.tools.install --ensure-notebooks notebooks/` so every notebook's first cell follows.
 SOURCE_ENV = "FASTLAB_INSTALL_SOURCE"
 SOURCE_FILE = "fastlab-install-source.txt"
 INSTALL_LINE = "pip install .   # in a clone of the repository (or: pip install fastlab-<version>-py3-none-any.whl)"
@@ -39,7 +39,7 @@ DEFAULT_DIR = "fastlab-notebooks"
 
 def install_cell_source() -> str:
     """The first code cell of every notebook: import fastlab, or install it from the teacher's source."""
-    return f'''{CELL_MARK} (written by `python -m fastlab.install`; edit fastlab/install.py, not this cell)
+    return f'''{CELL_MARK} (written by `python -m fastlab.tools.install`; edit fastlab/tools/install.py, not this cell)
 try:
     import fastlab
 except ImportError:
@@ -116,7 +116,7 @@ def ensure_install_cell(path: str | Path) -> bool:
 def packaged_notebooks() -> Path:
     """The folder of notebooks this fastlab carries: fastlab/notebooks in an installed wheel, or the
     checkout's top-level notebooks/ (an editable install, or running from the repository)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the fastlab package (this file is fastlab/tools/install.py)
     for folder in (here / "notebooks", here.parent / "notebooks"):
         if any(folder.glob("*.ipynb")):
             return folder
@@ -179,7 +179,7 @@ def copy_notebooks(dest: str | Path = DEFAULT_DIR, force: bool = False) -> CopyR
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastlab.install", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fastlab.tools.install", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ensure-notebooks", metavar="DIR", required=True,
                         help="insert or update the install cell as the first code cell of every DIR/*.ipynb")
     args = parser.parse_args(argv)

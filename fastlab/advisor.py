@@ -2,7 +2,7 @@
 
     findings = fastlab.advise(result)                  # ranked Findings, each with its evidence
     advice = fastlab.advise(result, verify=True)       # ... and the top one tried: advice.verification
-    fastlab.advise.verify(result)                      # the same measurement on its own
+    fastlab.verify(result)                             # the same measurement on its own
 
 Each rule reads numbers the run measured (data-wait share, optimiser share, step time, peak memory,
 GPU utilisation) or knobs it ran with, compares them with a named threshold below, and, when it fires,
@@ -864,7 +864,7 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
 def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advice:
     """The ranked findings of `result`; with verify=True the top one is also tried (advice.verification).
 
-    verify_args go to fastlab.advise.verify (finding, repeats, dataset, model, progress).
+    verify_args go to fastlab.verify (finding, repeats, dataset, model, progress).
     """
     advice = Advice(result, findings_for(result))
     if verify:
@@ -875,7 +875,6 @@ def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advic
 
 
 _verify = verify
-advise.verify = verify  # type: ignore[attr-defined]  # fastlab.advise.verify(result), as the notebooks call it
 
 
 def advice_text(result: RunResult, findings: list[Finding] | None = None) -> str:
