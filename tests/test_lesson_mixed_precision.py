@@ -118,7 +118,7 @@ def test_c4_on_cpu_uses_the_breakdown_and_c5_the_underflow_report():
     from fastlab.lessons import memory
 
     runs = [_seed("off", 0, [10], 0.8), _seed("bf16", 0, [20], 0.8)]
-    finding = mp.judge_memory(runs, memory.amp_pairs("tiny", (4,), "bf16"))
+    finding = mp.judge_memory(runs, memory.judge_amp_memory(memory.amp_pairs("tiny", (4,), "bf16")))
     assert "stays fp32" in finding.evidence
     assert "weak test" in mp.judge_memory(runs).evidence  # without the breakdown: RSS, said to be weak
     report = mp.gradient_underflow(batch=512, residual=2.5e-4)

@@ -19,10 +19,9 @@ from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import bf16_supported, device_name, is_noise, resolve_device, verdict
-from ..outcomes import TimeToAccuracy, time_to_accuracy
+from ..outcomes import TimeToAccuracy, plain_words, time_to_accuracy, tta_finding
 from ..results import RunResult, load_reference, reference_for
 from ..train import run
-from .optimizers import plain_words, tta_finding
 
 NAME = "09_all_together:ladder"
 

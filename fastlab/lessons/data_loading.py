@@ -26,7 +26,8 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
-from ..measure import Spread, is_noise, resolve_device, usable_cpu_count, verdict
+from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
+from ..outcomes import vs_baseline
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
@@ -222,14 +223,6 @@ def epoch_start_wait(result: RunResult) -> tuple[float, float]:
     rest = [w for i, w in enumerate(result.data_wait_seconds) if i >= warm and i not in starts]
     at_start = [result.data_wait_seconds[s] for s in starts if s < len(result.data_wait_seconds)]
     return (statistics.median(at_start) if at_start else math.nan, statistics.median(rest) if rest else math.nan)
-
-
-def vs_baseline(base: RunResult, other: RunResult) -> str:
-    """verdict() of two runs' throughputs, or why there is none (a run that failed or timed no window)."""
-    for r in (base, other):
-        if not r.window_throughput:
-            return f"no comparison: '{r.label}' finished no timed window ({r.status}: {r.error or 'stopped early'})"
-    return verdict(base.throughput, other.throughput)
 
 
 def data_path_report(results: list[RunResult]) -> str:

@@ -22,9 +22,9 @@ from ..bench import tta_groups
 from ..claims import Finding, judge
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
-from ..measure import Spread, is_noise, resolve_device, synchronize, verdict
+from ..measure import Spread, resolve_device, synchronize, verdict
 from ..models import build_model
-from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy
+from ..outcomes import TimeToAccuracy, describe_accuracy, plain_words, time_to_accuracy, tta_finding
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import TrainingRun, sweep
@@ -130,57 +130,6 @@ def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunRe
 def groups(runs: list[RunResult]) -> list[TimeToAccuracy]:
     """The runs of a time-to-accuracy comparison, grouped back by variant (in order)."""
     return tta_groups(runs)
-
-
-def _why_not(t: TimeToAccuracy) -> str:
-    return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
-
-
-def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
-    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better; a
-    seed that diverged or missed the target counts against it; a difference inside the seeds' spread is none.
-
-    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
-    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
-    spread measured the machine's load, not the change.
-    """
-    n, nb = len(other.runs), len(base.runs)
-    diverged = sum(r.status == "diverged" for r in other.runs)
-    evidence = f"{other.summary()}; against {base.summary()}"
-    if diverged:
-        return Finding(f"does not hold here ({other.label} diverged in {diverged} of {n} seeds)", evidence)
-    if other.reached == 0:
-        return Finding(f"does not hold here ({other.label} did not reach {other.target:.0%} in any seed: "
-                       f"{_why_not(other)})", evidence)
-    if base.reached == 0:
-        return Finding(f"holds ({other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
-                       f"{base.label} in none)", evidence)
-    if other.reached / n < base.reached / nb:
-        return Finding(f"does not hold here ({other.label} reached the target in {other.reached} of {n} seeds, "
-                       f"{base.label} in {base.reached} of {nb})", evidence)
-    b, o = base.seconds, other.seconds
-    ratio = b.median / o.median
-    if is_noise(b, o):
-        return Finding(f"does not hold here (no difference outside the seeds' spread: {ratio:.2f}x)", evidence)
-    bs, os_ = base.steps, other.steps
-    if steps_too and is_noise(bs, os_):
-        return Finding(f"does not hold here (the same steps to target within the seeds' spread: median "
-                       f"{os_.median:.0f} vs {bs.median:.0f}; the {ratio:.2f}x in seconds is per-step speed, "
-                       f"not convergence)", evidence)
-    if ratio < 1:
-        return Finding(f"does not hold here (slower to {other.target:.0%}: {ratio:.2f}x)", evidence)
-    if steps_too and os_.median > bs.median:
-        return Finding(f"does not hold here (more steps to target: median {os_.median:.0f} vs {bs.median:.0f}; "
-                       f"the {ratio:.2f}x in seconds is per-step speed, not convergence)", evidence)
-    return Finding(f"holds ({ratio:.2f}x faster to {other.target:.0%} held-out accuracy)", evidence)
-
-
-def plain_words(verdict: str) -> str:
-    """A tta_finding verdict as a step's effect: 'faster (...)' or 'not faster (...)'."""
-    for head, word in (("holds (", "faster ("), ("does not hold here (", "not faster (")):
-        if verdict.startswith(head):
-            return word + verdict[len(head):]
-    return verdict
 
 
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
