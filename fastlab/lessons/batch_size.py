@@ -359,7 +359,6 @@ def read_powers(results: list[RunResult]) -> list[PowerReading]:
     return out
 
 
-@claims.judge("C7", "04_batch_size:sizes")
 def judge_powers(results: list[RunResult]) -> Finding:
     """C7: is a power-of-two batch faster than its neighbours' line, outside their spread?"""
     readings = read_powers(results)
@@ -419,7 +418,6 @@ def tta_groups(results: list[RunResult]) -> dict[str, TimeToAccuracy]:
     return out
 
 
-@claims.judge("C8", "04_batch_size:time_to_accuracy")
 def judge_largest(results: list[RunResult]) -> Finding:
     """C8: the larger batch, counted in images/s and in time to the target accuracy."""
     groups = list(tta_groups(results).values())

@@ -336,7 +336,6 @@ def read_sweep(results: list[RunResult]) -> SweepReading:
     return SweepReading(cores_of(results), peak, near, costs[0] if costs else None, last=ok[-1])
 
 
-@claims.judge("C1", "01_data_loading:num_workers")
 def judge_workers(results: list[RunResult]) -> Finding:
     """C1: is num_workers = 2-4 x the cores where the sweep peaks (or within the peak's spread)?"""
     reading = read_sweep(results)
@@ -419,7 +418,6 @@ def describe_copies(copies: list[CopyTiming] | str) -> str:
                      for c in copies)
 
 
-@claims.judge("C2", "01_data_loading:pipeline")
 def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | None = None) -> Finding:
     """C2: pinned memory on the copy alone (when timed) and on training throughput, against the run before it."""
     pinned = next((r for r in pipeline if r.config.get("pin_memory") and r.config.get("loader") == "dataloader"
@@ -450,7 +448,6 @@ def utilisation_swing(result: RunResult) -> tuple[float, float] | None:
     return sum(u <= 10 for u in values) / len(values), sum(u >= 90 for u in values) / len(values)
 
 
-@claims.judge("C13", "01_data_loading:slow_storage")
 def judge_swing(starved: list[RunResult]) -> Finding:
     """C13 on the slow-storage runs: does the starved run's GPU utilisation swing, and do workers fix it?"""
     if len(starved) < 2:

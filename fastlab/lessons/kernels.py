@@ -293,6 +293,3 @@ def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = N
     combined = claims.verdict_conditions(findings)
     return Finding(combined.verdict, combined.evidence + f"; warm-up (autotuning) {on.warmup_seconds:.2f} s with "
                                                          f"benchmark on vs {off.warmup_seconds:.2f} s off")
-
-
-claims.judge("C6", f"{NAME}:cudnn_benchmark")(judge_benchmark)

@@ -422,7 +422,6 @@ def quality_loss(base_runs: list[RunResult], other_runs: list[RunResult]) -> str
     return None
 
 
-@claims.judge("C3", "02_mixed_precision:precision")
 def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult] | None = None) -> Finding:
     """C3: faster, with no loss of quality? Per low-precision dtype at the profile's batch (over seeds), and for
     the preferred dtype at the small batch too; combined into holds / holds only when ... / does not hold."""
@@ -474,7 +473,6 @@ def _batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResu
     return out
 
 
-@claims.judge("C4", "02_mixed_precision:precision")
 def judge_memory(precision: list[RunResult], breakdown: Finding | None = None) -> Finding:
     """C4 ("about 50% less memory"). On CUDA: the allocator's peak of the same runs, per dtype. Elsewhere the
     process's resident memory cannot show it, so `breakdown`, the finding on the memory computed from tensor

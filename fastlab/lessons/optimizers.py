@@ -19,7 +19,7 @@ import torch
 
 from .. import builders
 from ..bench import tta_groups
-from ..claims import Finding, judge
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
 from ..measure import Spread, resolve_device, synchronize, verdict
@@ -181,8 +181,8 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
             f"a longer run, or a harder target, would test it")
 
 
-@judge("C12", C12_COMPARISON)
-def _judge_c12_results(results: list[RunResult]) -> Finding:
+def judge_c12_results(results: list[RunResult]) -> Finding:
+    """C12 on the runs of c12_time_to_accuracy (the bundled reference results' form)."""
     return judge_c12(groups(results))
 
 
