@@ -1,6 +1,6 @@
 """Notebook 01: the data path. Worker processes, pinned memory, persistent workers, prefetching, device-resident data.
 
-Comparisons registered here (run them with fastlab.comparisons.run_comparison):
+Comparisons (the notebook calls them: compare_num_workers(cfg), compare_pipeline(cfg), compare_slow_storage(cfg)):
   01_data_loading:num_workers   DataLoader worker processes from 0 past 4x the cores this process may use (C1)
   01_data_loading:pipeline      the DataLoader knobs added one by one, then the device-resident loader
   01_data_loading:slow_storage  a starved trainer: simulated per-image storage latency, 0 workers vs several
