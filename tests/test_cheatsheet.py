@@ -1,14 +1,20 @@
-"""The cheat sheet: docs/cheatsheet.md is what fastlab.cheatsheet generates, and each claim's row is its own."""
+"""The cheat sheet: docs/cheatsheet.md is what fastlab.cheatsheet generates, and each claim's row is its own.
+Notebook 00 shows it from the module, and shows the plain loop (fastlab.code.loop_code) with its measuring touches.
+"""
 
 import inspect
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from fastlab import cheatsheet, claims
+from fastlab import cheatsheet, claims, config_for
+from fastlab.code import code, loop_code
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "cheatsheet.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "cheatsheet.md"
+START_HERE = ROOT / "notebooks" / "00_start_here.ipynb"
 # Each claim's own PyTorch call, which its code block must show (the technique, not a neighbour's).
 CALLS = {"C1": ["num_workers="], "C2": ["pin_memory=", "non_blocking=True"], "C3": ["torch.autocast", "float16"],
          "C4": ["torch.autocast", "bfloat16"], "C5": ["GradScaler", "scaler.scale(loss).backward()", "scaler.step"],
@@ -84,3 +90,29 @@ def test_no_figure_typed_by_hand_outside_quotes_and_code(page):
         elif not in_code and not line.startswith(">"):
             prose.append(line)
     assert not TYPED_FIGURE.search("\n".join(prose))
+
+
+def start_here() -> tuple[str, str]:
+    """(markdown, code) of notebook 00."""
+    cells = json.loads(START_HERE.read_text())["cells"]
+    return tuple("\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == kind)
+                 for kind in ("markdown", "code"))
+
+
+def test_the_plain_loop_is_the_main_of_the_script_that_runs():
+    for cfg in (config_for("smoke"), config_for("smoke", amp="fp16", log_every=5)):
+        loop = loop_code(cfg)
+        assert loop.startswith("def main() -> None:") and loop.rstrip() in code(cfg)
+        for line in ("x, y = next(batches)", ".backward()", "optimizer.step()", "sync()", "losses.append("):
+            assert line in loop, f"the loop shown lacks {line!r}"
+    assert "scaler.step(optimizer)" in loop and "% LOG_EVERY" in loop  # a knob's lines are in it too
+
+
+def test_notebook_00_shows_the_loop_its_touches_and_the_cheat_sheet_from_the_modules():
+    text, source = start_here()
+    assert "loop_code(cfg)" in source and "cheatsheet.show()" in source
+    timer = text.split("## 5. What is inside the timer")[1].split("\n## ")[0]
+    for touch in ("synchronise", "`next(batches)`", "copy", "timed apart", "`log_every`"):
+        assert touch in timer, f"notebook 00 does not say where fastlab touches the loop: {touch!r}"
+    words = len(text.split())
+    assert words <= 1100, f"notebook 00's prose is {words} words: keep it near 900"
