@@ -203,7 +203,8 @@ class Panel:
         if not diff.unified:
             self.code.value = f"{head}: no change from the baseline."
             return
-        self.code.value = f"{head}:{diff._repr_html_()}"
+        # a long diff (another loader swaps whole classes) scrolls inside its box, so Run and the plot stay in view
+        self.code.value = f'{head}:<div style="max-height:28em;overflow:auto">{diff._repr_html_()}</div>'
 
     @property
     def running(self) -> bool:
