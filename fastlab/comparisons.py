@@ -25,28 +25,31 @@ from .config import TrainConfig, comparison_repeats, config_for
 from .results import RunResult
 
 ComparisonFn = Callable[..., list[RunResult]]
+Arms = int | Callable[[TrainConfig], int] | None
 
 
 class NamedComparison(Protocol):
     """A lesson's comparison as @comparison returns it: call it with a config; it carries its name and sizing."""
 
     name: str
-    arms: int | None  # runs sharing the comparison's time; None: not sized by time
+    arms: Arms  # runs sharing the comparison's time (or a function of the base config giving it); None: not sized
     repeated: bool
 
     def __call__(self, base: TrainConfig | None = None, progress: bool = True, **options: Any) -> list[RunResult]: ...
 
 
-def comparison(name: str, arms: int | None = None, repeated: bool = True) -> Callable[[ComparisonFn], NamedComparison]:
+def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[[ComparisonFn], NamedComparison]:
     """Wrap fn(base: TrainConfig, progress: bool = True, **options) -> list[RunResult] as the comparison `name`.
-    `arms`: how many runs share the comparison's time (config.TIME_SIZING), or None where its steps are not sized
+    `arms`: how many runs share the comparison's time (config.TIME_SIZING), a function of the base config giving
+    that number (a sweep whose values depend on the machine), or None where its steps are not sized
     by time (time to accuracy trains until a target within the profile's max_steps; a ladder sizes its own rungs);
     repeated: whether each arm runs the profile's comparison_repeats times (interleaved), False for one run each
     (e.g. one per seed, already counted in `arms`)."""
     if ":" not in name:
         raise ValueError(f"comparison names look like 'NN_notebook:what', got {name!r}")
-    if arms is not None and (isinstance(arms, bool) or not isinstance(arms, int) or arms < 1):
-        raise ValueError(f"comparison({name!r}, arms={arms!r}) is not allowed: None or an integer >= 1")
+    if arms is not None and not callable(arms) and (isinstance(arms, bool) or not isinstance(arms, int) or arms < 1):
+        raise ValueError(f"comparison({name!r}, arms={arms!r}) is not allowed: None, an integer >= 1 or a function "
+                         f"of the base config")
 
     def named(fn: ComparisonFn) -> NamedComparison:
         @functools.wraps(fn)
@@ -55,7 +58,8 @@ def comparison(name: str, arms: int | None = None, repeated: bool = True) -> Cal
             base = base or config_for()
             calibration = None
             if arms is not None:
-                base, calibration = sized(base, arms * (comparison_repeats(base) if repeated else 1))
+                count = arms(base) if callable(arms) else arms
+                base, calibration = sized(base, max(1, count) * (comparison_repeats(base) if repeated else 1))
             results = fn(base, progress=progress, **options)
             for r in results:
                 r.extras["comparison"] = name

@@ -57,7 +57,7 @@ def sizes_for(base: TrainConfig) -> list[int]:
     return sorted({max(1, b * 3 // 4), b, b * 5 // 4})
 
 
-@comparison("04_batch_size:sizes")
+@comparison("04_batch_size:sizes", arms=lambda base: len(sizes_for(base)))
 def sizes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """One run per batch size of sizes_for(base): throughput and peak memory."""
     return sweep("batch_size", sizes_for(base), base, progress=progress)

@@ -96,7 +96,7 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
 
 
-@comparison("01_data_loading:num_workers")
+@comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())), repeated=False)
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     cfg, cores = sweep_config(base), usable_cpu_count()
     results = []
@@ -126,7 +126,7 @@ def torch_worker_warning(results: list[RunResult]) -> str:
     return "torch gave no warning about the worker counts"
 
 
-@comparison("01_data_loading:pipeline")
+@comparison("01_data_loading:pipeline", arms=lambda base: len(pipeline_steps(pipeline_workers())), repeated=False)
 def compare_pipeline(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     configs = [(label, short_for_smoke(base.replace(**changes))) for label, changes in pipeline_steps(pipeline_workers())]
     return [run(cfg, label=label, progress=progress) for label, cfg in configs]
@@ -165,7 +165,7 @@ def slow_storage_data(base: TrainConfig, batch_ms: float = STARVE_BATCH_MS) -> t
     return train, held_out
 
 
-@comparison("01_data_loading:slow_storage")
+@comparison("01_data_loading:slow_storage")  # not sized by time: its steps wait on simulated storage, not compute
 def compare_slow_storage(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The symptom of a data bottleneck: 0 workers on slow storage, then every core's worth of workers."""
     data = slow_storage_data(base)

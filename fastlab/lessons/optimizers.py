@@ -345,7 +345,7 @@ def plot_panel(results: list[RunResult], title: str = ""):
     return fig
 
 
-@comparison(f"{NAME}:opt_impl")
+@comparison(f"{NAME}:opt_impl", arms=len(OPT_IMPLS))
 def opt_impls(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """AdamW with a for-loop, foreach and fused optimiser step (the step's share is sampled in warm-up)."""
     return sweep("opt_impl", list(OPT_IMPLS), preset(base, "adamw"), progress=progress)
