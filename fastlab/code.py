@@ -384,4 +384,49 @@ def _body(script: str) -> str:
     return "\n".join(lines[lines.index('"""') + 1:])
 
 
-__all__ = ["code", "code_diff", "CodeDiff"]
+# ------------------------------------------------------------------ the diff between two runnable snippets
+# (the techniques without a TrainConfig knob: the profiler's schedule, activation checkpointing, torch.export, DDP)
+
+
+@dataclass(frozen=True)
+class SnippetDiff(CodeDiff):
+    """A CodeDiff of two short functions, shown whole (a snippet is short: every line is context)."""
+
+    context: int = 1000
+
+    @property
+    def unified(self) -> list[str]:
+        return list(difflib.unified_diff(self.base.splitlines(), self.changed.splitlines(), self.base_name,
+                                         self.changed_name, n=self.context, lineterm=""))
+
+
+def _snippet_source(fn: object, name: str) -> str:
+    """fn's own source, dedented, its docstring dropped and its name replaced by `name` (so only code differs)."""
+    import ast
+
+    source = textwrap.dedent(inspect.getsource(fn))  # type: ignore[arg-type]
+    lines = source.splitlines()
+    node = ast.parse(source).body[0]
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        del lines[body[0].lineno - 1: body[0].end_lineno]
+    own = getattr(fn, "__name__", "")
+    return "\n".join(line.replace(f"def {own}(", f"def {name}(", 1) for line in lines)
+
+
+def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
+                 changed_name: str | None = None) -> SnippetDiff:
+    """What `changed` adds to `base`: two runnable functions' own source (inspect.getsource), diffed whole.
+
+    The code shown is the code that ran: pass the functions the notebook calls. Both are shown under base's name
+    and without their docstrings, so the diff holds only the technique's lines."""
+    for label, fn in (("base", base), ("changed", changed)):
+        if not callable(fn):
+            raise TypeError(f"snippet_diff: {label} must be a function (its source is diffed), got {type(fn).__name__}")
+    name = getattr(base, "__name__", "snippet")
+    return SnippetDiff(_snippet_source(base, name), _snippet_source(changed, name), base_name,
+                       changed_name or getattr(changed, "__name__", "changed"))
+
+
+__all__ = ["code", "code_diff", "CodeDiff", "snippet_diff", "SnippetDiff"]
