@@ -196,3 +196,29 @@ def run_one_process_group(fn: Callable[..., float], *args: object) -> float:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def train_steps_profiled_unstepped(model: nn.Module, batches: list, opt: torch.optim.Optimizer,
+                                   trace_dir: str | Path) -> torch.profiler.profile:
+    """The pitfall: the profiled loop without prof.step(), so the schedule never leaves its first `wait` step."""
+    model.train()
+    prof = torch.profiler.profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+    prof.start()
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    prof.stop()
+    return prof
+
+
+def recorded_ops(prof: torch.profiler.profile) -> int:
+    """How many distinct operators a finished profile recorded (0 when it recorded nothing)."""
+    try:
+        return len(prof.key_averages())
+    except (AssertionError, RuntimeError):  # no recorded events at all
+        return 0
