@@ -1,4 +1,4 @@
-"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 07, 08, 11 and 12 run.
+"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 07, 08, 10, 11, 12 run.
 
 Each pair is one plain function and the same function with the technique's lines added; a notebook calls both
 on a tiny model and shows `fastlab.code.snippet_diff(plain, with_technique)`, so the lines shown are lines that
@@ -67,6 +67,19 @@ def train_steps_profiled(model: nn.Module, batches: list, opt: torch.optim.Optim
     prof.stop()
     return prof
 
+
+
+def train_steps_watched(w, model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> float:
+    """The same loop under fastlab.watch (notebook 10): the two touches, and the loss handed over."""
+    model.train()
+    for x, y in w(batches):  # touch 1: the wait for each batch is timed
+        with w.step(len(x)) as s:  # touch 2: the step is timed and its images counted
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            s.loss = loss  # read once at the end: a NaN marks the run diverged
+    return loss.item()
 
 # ------------------------------------------------------------------ 12: activation checkpointing
 
