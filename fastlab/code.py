@@ -260,8 +260,9 @@ def _step_lines(cfg: TrainConfig) -> list[str]:
         lines.append("    for micro in range(GRAD_ACCUM_STEPS):  # gradients add up over the micro-batches")
     lines.append(pad + "x, y = next(batches)")
     if cfg.non_blocking:
-        lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  "
-                           "# the copy overlaps compute")
+        why = ("# from pageable memory: still a synchronous copy (the pitfall: pin_memory is off)"
+               if cfg.loader == "dataloader" and not cfg.pin_memory else "# the copy overlaps compute")
+        lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  " + why)
     else:
         lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)")
     if cfg.channels_last and cfg.loader == "dataloader":

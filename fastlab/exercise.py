@@ -22,7 +22,7 @@ import textwrap
 from typing import Any
 
 from .code import CodeDiff
-from .config import active_profile
+from .config import TrainConfig, active_profile
 from .watch import LoopComparison, LoopFn, compare_loops
 
 SOLUTION_ENV = "FASTLAB_SOLUTION"  # "1": measure the worked solution; "0": the learner's loop, whatever the profile
@@ -34,6 +34,14 @@ def solution_runs() -> bool:
     if flag in ("0", "1"):
         return flag == "1"
     return active_profile() == "smoke"
+
+
+def images(cfg: TrainConfig, batches: int | None = None) -> int:
+    """How many training images an exercise's loop uses: `batches` of cfg.batch_size (8 under smoke, so a
+    notebook stays short; 30 elsewhere: enough timed windows for the noise rule)."""
+    if batches is None:
+        batches = 8 if active_profile() == "smoke" else 30
+    return batches * cfg.batch_size
 
 
 def pick(mine: LoopFn, solution: LoopFn) -> LoopFn:
@@ -93,4 +101,4 @@ def check(given: LoopFn, mine: LoopFn, *, repeats: int | None = None, labels: tu
     return result
 
 
-__all__ = ["SOLUTION_ENV", "check", "loop_source", "pick", "solution_diff", "solution_runs", "unchanged"]
+__all__ = ["SOLUTION_ENV", "check", "images", "loop_source", "pick", "solution_diff", "solution_runs", "unchanged"]
