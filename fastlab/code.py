@@ -409,11 +409,20 @@ def _snippet_source(fn: object, name: str) -> str:
     lines = source.splitlines()
     node = ast.parse(source).body[0]
     body = getattr(node, "body", [])
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        del lines[body[0].lineno - 1: body[0].end_lineno]
+    first_body = body[0].lineno - 1 if body else node.lineno  # the signature is the lines before it
     own = getattr(fn, "__name__", "")
-    return "\n".join(line.replace(f"def {own}(", f"def {name}(", 1) for line in lines)
+    shift = len(name) - len(own)
+    for i in range(node.lineno - 1, first_body):
+        if i == node.lineno - 1:
+            lines[i] = lines[i].replace(f"def {own}(", f"def {name}(", 1)
+        elif shift > 0:  # continuation lines stay aligned under the renamed def's parenthesis
+            lines[i] = " " * shift + lines[i]
+        elif shift < 0:
+            lines[i] = lines[i][min(-shift, len(lines[i]) - len(lines[i].lstrip())):]
+    doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
+    if doc is not None and isinstance(doc.value.value, str):
+        del lines[doc.lineno - 1: doc.end_lineno]
+    return "\n".join(lines)
 
 
 def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
