@@ -37,7 +37,7 @@ CODE_CALLS_07_12: dict[str, list[str]] = {
     "07_compile_and_export": ["torch.compile", "torch.export", "onnx"],
     "08_profiling": ["profiler", "schedule", "prof.step"],
     "09_all_together": ["num_workers", "channels_last", "autocast", "fused", "DeviceLoader"],  # the checklist's lines
-    "10_your_own_model": ["fastlab.watch", "w.step", "s.loss"],  # fastlab.watch on the reader's own loop
+    "10_your_own_model": ["fastlab.watch", "w.step", "w.paused"],  # fastlab.watch on the reader's own loop
     "11_multi_gpu_ddp": ["DistributedDataParallel", "init_process_group", "DistributedSampler"],
     "12_memory": ["checkpoint", "use_reentrant=False", "set_to_none"],
 }
@@ -72,6 +72,7 @@ def setup_cell(nb: list[dict]) -> dict:
 def run_cell(source: str, namespace: dict[str, Any], label: str) -> str:
     """Exec a cell as IPython would (its source kept in linecache, so inspect.getsource works); its stdout."""
     filename = f"<{label}>"
+    source = re.sub(r"^%.*$", "pass  # an IPython magic", source, flags=re.M)  # 09 and 10 set %matplotlib inline
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
