@@ -38,9 +38,9 @@ def solution_runs() -> bool:
 
 def images(cfg: TrainConfig, batches: int | None = None) -> int:
     """How many training images an exercise's loop uses: `batches` of cfg.batch_size (8 under smoke, so a
-    notebook stays short; 30 elsewhere: enough timed windows for the noise rule)."""
+    notebook stays short; 20 elsewhere: three timed windows of 5 after the warm-up, for the noise rule)."""
     if batches is None:
-        batches = 8 if active_profile() == "smoke" else 30
+        batches = 8 if active_profile() == "smoke" else 20
     return batches * cfg.batch_size
 
 
@@ -86,13 +86,14 @@ def check(given: LoopFn, mine: LoopFn, *, repeats: int | None = None, labels: tu
           **options: Any) -> LoopComparison | None:
     """Measure `mine` against the unedited `given` with fastlab.compare_loops (in turns, the noise rule), print the
     verdict and return the comparison; None, with the reason, when `mine` is still the given loop.
-    repeats: 1 under smoke (a few steps, to keep the notebook short), else 3. options: as for fastlab.watch."""
+    repeats: 1 under smoke (a few steps, to keep the notebook short), else 2 (the pairs the noise rule compares; a
+    run of the exercise stays within seconds on a laptop's CPU). options: as for fastlab.watch."""
     if unchanged(given, mine):
         print(f"{_name(mine)} is still {_name(given)} line for line: edit it to add the technique, then run this "
               f"cell again (nothing was measured)")
         return None
     if repeats is None:
-        repeats = 1 if active_profile() == "smoke" else 3
+        repeats = 1 if active_profile() == "smoke" else 2
     labels = labels or (f"{_name(given)} (as given)", _name(mine))
     options.setdefault("window_steps", 2 if active_profile() == "smoke" else 5)
     options.setdefault("warmup_steps", 1 if active_profile() == "smoke" else 3)

@@ -18,6 +18,7 @@ import json
 import linecache
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -169,3 +170,61 @@ def test_write_it_yourself_runs_its_solution_through_compare_loops(name, smoke, 
     assert isinstance(comparison, LoopComparison) and comparison.outcome != "failed", printed
     assert all(r.ok and r.window_throughput for r in comparison.before + comparison.after)
     assert "worked solution" in printed and comparison.outcome in printed  # the words follow the measurement
+
+
+def test_the_solution_runs_by_the_flag_else_under_smoke(monkeypatch, capsys):
+    from fastlab import exercise
+
+    monkeypatch.delenv(exercise.SOLUTION_ENV, raising=False)
+    monkeypatch.setenv("FASTLAB_PROFILE", "cpu")
+    assert not exercise.solution_runs()
+    monkeypatch.setenv(exercise.SOLUTION_ENV, "1")
+    assert exercise.solution_runs()
+    monkeypatch.setenv("FASTLAB_PROFILE", "smoke")
+    monkeypatch.setenv(exercise.SOLUTION_ENV, "0")
+    assert not exercise.solution_runs()
+    monkeypatch.delenv(exercise.SOLUTION_ENV)
+
+    def yours(w):
+        return w
+
+    def answer(w):
+        return None
+
+    assert exercise.solution_runs() and exercise.pick(yours, answer) is answer
+    assert "worked solution" in capsys.readouterr().out
+
+
+def test_an_unedited_copy_is_not_measured_and_an_edit_is(monkeypatch, capsys):
+    from fastlab import exercise
+
+    def given(w):
+        total = 0
+        for x in w([1, 2]):
+            total += x
+        return total
+
+    def copy(w):  # the same body under another name
+        total = 0
+        for x in w([1, 2]):
+            total += x
+        return total
+
+    def edited(w):
+        total = 0
+        for x in w([1, 2]):
+            total += 2 * x
+        return total
+
+    measured = []
+    def fake(before, after, **options):
+        measured.append((before, after))
+        return SimpleNamespace(text=lambda: "measured")
+
+    monkeypatch.setattr(exercise, "compare_loops", fake)
+    assert exercise.check(given, copy) is None and not measured
+    assert "nothing was measured" in capsys.readouterr().out
+    exercise.check(given, edited)
+    assert measured == [(given, edited)]
+    diff = exercise.solution_diff(given, edited)
+    assert diff.added == ["        total += 2 * x"] and diff.removed == ["        total += x"]
