@@ -440,3 +440,14 @@ def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
 
 
 __all__ = ["code", "code_diff", "CodeDiff", "snippet_diff", "SnippetDiff"]
+
+
+def loop_code(cfg: TrainConfig) -> str:
+    """The main() of code(cfg), as it is written there: data, model, optimiser, the timed loop (the step and the
+    loss logging) and the report. Notebook 00 shows it: the plain loop a run is."""
+    script = code(cfg)
+    start = script.index("def main() -> None:")
+    return script[start:script.index('\n\n\nif __name__ == "__main__":', start)] + "\n"
+
+
+__all__ += ["loop_code"]
