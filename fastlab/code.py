@@ -385,4 +385,69 @@ def _body(script: str) -> str:
     return "\n".join(lines[lines.index('"""') + 1:])
 
 
-__all__ = ["code", "code_diff", "CodeDiff"]
+# ------------------------------------------------------------------ the diff between two runnable snippets
+# (the techniques without a TrainConfig knob: the profiler's schedule, activation checkpointing, torch.export, DDP)
+
+
+@dataclass(frozen=True)
+class SnippetDiff(CodeDiff):
+    """A CodeDiff of two short functions, shown whole (a snippet is short: every line is context)."""
+
+    context: int = 1000
+
+    @property
+    def unified(self) -> list[str]:
+        return list(difflib.unified_diff(self.base.splitlines(), self.changed.splitlines(), self.base_name,
+                                         self.changed_name, n=self.context, lineterm=""))
+
+
+def _snippet_source(fn: object, name: str) -> str:
+    """fn's own source, dedented, its docstring dropped and its name replaced by `name` (so only code differs)."""
+    import ast
+
+    source = textwrap.dedent(inspect.getsource(fn))  # type: ignore[arg-type]
+    lines = source.splitlines()
+    node = ast.parse(source).body[0]
+    body = getattr(node, "body", [])
+    first_body = body[0].lineno - 1 if body else node.lineno  # the signature is the lines before it
+    own = getattr(fn, "__name__", "")
+    shift = len(name) - len(own)
+    for i in range(node.lineno - 1, first_body):
+        if i == node.lineno - 1:
+            lines[i] = lines[i].replace(f"def {own}(", f"def {name}(", 1)
+        elif shift > 0:  # continuation lines stay aligned under the renamed def's parenthesis
+            lines[i] = " " * shift + lines[i]
+        elif shift < 0:
+            lines[i] = lines[i][min(-shift, len(lines[i]) - len(lines[i].lstrip())):]
+    doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
+    if doc is not None and isinstance(doc.value.value, str):
+        del lines[doc.lineno - 1: doc.end_lineno]
+    return "\n".join(lines)
+
+
+def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
+                 changed_name: str | None = None) -> SnippetDiff:
+    """What `changed` adds to `base`: two runnable functions' own source (inspect.getsource), diffed whole.
+
+    The code shown is the code that ran: pass the functions the notebook calls. Both are shown under base's name
+    and without their docstrings, so the diff holds only the technique's lines."""
+    for label, fn in (("base", base), ("changed", changed)):
+        if not callable(fn):
+            raise TypeError(f"snippet_diff: {label} must be a function (its source is diffed), got {type(fn).__name__}")
+    name = getattr(base, "__name__", "snippet")
+    return SnippetDiff(_snippet_source(base, name), _snippet_source(changed, name), base_name,
+                       changed_name or getattr(changed, "__name__", "changed"))
+
+
+__all__ = ["code", "code_diff", "CodeDiff", "snippet_diff", "SnippetDiff"]
+
+
+def loop_code(cfg: TrainConfig) -> str:
+    """The main() of code(cfg), as it is written there: data, model, optimiser, the timed loop (the step and the
+    loss logging) and the report. Notebook 00 shows it: the plain loop a run is."""
+    script = code(cfg)
+    start = script.index("def main() -> None:")
+    return script[start:script.index('\n\n\nif __name__ == "__main__":', start)] + "\n"
+
+
+__all__ += ["loop_code"]

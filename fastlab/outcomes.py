@@ -19,8 +19,9 @@ from typing import Any
 
 from . import builders
 from .builders import Data, ModelArg
+from .claims import Finding
 from .config import TrainConfig, target_accuracy, tta_settings
-from .measure import Spread, is_noise
+from .measure import Spread, is_noise, verdict
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
 
@@ -232,3 +233,65 @@ def tta_record(r: RunResult, target: float) -> dict[str, Any]:
         record["why_not"] = {"ok": "step budget spent", "time_limited": "time budget spent",
                              "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status]
     return record
+
+
+# ---------------------------------------------------------------- judging two runs, or two times to accuracy
+
+
+def vs_baseline(base: RunResult, other: RunResult) -> str:
+    """verdict() of two runs' throughputs, or why there is none (a run that failed or timed no window)."""
+    for r in (base, other):
+        if not r.window_throughput:
+            return f"no comparison: '{r.label}' finished no timed window ({r.status}: {r.error or 'stopped early'})"
+    return verdict(base.throughput, other.throughput)
+
+
+def _why_not(t: TimeToAccuracy) -> str:
+    return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
+
+
+def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
+    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better; a
+    seed that diverged or missed the target counts against it; a difference inside the seeds' spread is none.
+
+    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
+    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
+    spread measured the machine's load, not the change.
+    """
+    n, nb = len(other.runs), len(base.runs)
+    diverged = sum(r.status == "diverged" for r in other.runs)
+    evidence = f"{other.summary()}; against {base.summary()}"
+    if diverged:
+        return Finding(f"does not hold here ({other.label} diverged in {diverged} of {n} seeds)", evidence)
+    if other.reached == 0:
+        return Finding(f"does not hold here ({other.label} did not reach {other.target:.0%} in any seed: "
+                       f"{_why_not(other)})", evidence)
+    if base.reached == 0:
+        return Finding(f"holds ({other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
+                       f"{base.label} in none)", evidence)
+    if other.reached / n < base.reached / nb:
+        return Finding(f"does not hold here ({other.label} reached the target in {other.reached} of {n} seeds, "
+                       f"{base.label} in {base.reached} of {nb})", evidence)
+    b, o = base.seconds, other.seconds
+    ratio = b.median / o.median
+    if is_noise(b, o):
+        return Finding(f"does not hold here (no difference outside the seeds' spread: {ratio:.2f}x)", evidence)
+    bs, os_ = base.steps, other.steps
+    if steps_too and is_noise(bs, os_):
+        return Finding(f"does not hold here (the same steps to target within the seeds' spread: median "
+                       f"{os_.median:.0f} vs {bs.median:.0f}; the {ratio:.2f}x in seconds is per-step speed, "
+                       f"not convergence)", evidence)
+    if ratio < 1:
+        return Finding(f"does not hold here (slower to {other.target:.0%}: {ratio:.2f}x)", evidence)
+    if steps_too and os_.median > bs.median:
+        return Finding(f"does not hold here (more steps to target: median {os_.median:.0f} vs {bs.median:.0f}; "
+                       f"the {ratio:.2f}x in seconds is per-step speed, not convergence)", evidence)
+    return Finding(f"holds ({ratio:.2f}x faster to {other.target:.0%} held-out accuracy)", evidence)
+
+
+def plain_words(verdict: str) -> str:
+    """A tta_finding verdict as a step's effect: 'faster (...)' or 'not faster (...)'."""
+    for head, word in (("holds (", "faster ("), ("does not hold here (", "not faster (")):
+        if verdict.startswith(head):
+            return word + verdict[len(head):]
+    return verdict

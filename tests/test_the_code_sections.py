@@ -34,8 +34,17 @@ CODE_CALLS_01_06: dict[str, list[str]] = {
     "05_no_grad_detach_item": ["no_grad", ".item()", "detach"],
     "06_adamw_and_schedules": ["AdamW", "fused", "CosineAnnealingLR"],
 }
-CODE_CALLS_07_12: dict[str, list[str]] = {}
+CODE_CALLS_07_12: dict[str, list[str]] = {
+    "07_compile_and_export": ["torch.compile", "torch.export", "onnx"],
+    "08_profiling": ["profiler", "schedule", "prof.step"],
+    "09_all_together": ["num_workers", "channels_last", "autocast", "fused", "DeviceLoader"],  # the checklist's lines
+    "10_your_own_model": ["fastlab.watch", "w.step", "w.paused"],  # fastlab.watch on the reader's own loop
+    "11_multi_gpu_ddp": ["DistributedDataParallel", "init_process_group", "DistributedSampler"],
+    "12_memory": ["checkpoint", "use_reentrant=False", "set_to_none"],
+}
 CODE_CALLS = {**CODE_CALLS_01_06, **CODE_CALLS_07_12}
+# 09 names its config `base`, 10 takes its own model's (own_model.notebook_config)
+SETUP = re.compile(r"^(cfg|base)(, note)? = (fastlab\.config_for|own_model\.notebook_config)\(\)", re.M)
 DIFF_CALLS = re.compile(r"\b(code_diff|snippet_diff|solution_diff)\(")
 EXERCISE_TAGS = ("exercise-given", "exercise-mine", "exercise-solution", "exercise-check")
 
@@ -58,12 +67,13 @@ def the_code_section(nb: list[dict]) -> tuple[int, list[dict]]:
 
 def setup_cell(nb: list[dict]) -> dict:
     """The notebook's import cell: the first code cell that sets cfg."""
-    return next(c for c in nb if c["cell_type"] == "code" and "cfg = fastlab.config_for()" in text(c))
+    return next(c for c in nb if c["cell_type"] == "code" and SETUP.search(text(c)))
 
 
 def run_cell(source: str, namespace: dict[str, Any], label: str) -> str:
     """Exec a cell as IPython would (its source kept in linecache, so inspect.getsource works); its stdout."""
     filename = f"<{label}>"
+    source = re.sub(r"^%.*$", "pass  # an IPython magic", source, flags=re.M)  # 09 and 10 set %matplotlib inline
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -19,12 +19,12 @@ import torch
 
 from .. import builders
 from ..bench import tta_groups
-from ..claims import Finding, judge
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
-from ..measure import Spread, is_noise, resolve_device, synchronize, verdict
+from ..measure import Spread, resolve_device, synchronize, verdict
 from ..models import build_model
-from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy
+from ..outcomes import TimeToAccuracy, describe_accuracy, plain_words, time_to_accuracy, tta_finding
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import sweep
@@ -132,57 +132,6 @@ def groups(runs: list[RunResult]) -> list[TimeToAccuracy]:
     return tta_groups(runs)
 
 
-def _why_not(t: TimeToAccuracy) -> str:
-    return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
-
-
-def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
-    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better; a
-    seed that diverged or missed the target counts against it; a difference inside the seeds' spread is none.
-
-    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
-    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
-    spread measured the machine's load, not the change.
-    """
-    n, nb = len(other.runs), len(base.runs)
-    diverged = sum(r.status == "diverged" for r in other.runs)
-    evidence = f"{other.summary()}; against {base.summary()}"
-    if diverged:
-        return Finding(f"does not hold here ({other.label} diverged in {diverged} of {n} seeds)", evidence)
-    if other.reached == 0:
-        return Finding(f"does not hold here ({other.label} did not reach {other.target:.0%} in any seed: "
-                       f"{_why_not(other)})", evidence)
-    if base.reached == 0:
-        return Finding(f"holds ({other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
-                       f"{base.label} in none)", evidence)
-    if other.reached / n < base.reached / nb:
-        return Finding(f"does not hold here ({other.label} reached the target in {other.reached} of {n} seeds, "
-                       f"{base.label} in {base.reached} of {nb})", evidence)
-    b, o = base.seconds, other.seconds
-    ratio = b.median / o.median
-    if is_noise(b, o):
-        return Finding(f"does not hold here (no difference outside the seeds' spread: {ratio:.2f}x)", evidence)
-    bs, os_ = base.steps, other.steps
-    if steps_too and is_noise(bs, os_):
-        return Finding(f"does not hold here (the same steps to target within the seeds' spread: median "
-                       f"{os_.median:.0f} vs {bs.median:.0f}; the {ratio:.2f}x in seconds is per-step speed, "
-                       f"not convergence)", evidence)
-    if ratio < 1:
-        return Finding(f"does not hold here (slower to {other.target:.0%}: {ratio:.2f}x)", evidence)
-    if steps_too and os_.median > bs.median:
-        return Finding(f"does not hold here (more steps to target: median {os_.median:.0f} vs {bs.median:.0f}; "
-                       f"the {ratio:.2f}x in seconds is per-step speed, not convergence)", evidence)
-    return Finding(f"holds ({ratio:.2f}x faster to {other.target:.0%} held-out accuracy)", evidence)
-
-
-def plain_words(verdict: str) -> str:
-    """A tta_finding verdict as a step's effect: 'faster (...)' or 'not faster (...)'."""
-    for head, word in (("holds (", "faster ("), ("does not hold here (", "not faster (")):
-        if verdict.startswith(head):
-            return word + verdict[len(head):]
-    return verdict
-
-
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
     """'More stably', as far as a few seeds can tell: seeds that diverged or missed the target, and how far apart
     the seeds' steps to target lie (max - min)."""
@@ -232,8 +181,8 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
             f"a longer run, or a harder target, would test it")
 
 
-@judge("C12", C12_COMPARISON)
-def _judge_c12_results(results: list[RunResult]) -> Finding:
+def judge_c12_results(results: list[RunResult]) -> Finding:
+    """C12 on the runs of c12_time_to_accuracy (the bundled reference results' form)."""
     return judge_c12(groups(results))
 
 
@@ -396,7 +345,7 @@ def plot_panel(results: list[RunResult], title: str = ""):
     return fig
 
 
-@comparison(f"{NAME}:opt_impl")
+@comparison(f"{NAME}:opt_impl", arms=len(OPT_IMPLS))
 def opt_impls(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """AdamW with a for-loop, foreach and fused optimiser step (the step's share is sampled in warm-up)."""
     return sweep("opt_impl", list(OPT_IMPLS), preset(base, "adamw"), progress=progress)
