@@ -20,9 +20,10 @@ from typing import Any
 from . import builders
 from .builders import Data, ModelArg
 from .config import TrainConfig, target_accuracy, tta_settings
-from .measure import Spread, is_noise
+from .measure import Spread
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
+from .verdicts import verdict
 
 DEFAULT_SEEDS = (0, 1, 2)
 
@@ -64,15 +65,15 @@ def outcome_verdict(base_runs: Sequence[RunResult], other_runs: Sequence[RunResu
     if diverged:
         return (f"diverged: {len(diverged)} of {len(other_runs)} runs ({diverged[0].error}); its speed is not "
                 f"credited")
-    base, other = accuracy_spread(base_runs), accuracy_spread(other_runs)
-    if base.n == 0 or other.n == 0:
+    c = verdict(accuracy_spread(base_runs), accuracy_spread(other_runs), "held-out accuracy")
+    if not c.comparable:
         return "accuracy not measured"
     head = f"held-out accuracy {describe_accuracy(other_runs)} vs {describe_accuracy(base_runs)}"
-    if base.n < 2 or other.n < 2:
+    if c.base.n < 2 or c.other.n < 2:
         return f"{head}: single runs, no verdict on accuracy"
-    if is_noise(base, other):
+    if c.noise:
         return f"{head}: the same within seed noise"
-    return f"{head}: {'higher' if other.median > base.median else 'lower'}, outside the seeds' spread"
+    return f"{head}: {'higher' if c.better else 'lower'}, outside the seeds' spread"
 
 
 @dataclass

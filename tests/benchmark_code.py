@@ -21,7 +21,8 @@ from pathlib import Path
 
 import fastlab
 from fastlab.bench import ladder
-from fastlab.measure import Spread, verdict
+from fastlab.measure import Spread
+from fastlab.verdicts import verdict
 
 
 def configs(base: fastlab.TrainConfig) -> dict[str, fastlab.TrainConfig]:

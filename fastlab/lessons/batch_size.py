@@ -19,10 +19,11 @@ from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import Spread, is_noise, resolve_device, verdict
+from ..measure import Spread, is_noise, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy
 from ..results import RunResult
 from ..train import run, sweep
+from ..verdicts import verdict
 
 # Batch sizes per profile: powers of two beside their neighbours (a power of two is said to suit the
 # hardware's tiles; the neighbours let a reader see whether it does here). Claim C7 is judged on each power of

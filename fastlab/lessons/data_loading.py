@@ -26,10 +26,11 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
-from ..measure import Spread, is_noise, resolve_device, usable_cpu_count, verdict
+from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
+from ..verdicts import runs_verdict
 
 # The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
 # each image costs STARVE_BATCH_MS / batch_size milliseconds of sleep (like waiting on a slow disk or network).
@@ -224,14 +225,6 @@ def epoch_start_wait(result: RunResult) -> tuple[float, float]:
     return (statistics.median(at_start) if at_start else math.nan, statistics.median(rest) if rest else math.nan)
 
 
-def vs_baseline(base: RunResult, other: RunResult) -> str:
-    """verdict() of two runs' throughputs, or why there is none (a run that failed or timed no window)."""
-    for r in (base, other):
-        if not r.window_throughput:
-            return f"no comparison: '{r.label}' finished no timed window ({r.status}: {r.error or 'stopped early'})"
-    return verdict(base.throughput, other.throughput)
-
-
 def data_path_report(results: list[RunResult]) -> str:
     """One line per run: throughput with spread, share of the step spent waiting for data, and the verdict."""
     if not results:
@@ -240,7 +233,7 @@ def data_path_report(results: list[RunResult]) -> str:
     for r in results:
         line = r.summary()
         if r is not results[0]:
-            line += f"\n    vs '{results[0].label}': {vs_baseline(results[0], r)}"
+            line += f"\n    vs '{results[0].label}': {runs_verdict(results[0], r)}"
         lines.append(line)
     return "\n".join(lines)
 

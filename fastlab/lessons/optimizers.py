@@ -22,12 +22,13 @@ from ..bench import tta_groups
 from ..claims import Finding, judge
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
-from ..measure import Spread, is_noise, resolve_device, synchronize, verdict
+from ..measure import Spread, resolve_device, synchronize
 from ..models import build_model
 from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import TrainingRun, sweep
+from ..verdicts import Comparison, verdict
 
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
@@ -136,9 +137,31 @@ def _why_not(t: TimeToAccuracy) -> str:
     return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
 
 
-def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
-    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better; a
-    seed that diverged or missed the target counts against it; a difference inside the seeds' spread is none.
+@dataclass(frozen=True)
+class TtaVerdict:
+    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), and the
+    comparison of training seconds to target it rests on (None when a side diverged or never reached it)."""
+
+    faster: bool
+    why: str
+    evidence: str
+    seconds: Comparison | None = None
+
+    @property
+    def finding(self) -> Finding:
+        """In a claim's words: 'holds (...)' or 'does not hold here (...)'."""
+        return Finding(f"{'holds' if self.faster else 'does not hold here'} ({self.why})", self.evidence)
+
+    @property
+    def plain(self) -> str:
+        """As a step's effect: 'faster (...)' or 'not faster (...)'."""
+        return f"{'faster' if self.faster else 'not faster'} ({self.why})"
+
+
+def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
+    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better
+    (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
+    the seeds' spread is none.
 
     steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
     faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
@@ -148,39 +171,37 @@ def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     diverged = sum(r.status == "diverged" for r in other.runs)
     evidence = f"{other.summary()}; against {base.summary()}"
     if diverged:
-        return Finding(f"does not hold here ({other.label} diverged in {diverged} of {n} seeds)", evidence)
+        return TtaVerdict(False, f"{other.label} diverged in {diverged} of {n} seeds", evidence)
     if other.reached == 0:
-        return Finding(f"does not hold here ({other.label} did not reach {other.target:.0%} in any seed: "
-                       f"{_why_not(other)})", evidence)
+        return TtaVerdict(False, f"{other.label} did not reach {other.target:.0%} in any seed: {_why_not(other)}",
+                          evidence)
     if base.reached == 0:
-        return Finding(f"holds ({other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
-                       f"{base.label} in none)", evidence)
+        return TtaVerdict(True, f"{other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
+                                f"{base.label} in none", evidence)
     if other.reached / n < base.reached / nb:
-        return Finding(f"does not hold here ({other.label} reached the target in {other.reached} of {n} seeds, "
-                       f"{base.label} in {base.reached} of {nb})", evidence)
-    b, o = base.seconds, other.seconds
-    ratio = b.median / o.median
-    if is_noise(b, o):
-        return Finding(f"does not hold here (no difference outside the seeds' spread: {ratio:.2f}x)", evidence)
-    bs, os_ = base.steps, other.steps
-    if steps_too and is_noise(bs, os_):
-        return Finding(f"does not hold here (the same steps to target within the seeds' spread: median "
-                       f"{os_.median:.0f} vs {bs.median:.0f}; the {ratio:.2f}x in seconds is per-step speed, "
-                       f"not convergence)", evidence)
-    if ratio < 1:
-        return Finding(f"does not hold here (slower to {other.target:.0%}: {ratio:.2f}x)", evidence)
-    if steps_too and os_.median > bs.median:
-        return Finding(f"does not hold here (more steps to target: median {os_.median:.0f} vs {bs.median:.0f}; "
-                       f"the {ratio:.2f}x in seconds is per-step speed, not convergence)", evidence)
-    return Finding(f"holds ({ratio:.2f}x faster to {other.target:.0%} held-out accuracy)", evidence)
+        return TtaVerdict(False, f"{other.label} reached the target in {other.reached} of {n} seeds, "
+                                 f"{base.label} in {base.reached} of {nb}", evidence)
+    c = verdict(base.seconds, other.seconds, "s", higher_is_better=False, quantity="training seconds to target",
+                fmt=".1f")
+    ratio = c.gain  # how many times faster to the target
+    if c.noise:
+        return TtaVerdict(False, f"no difference outside the seeds' spread: {ratio:.2f}x", evidence, c)
+    steps = verdict(base.steps, other.steps, "steps", higher_is_better=False, quantity="steps to target", fmt=".0f")
+    per_step = f"the {ratio:.2f}x in seconds is per-step speed, not convergence"
+    if steps_too and steps.noise:
+        return TtaVerdict(False, f"the same steps to target within the seeds' spread: median "
+                                 f"{other.steps.median:.0f} vs {base.steps.median:.0f}; {per_step}", evidence, c)
+    if c.direction == "worse":
+        return TtaVerdict(False, f"slower to {other.target:.0%}: {ratio:.2f}x", evidence, c)
+    if steps_too and steps.direction == "worse":
+        return TtaVerdict(False, f"more steps to target: median {other.steps.median:.0f} vs "
+                                 f"{base.steps.median:.0f}; {per_step}", evidence, c)
+    return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
 
 
-def plain_words(verdict: str) -> str:
-    """A tta_finding verdict as a step's effect: 'faster (...)' or 'not faster (...)'."""
-    for head, word in (("holds (", "faster ("), ("does not hold here (", "not faster (")):
-        if verdict.startswith(head):
-            return word + verdict[len(head):]
-    return verdict
+def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
+    """tta_verdict in a claim's words (the Finding a claim's judge combines)."""
+    return tta_verdict(base, other, steps_too=steps_too).finding
 
 
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
@@ -244,8 +265,7 @@ def describe_changes(ttas: list[TimeToAccuracy]) -> str:
         change = t.runs[0].extras.get("change", "") if t.runs else ""
         lines.append(f"{t.summary()}\n    change: {change}")
         if i:
-            f = tta_finding(ttas[i - 1], t, steps_too=True)
-            lines.append(f"    against {ttas[i - 1].label}: {plain_words(f.verdict)}")
+            lines.append(f"    against {ttas[i - 1].label}: {tta_verdict(ttas[i - 1], t, steps_too=True).plain}")
     return "\n".join(lines)
 
 
