@@ -160,6 +160,18 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     return out
 
 
+def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
+    """The runs of a time-to-accuracy comparison or results file, grouped back by rung or variant (in order)."""
+    groups: dict[str, TimeToAccuracy] = {}
+    for r in results:
+        key = r.extras.get("rung") or r.extras.get("variant") or r.label
+        if key not in groups:
+            groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
+        groups[key].runs.append(r)
+        groups[key].seeds_not_run = groups[key].seeds_not_run or r.extras["tta"].get("seeds_not_run", "")
+    return list(groups.values())
+
+
 @dataclass(frozen=True)
 class TrapLimits:
     """How the ladders cut a rung above naive short. Each seed stops after `max_training_seconds` of training

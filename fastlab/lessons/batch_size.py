@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import claims
+from .. import claims, outcomes
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
@@ -412,12 +412,8 @@ def time_to_accuracy_by_batch(base: TrainConfig, progress: bool = True, largest:
 
 
 def tta_groups(results: list[RunResult]) -> dict[str, TimeToAccuracy]:
-    """The runs of time_to_accuracy_by_batch regrouped by configuration."""
-    out: dict[str, TimeToAccuracy] = {}
-    for r in results:
-        label = r.extras.get("variant", r.label)
-        out.setdefault(label, TimeToAccuracy(label, r.extras["tta"]["target"])).runs.append(r)
-    return out
+    """The runs of time_to_accuracy_by_batch regrouped by configuration, by label (fastlab.outcomes.tta_groups)."""
+    return {t.label: t for t in outcomes.tta_groups(results)}
 
 
 @claims.judge("C8", "04_batch_size:time_to_accuracy")

@@ -18,13 +18,12 @@ from typing import Any
 import torch
 
 from .. import builders
-from ..bench import tta_groups
 from ..claims import Finding, judge
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
 from ..measure import Spread, resolve_device, synchronize
 from ..models import build_model
-from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy
+from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_groups
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import TrainingRun, sweep
@@ -126,11 +125,6 @@ def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunRe
             r.extras["change"] = why[t.label]
         runs.extend(t.runs)
     return runs
-
-
-def groups(runs: list[RunResult]) -> list[TimeToAccuracy]:
-    """The runs of a time-to-accuracy comparison, grouped back by variant (in order)."""
-    return tta_groups(runs)
 
 
 def _why_not(t: TimeToAccuracy) -> str:
@@ -255,7 +249,7 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
 
 @judge("C12", C12_COMPARISON)
 def _judge_c12_results(results: list[RunResult]) -> Finding:
-    return judge_c12(groups(results))
+    return judge_c12(tta_groups(results))
 
 
 def describe_changes(ttas: list[TimeToAccuracy]) -> str:
