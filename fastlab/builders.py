@@ -61,11 +61,16 @@ def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | 
                     "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}
 
 
+def copies_async(cfg: TrainConfig, device: torch.device) -> bool:
+    """non_blocking=True overlaps the copy with compute only from pinned memory to a CUDA device."""
+    return cfg.non_blocking and cfg.pin_memory and device.type == "cuda"
+
+
 def train_batches(cfg: TrainConfig, data: Data, device: torch.device, no_ops: NoOps):
     """The training batches: a DataLoader (per-image transforms) or the device-resident loader."""
     if device.type == "cuda" and cfg.non_blocking and not cfg.pin_memory and cfg.loader == "dataloader":
         no_ops["non_blocking"] = "a copy from pageable (unpinned) memory is synchronous; set pin_memory=True"
-    pin = cfg.pin_memory and device.type == "cuda"
+    pin = cfg.pin_memory and device.type == "cuda"  # pinned (page-locked) memory only helps a copy to a CUDA GPU
     if cfg.loader == "device":
         for knob in ("pin_memory", "non_blocking"):
             if getattr(cfg, knob):
@@ -77,6 +82,14 @@ def train_batches(cfg: TrainConfig, data: Data, device: torch.device, no_ops: No
     if isinstance(data, tuple):
         return dataset_loader(data[0], batch_size=cfg.batch_size, train=True, **workers)
     return make_dataloader(data.train_images, data.train_labels, batch_size=cfg.batch_size, train=True, **workers)
+
+
+def eval_batches(cfg: TrainConfig, data: Data, device: torch.device) -> tuple[Any, int]:
+    """The held-out batches (in order, no augmentation) and how many images they hold."""
+    if isinstance(data, tuple):
+        return dataset_loader(data[1], batch_size=cfg.batch_size, train=False), len(data[1])
+    return DeviceLoader(data.eval_images, data.eval_labels, batch_size=cfg.batch_size, train=False, device=device,
+                        channels_last=cfg.channels_last), len(data.eval_labels)
 
 
 def build_model(cfg: TrainConfig, device: torch.device, model_arg: ModelArg = None) -> nn.Module:

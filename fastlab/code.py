@@ -6,7 +6,7 @@ each technique's lines, and prints images/s (median over timed windows, warm-up 
 the final loss and the held-out accuracy. A knob at its TrainConfig default adds no line.
 
 Which kind of "the code shown is the code that runs": a template, proven by running it. fastlab's loop is spread
-over train.py, builders.py, data.py and measure.py, and carries the harness (processes, stop events, divergence
+over loop.py, builders.py, clocks.py and data.py, and carries the measuring (clocks, stop events, divergence
 checks, DDP hooks) that a reader's script does not need; cutting untaken branches out of that source would leave
 a script that still calls those helpers. So the loop here is a template written from the same knobs, and
 tests/test_code.py proves it: the script of every configuration the bench ladders and the notebooks' registered

@@ -8,6 +8,7 @@ Every class here is importable from `fastlab.data`, so DataLoader workers starte
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import pickle
 import socket
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -321,3 +323,48 @@ def forever(loader) -> Iterator:
             yield batch
         if empty:
             raise ValueError("the training set is smaller than one batch: lower batch_size or raise train_images")
+
+
+# ---------------------------------------------------------------- DataLoader workers: how they start, what they can rebuild
+
+
+def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
+    """Can a DataLoader worker started with spawn (macOS and Windows default) rebuild this dataset? And why.
+
+    A spawned worker is a fresh Python process: it unpickles the dataset, which imports its class by module
+    and name. A class defined in a notebook lives in __main__, which in the worker is not the notebook.
+    """
+    cls = type(dataset)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__ == "__main__":
+        return False, (f"{cls.__qualname__} is defined in __main__ (this notebook or script): a worker started "
+                       "with spawn cannot import it. Move the class into a .py module and import it from there, "
+                       "or use num_workers=0")
+    if "<locals>" in cls.__qualname__:
+        return False, f"{where} is defined inside a function: pickle cannot find it by name. Define it at module level"
+    try:
+        found: Any = importlib.import_module(cls.__module__)
+        for part in cls.__qualname__.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        return False, f"{where} cannot be imported by name ({e})"
+    if found is not cls:
+        return False, f"{where} imports as a different object than this dataset's class (was it redefined?)"
+    try:
+        pickle.dumps(dataset)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        return False, f"{where} is importable, but this instance cannot be pickled ({e}); a lambda in a transform?"
+    return True, f"{where} is importable by name and pickles: workers started with spawn can rebuild it"
+
+
+def worker_start_method() -> str:
+    """How DataLoader workers start here, without fixing the start method as a side effect."""
+    import multiprocessing
+    import sys
+
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen:
+        return chosen
+    # Python's defaults: fork on Linux before 3.14 (forkserver from 3.14), spawn on macOS and Windows
+    return "fork" if sys.platform.startswith("linux") and sys.version_info < (3, 14) else (
+        "forkserver" if sys.platform.startswith("linux") else "spawn")

@@ -5,7 +5,7 @@ CPU core). Each process is a *rank*: it builds the same model from the same seed
 of the data, and in backward DDP averages the gradients of all ranks with an all-reduce (nccl between GPUs,
 gloo between CPU processes), so every rank takes the same optimiser step and the replicas stay identical.
 
-Each rank trains through fastlab's one loop (fastlab.train) in DDP mode (fastlab.parallel.DDPMode, which also
+Each rank trains through fastlab's one loop (fastlab.loop) in DDP mode (fastlab.parallel.DDPMode, which also
 holds the batch and learning-rate arithmetic); this module starts the ranks, sets up the process group and
 gathers what they measured.
 
@@ -292,7 +292,7 @@ def _train_job(job: DDPJob, ctx: Rank, crash_rank: int | None, crash_step: int) 
     import torch.distributed as dist
 
     from .data import load_images
-    from .train import TrainingRun
+    from .loop import TrainingRun
 
     plan = plan_batches(job.config, ctx.world, job.options)
     cfg = job.config.replace(batch_size=plan.per_rank_batch, lr=plan.lr, device=str(ctx.device))
@@ -339,7 +339,7 @@ def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
 
 
 def _window_steps(warmup: int, steps: int, windows: int) -> list[int]:
-    from .train import window_ends
+    from .clocks import window_ends
 
     return list(window_ends(warmup, steps, windows).values())
 

@@ -4,29 +4,40 @@ from __future__ import annotations
 
 import torch
 
-from .config import active_profile
+from .config import TrainConfig, active_profile
 from .data import cifar10_on_disk, data_dir
+from .device_support import no_op_reasons
 from .measure import bf16_is_trap, bf16_supported, environment, has_tensor_cores, resolve_device
 
 
 def techniques_here(device: torch.device | None = None) -> list[tuple[str, bool, str]]:
-    """(technique, applies here?, why) for each technique the workbook teaches."""
+    """(technique, applies here?, why) for each technique the workbook teaches. Whether a knob does anything here
+    is decided once, by device_support.no_op_reasons (what a run records as a no-op), never a second time here."""
     dev = device or resolve_device()
     cuda = dev.type == "cuda"
-    ampere = cuda and torch.cuda.get_device_capability(dev)[0] >= 8
-    on = f"on {dev.type}"
+
+    def idle(**knobs: object) -> str | None:  # why these knobs do nothing here, or None when they act
+        reasons = no_op_reasons(TrainConfig(device=dev.type, **knobs), dev)
+        return "; ".join(reasons[k] for k in knobs if k in reasons) or None
+
+    def row(name: str, does: str, **knobs: object) -> tuple[str, bool, str]:
+        why = idle(**knobs)
+        return name, why is None, does if why is None else why
+
     return [
         ("DataLoader workers", True, "parallel decoding and augmentation on CPU cores"),
-        ("pin_memory + non_blocking", cuda, "speeds host-to-GPU copies" if cuda else f"no host-to-GPU copy {on}"),
+        row("pin_memory + non_blocking", "speeds host-to-GPU copies", pin_memory=True, non_blocking=True),
         ("device-resident loader", True, "batches made on the device as tensor ops"),
-        ("fp16 autocast + GradScaler", True, "tensor cores" if has_tensor_cores(dev) else f"runs {on}; gains not assured"),
+        ("fp16 autocast + GradScaler", True, "tensor cores" if has_tensor_cores(dev) else
+         f"runs on {dev.type}; gains not assured"),
         ("bf16 autocast", bf16_supported(dev), "native" if bf16_supported(dev) else
          "runs emulated: no native bf16 on this CPU (a known trap)" if bf16_is_trap(dev) else
          "not native on this device"),
-        ("TF32", ampere, "Ampere or newer GPU" if ampere else "needs an Ampere-or-newer NVIDIA GPU"),
-        ("cudnn.benchmark", cuda, "cuDNN present" if cuda else f"cuDNN is not used {on}"),
+        row("TF32", "Ampere or newer GPU", tf32=False),  # on by default: turning it off shows whether it acts
+        row("cudnn.benchmark", "cuDNN present", cudnn_benchmark=True),
         ("channels_last", True, "tensor cores prefer NHWC" if cuda else "CPU convolutions have NHWC kernels too"),
-        ("torch.compile", True, "inductor; reduce-overhead adds CUDA graphs" if cuda else "inductor, C++ backend (no CUDA graphs)"),
+        ("torch.compile", True, "inductor; reduce-overhead adds CUDA graphs" if cuda else
+         "inductor, C++ backend (no CUDA graphs)"),
         ("fused / foreach optimisers", True, "fewer kernel launches per step"),
     ]
 

@@ -35,7 +35,9 @@ from typing import Any, TypeVar
 
 import torch
 
-PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.train"]  # imported once, by the server
+from .harness import progress_bar, run_in_fresh_thread
+
+PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.loop"]  # imported once, by the server
 _context: Any = None
 T = TypeVar("T")
 
@@ -89,8 +91,6 @@ def why_in_process(training: Any) -> tuple[str | None, bytes]:
 
 def execute(training: Any, cold_compile_caches: bool = False) -> Any:
     """training.execute() in a fresh process when it can go there, else in a fresh thread; returns its RunResult."""
-    from .train import run_in_fresh_thread
-
     reason, payload = why_in_process(training)
     if reason is not None:
         from .builders import cold_compile_caches as cold
@@ -240,10 +240,8 @@ def describe_exit(code: int | None) -> str:
 
 
 def _bar(training: Any) -> Any:
-    from .train import _progress_bar
-
     total = training.cfg.warmup_steps + training.cfg.steps
-    return _progress_bar(total, training.result.label, training.progress)
+    return progress_bar(total, training.result.label, training.progress)
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -304,7 +302,7 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     try:
         _adopt(spec.environ, spec.sys_path, spec.cwd, spec.num_threads)
         from . import builders
-        from .train import TrainingRun
+        from .loop import TrainingRun
 
         model, dataset = pickle.loads(spec.payload)
         training = TrainingRun(spec.config, spec.label, model, dataset, False, stop,

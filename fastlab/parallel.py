@@ -1,7 +1,7 @@
 """Data-parallel training as a mode of the one loop: what DDP changes, and the arithmetic behind it.
 
-fastlab.train runs every training run, single-process or data-parallel, through the same step loop;
-DDPMode supplies the differences (fastlab.train.Parallel): the DDP-wrapped model, this rank's shard of the
+fastlab.loop runs every training run, single-process or data-parallel, through the same step loop;
+DDPMode supplies the differences (fastlab.loop.Parallel): the DDP-wrapped model, this rank's shard of the
 data, `no_sync` on accumulation micro-batches but the last, and decisions every rank must take together
 (stop for the time budget, divergence). fastlab.distributed launches the ranks and gathers their results.
 
@@ -17,10 +17,30 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+from torch import nn
 
 from .config import TrainConfig
 from .results import RunResult
+
+
+class Parallel(Protocol):
+    """What data-parallel training (DDPMode) changes in fastlab.loop; None in a single process."""
+
+    evaluates: bool  # whether this process measures held-out accuracy (rank 0 alone: the replicas are identical)
+
+    def wrap(self, net: nn.Module) -> nn.Module: ...  # the model that trains (DDP around the bare net)
+
+    def batches(self, cfg: TrainConfig, data: Any, device: torch.device, no_ops: dict[str, str]) -> Iterator: ...
+
+    def accumulate(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager: ...
+
+    def agree(self, flag: bool) -> bool: ...  # True on every process when it is True on any (a collective)
+
+    def finish(self, net: nn.Module, result: RunResult) -> None: ...  # after the steps, before evaluation
+
 
 BATCH_MODES = ("per_rank", "global")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -215,7 +235,7 @@ def _epochs(loader, sampler) -> Iterator:
 
 
 class DDPMode:
-    """fastlab.train.Parallel for DistributedDataParallel: one instance per rank and job."""
+    """fastlab.loop.Parallel for DistributedDataParallel: one instance per rank and job."""
 
     def __init__(self, ctx: Rank, options: DDPOptions, plan: BatchPlan) -> None:
         self.ctx, self.options, self.plan = ctx, options, plan

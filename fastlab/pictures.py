@@ -1,7 +1,7 @@
 """The two pictures a teacher draws on the board: the data pipeline, and the anatomy of one training step.
 
 The pipeline is a diagram (what runs where, in which process or thread). The step anatomy is measured: the
-harness samples warm-up steps after the first with a synchronisation around each part (TrainingRun._one_step,
+harness samples warm-up steps after the first with a synchronisation around each part (loop.TrainingRun._one_step,
 sample=True), so each part's time is its own even on a GPU, where work is otherwise queued and overlaps. Those
 steps are warm-up steps and their syncs remove the overlap a timed step has: the picture shows what each part
 costs, not how a timed step hides one part behind another.

@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .config import TrainConfig
-from .data import ImageSet
+from .data import ImageSet, spawn_safety, worker_start_method
+from .harness import is_out_of_memory
 
 IMAGESET_SHAPE = (32, 32, 3)  # what fastlab's loaders crop and normalise (CIFAR's HxWxC layout)
 
@@ -114,7 +115,6 @@ def _check_workers(ds: Dataset, name: str, config: TrainConfig) -> None:
     """DataLoader workers started with spawn (macOS, Windows) must rebuild the Dataset from its class name."""
     if config.num_workers == 0:
         return
-    from .lessons.own_model import spawn_safety, worker_start_method  # lazy: the lesson module imports the loop
 
     if worker_start_method() == "fork":
         return
@@ -133,7 +133,6 @@ def _output_classes(net: nn.Module, images: torch.Tensor) -> int:
         with torch.no_grad():
             out = net(images.to(device))
     except Exception as e:  # shape mismatches come as RuntimeError, ValueError, IndexError...
-        from .train import is_out_of_memory
 
         if is_out_of_memory(e):
             raise  # not a wrong input: the run reports it as out of memory

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from . import isolation
 from .config import TrainConfig
+from .loop import TrainingRun
 from .measure import resolve_device
 from .results import RunResult
-from .train import TrainingRun
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"

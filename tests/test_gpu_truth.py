@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import fastlab
-from fastlab import bench, builders, measure, train
+from fastlab import bench, builders, harness, measure, train
 from fastlab.config import TrainConfig, config_for
 
 
@@ -62,7 +62,7 @@ def test_out_of_memory_run_leaves_nothing_alive_without_a_full_collection(quick,
     "CUDA error: out of memory",
 ])
 def test_disguised_out_of_memory_errors_count_as_out_of_memory(text, quick):
-    assert train.is_out_of_memory(RuntimeError(text))
+    assert harness.is_out_of_memory(RuntimeError(text))
 
     class Raises(nn.Module):
         def __init__(self) -> None:
@@ -77,7 +77,7 @@ def test_disguised_out_of_memory_errors_count_as_out_of_memory(text, quick):
 
 
 def test_other_errors_are_not_out_of_memory():
-    assert not train.is_out_of_memory(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not harness.is_out_of_memory(RuntimeError("CUDA error: device-side assert triggered"))
 
 
 # ---------------------------------------------------------------- 2. a fresh process per run, one run at a time

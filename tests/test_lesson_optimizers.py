@@ -148,9 +148,9 @@ def test_optimizer_step_changes_parameters_like_a_real_step(quick):
     # the benchmark's optimizer is the one fastlab.run builds: AdamW's decoupled decay shows in its defaults
     import torch
 
-    from fastlab.train import TrainingRun
+    from fastlab import builders
 
-    opt = TrainingRun(O.preset(quick, "adamw"), "x", None, None, False, None, None)._build_optimizer(torch.nn.Linear(2, 2))
+    opt = builders.build_optimizer(O.preset(quick, "adamw"), torch.nn.Linear(2, 2).parameters(), {})
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["weight_decay"] == 0.05
 
 

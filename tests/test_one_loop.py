@@ -65,3 +65,19 @@ def test_distributed_keeps_only_the_launcher_and_gathering():
     assert len((PACKAGE / "distributed.py").read_text().splitlines()) <= 450
     text = (PACKAGE / "distributed.py").read_text()
     assert "backward(" not in text and "zero_grad" not in text  # no second training loop
+
+
+def test_the_loop_is_one_readable_file_without_exceptions_as_control_flow():
+    """Issue 25: the loop a reader opens (fastlab/loop.py) is under 300 lines; it breaks with a status, never
+    raises to end a run; and every knob of TrainConfig is read in the loop, its builders or its clock."""
+    text = (PACKAGE / "loop.py").read_text()
+    assert len(text.splitlines()) <= 300
+    tree = ast.parse(text)
+    raises = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Raise)]
+    assert raises == [], f"fastlab/loop.py raises at lines {raises}: end the loop with a status"
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name.startswith("_")]
+    both = text + (PACKAGE / "builders.py").read_text() + (PACKAGE / "clocks.py").read_text()
+    unused = [f.name for f in __import__("dataclasses").fields(fastlab.TrainConfig)
+              if f.name not in ("device", "profile", "notes", "dataset", "train_images", "eval_images", "model")
+              and f"cfg.{f.name}" not in both]
+    assert unused == [], f"knobs the loop never reads: {unused}"

@@ -82,7 +82,7 @@ def test_other_mistakes_are_one_sentence_each(cfg):
 
 
 def test_an_unpicklable_dataset_is_caught_when_workers_are_spawned(cfg, monkeypatch):
-    monkeypatch.setattr("fastlab.lessons.own_model.worker_start_method", lambda: "spawn")
+    monkeypatch.setattr("fastlab.preflight.worker_start_method", lambda: "spawn")
     with pytest.raises(ValueError, match="cannot be rebuilt in a DataLoader worker: .*defined inside a function"):
         class Local(Pairs):
             pass

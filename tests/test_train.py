@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 import fastlab
+from fastlab.clocks import window_ends
 from fastlab.data import ImageSet, make_synthetic
-from fastlab.train import window_ends
 
 
 def test_a_smoke_run_measures_everything(smoke):

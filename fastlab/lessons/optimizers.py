@@ -26,7 +26,7 @@ from ..models import build_model
 from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_groups
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
-from ..train import TrainingRun, sweep
+from ..train import sweep
 from ..verdicts import Comparison, verdict
 
 NAME = "06_adamw_and_schedules"
@@ -460,8 +460,8 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(device)
-    builder = TrainingRun(cfg, "optimizer step", None, None, False, None, None)
-    opt = builder._build_optimizer(net)
+    no_ops: dict[str, str] = {}
+    opt = builders.build_optimizer(cfg, net.parameters(), no_ops)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     for p in net.parameters():
         p.grad = torch.randn(p.shape, generator=gen, device=device) * 1e-3
@@ -474,7 +474,7 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return StepTiming(impl, cfg.optimizer, Spread.of([1 / t for t in times]), len(list(net.parameters())),
-                      builder.no_ops.get("opt_impl", ""))
+                      no_ops.get("opt_impl", ""))
 
 
 def benchmark_opt_impls(base: TrainConfig, impls: tuple[str, ...] = OPT_IMPLS, repeats: int = 30) -> list[StepTiming]:

@@ -10,9 +10,7 @@ images to an ImageSet (so the device loader works), a check for spawn safety, an
 from __future__ import annotations
 
 import copy
-import importlib
 import math
-import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +21,7 @@ from torch.utils.data import Dataset
 
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..data import ImageSet
+from ..data import ImageSet, spawn_safety, worker_start_method  # noqa: F401  (re-exported: notebook 10 names them)
 from ..measure import bf16_supported, resolve_device, usable_cpu_count
 from ..results import RunResult
 from ..train import run
@@ -198,48 +196,6 @@ def to_imageset(train: Dataset, held_out: Dataset, *, max_mb: float = 2048.0, na
 
 
 # ---------------------------------------------------------------- spawn safety
-
-
-def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
-    """Can a DataLoader worker started with spawn (macOS and Windows default) rebuild this dataset? And why.
-
-    A spawned worker is a fresh Python process: it unpickles the dataset, which imports its class by module
-    and name. A class defined in a notebook lives in __main__, which in the worker is not the notebook.
-    """
-    cls = type(dataset)
-    where = f"{cls.__module__}.{cls.__qualname__}"
-    if cls.__module__ == "__main__":
-        return False, (f"{cls.__qualname__} is defined in __main__ (this notebook or script): a worker started "
-                       "with spawn cannot import it. Move the class into a .py module and import it from there, "
-                       "or use num_workers=0")
-    if "<locals>" in cls.__qualname__:
-        return False, f"{where} is defined inside a function: pickle cannot find it by name. Define it at module level"
-    try:
-        found: Any = importlib.import_module(cls.__module__)
-        for part in cls.__qualname__.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as e:
-        return False, f"{where} cannot be imported by name ({e})"
-    if found is not cls:
-        return False, f"{where} imports as a different object than this dataset's class (was it redefined?)"
-    try:
-        pickle.dumps(dataset)
-    except (pickle.PicklingError, AttributeError, TypeError) as e:
-        return False, f"{where} is importable, but this instance cannot be pickled ({e}); a lambda in a transform?"
-    return True, f"{where} is importable by name and pickles: workers started with spawn can rebuild it"
-
-
-def worker_start_method() -> str:
-    """How DataLoader workers start here, without fixing the start method as a side effect."""
-    import multiprocessing
-    import sys
-
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    if chosen:
-        return chosen
-    # Python's defaults: fork on Linux before 3.14 (forkserver from 3.14), spawn on macOS and Windows
-    return "fork" if sys.platform.startswith("linux") and sys.version_info < (3, 14) else (
-        "forkserver" if sys.platform.startswith("linux") else "spawn")
 
 
 # ---------------------------------------------------------------- what to try first

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from .. import train
 from ..comparisons import comparison
 from ..config import TrainConfig
+from ..harness import exclusive_run
+from ..loop import TrainingRun
 from ..measure import Spread, is_noise
 from ..results import RunResult
 
@@ -45,9 +46,9 @@ def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunRes
 
     def work() -> None:
         box["threads"] = torch.get_num_threads()
-        box["result"] = train.TrainingRun(cfg, label, None, None, progress, None, None).execute()
+        box["result"] = TrainingRun(cfg, label, None, None, progress, None, None).execute()
 
-    with train.exclusive_run(label):  # one run at a time in this process, as fastlab.run does
+    with exclusive_run(label):  # one run at a time in this process, as fastlab.run does
         before = _switches()
         if where == "main":
             work()
