@@ -385,3 +385,14 @@ def _body(script: str) -> str:
 
 
 __all__ = ["code", "code_diff", "CodeDiff"]
+
+
+def loop_code(cfg: TrainConfig) -> str:
+    """The main() of code(cfg), as it is written there: data, model, optimiser, the timed loop (the step and the
+    loss logging) and the report. Notebook 00 shows it: the plain loop a run is."""
+    script = code(cfg)
+    start = script.index("def main() -> None:")
+    return script[start:script.index('\n\n\nif __name__ == "__main__":', start)] + "\n"
+
+
+__all__ += ["loop_code"]

@@ -11,10 +11,14 @@ Three rules make the panel's numbers honest in a room full of people:
 - One run per kernel: panels share one registry; a Run while another panel's run is going is refused.
 - A re-executed panel cell (a new Panel with the same key) takes over the results, and any run in progress,
   of the panel it replaces.
+
+Under the plot the panel shows the code: the diff of the knobs as set against its baseline
+(fastlab.code_diff: the PyTorch lines the change adds and removes), redrawn whenever a knob changes, before Run.
 """
 
 from __future__ import annotations
 
+import html
 import statistics
 import threading
 import time
@@ -24,6 +28,7 @@ from typing import Any
 import ipywidgets as W
 
 from .advisor import advice_html
+from .code import code_diff
 from .config import CHOICES, TrainConfig, field_names
 from .measure import Spread, is_noise
 from .plots import figure_png, plot_comparison
@@ -133,6 +138,8 @@ class Panel:
         self.status = W.HTML(value="Change the knobs, then press Run.")
         self.advice = W.HTML(value="")
         self.image = W.Image(format="png")
+        self.code = W.HTML(value="")
+        self.code.add_class("fastlab-code")  # the browser test finds the diff by this class
         self.count = W.Label(value="0 results in the plot")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,12 +148,15 @@ class Panel:
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.request_stop())
         self.clear_button.on_click(lambda _: self.clear())
+        for control in self.controls.values():
+            control.observe(lambda _: self.show_code(), names="value")
+        self.show_code()
         if self.results:
             self.redraw()
         self.widget = W.VBox([
             W.HBox(list(self.controls.values()), layout=W.Layout(flex_flow="row wrap")),
             W.HBox([self.run_button, self.stop_button, self.clear_button, self.progress]),
-            self.status, self.count, self.image, self.advice,
+            self.status, self.count, self.image, self.code, self.advice,
         ])
 
     def _take_over(self, old: Panel | None) -> None:
@@ -176,6 +186,25 @@ class Panel:
     def current_config(self) -> TrainConfig:
         return self.base.replace(**{name: None if c.value == NONE_CHOICE else c.value
                                     for name, c in self.controls.items()})
+
+    def show_code(self) -> None:
+        """Under the plot: the diff of the knobs as set against the baseline, or why they cannot run (no traceback)."""
+        head = "<b>The code</b>: what the knobs as set change in the baseline's PyTorch script (fastlab.code_diff)"
+        try:
+            cfg = self.current_config()
+        except ValueError as e:  # an invalid combination: the field, the value and what is allowed
+            self.code.value = f"<b>The code</b>: not a valid combination, so no diff: {html.escape(str(e))}"
+            return
+        try:
+            diff = code_diff(self.base, cfg)
+        except Exception as e:  # the panel must keep working whatever the script writer meets
+            self.code.value = f"<b>The code</b>: could not be written: {type(e).__name__}: {html.escape(str(e))}"
+            return
+        if not diff.unified:
+            self.code.value = f"{head}: no change from the baseline."
+            return
+        # a long diff (another loader swaps whole classes) scrolls inside its box, so Run and the plot stay in view
+        self.code.value = f'{head}:<div style="max-height:28em;overflow:auto">{diff._repr_html_()}</div>'
 
     @property
     def running(self) -> bool:

@@ -3,6 +3,7 @@
 Each test starts its own server (a free loopback port, a temporary root, no token, the smoke profile, kernels
 from this Python), opens the page in headless Chromium kept off the network, runs the notebook, flips a toggle,
 presses Run, and waits until the panel's count says the plot holds one more result and its image has changed.
+In the dashboard, flipping a toggle must first change the code diff shown under the plot, before Run.
 A screenshot of the panel goes to test-artifacts/; the server and its kernels are stopped even when a test fails.
 
 The dashboard test serves it as `make dashboard` does for a room (the Makefile's DASHBOARD_ROOM options: culling,
@@ -233,6 +234,29 @@ def press_run_and_wait(page, panel, name: str) -> None:
     panel.screenshot(path=str(ARTIFACTS / f"{name}-panel.png"))
 
 
+def code_shown(panel) -> str:
+    return panel.locator(".fastlab-code").first.inner_text()
+
+
+def knob_changes_the_code_before_run(page, panel) -> None:
+    """Flip the first toggle: the code under the plot shows its diff before any Run; flip it back: no change."""
+    before, count = code_shown(panel), result_count(panel)
+    assert "no change from the baseline" in before, f"the page opened with a diff: {before[:300]!r}"
+    checkbox = panel.locator(".widget-checkbox input").first
+    checkbox.click()
+    code = panel.locator(".fastlab-code").first
+    page.wait_for_function("([el, old]) => el.innerText !== old", arg=[code.element_handle(), before],
+                           timeout=30_000)
+    changed = code_shown(panel)
+    assert "no change from the baseline" not in changed and re.search(r"^\+", changed, re.MULTILINE), changed[:500]
+    assert result_count(panel) == count, "changing a knob ran something"
+    panel.scroll_into_view_if_needed()
+    panel.screenshot(path=str(ARTIFACTS / "voila-dashboard-code.png"))
+    checkbox.click()
+    page.wait_for_function("el => el.innerText.includes('no change from the baseline')", arg=code.element_handle(),
+                           timeout=30_000)
+
+
 def kernel_ready(page) -> None:
     """Wait until the notebook's kernel is idle, accepting the default in a 'Select Kernel' dialog if one shows."""
     idle = page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\|\s*Idle"))
@@ -385,6 +409,7 @@ def test_dashboard_serves_a_room_in_voila(browser):
             # an app: the code is hidden, only prose and outputs show
             assert page.locator(".jp-InputArea-editor, .jp-CodeMirrorEditor").count() == 0
             assert "from fastlab.widgets import Panel" not in page.content()
+            knob_changes_the_code_before_run(page, panel)
             press_run_and_wait(page, panel, "voila-dashboard")
             assert "measured beside it" in panel.inner_text()
         report_memory(server)

@@ -102,6 +102,27 @@ def test_bad_knob_values_are_refused_and_clear_stale_advice(quick):
     assert panel.advice.value == ""
 
 
+def test_the_code_under_the_plot_follows_the_knobs_before_run(quick):
+    def never(*args, **kwargs):
+        raise AssertionError("the diff must not need a run")
+
+    panel = Panel(quick, {"amp": None, "channels_last": None, "loader": None, "num_workers": [0, 2]}, runner=never)
+    assert panel.code in panel.widget.children and "no change from the baseline" in panel.code.value
+    panel.controls["amp"].value = "fp16"
+    shown = panel.code.value
+    assert "torch.autocast" in shown and "GradScaler" in shown and "no change" not in shown
+    assert fastlab.code_diff(quick, quick.replace(amp="fp16"))._repr_html_() in shown  # the diff itself, computed
+    panel.controls["channels_last"].value = True
+    assert "memory_format=torch.channels_last" in panel.code.value and "GradScaler" in panel.code.value
+    panel.controls["amp"].value, panel.controls["channels_last"].value = "off", False
+    assert "no change from the baseline" in panel.code.value
+    panel.controls["num_workers"].value = 2
+    panel.controls["loader"].value = "device"  # workers with the device loader: refused, with the field and why
+    assert "not a valid combination" in panel.code.value and "num_workers=2" in panel.code.value
+    assert "Traceback" not in panel.code.value and "torch.autocast" not in panel.code.value
+    assert panel.results == [] and not panel.running
+
+
 def test_unknown_knob_or_pairing_is_rejected_at_build(quick):
     with pytest.raises(ValueError, match="no field 'speed'"):
         Panel(quick, {"speed": [1, 2]})
