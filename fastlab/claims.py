@@ -171,10 +171,9 @@ def _range(s: Spread, fmt: str = ",.0f") -> str:
 def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunResult | Sequence[RunResult],
                     claimed_ratio: float | None = None, *, knob: str | None = None,
                     unit: str = "images/s") -> Finding:
-    """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows
-    (fastlab.verdicts.runs_verdict).
+    """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows.
 
-    A difference inside the spread (fastlab.is_noise) is no gain. A run that diverged or stopped early is not
+    The direction comes from fastlab.verdicts.runs_verdict. A difference inside the spread (fastlab.is_noise) is no gain. A run that diverged or stopped early is not
     credited. knob: when every other run recorded it as a no-op, the verdict is "no-op here (why)".
     """
     base = [base_runs] if isinstance(base_runs, RunResult) else list(base_runs)

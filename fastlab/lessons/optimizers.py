@@ -153,14 +153,7 @@ class TtaVerdict:
 
 
 def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
-    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better
-    (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
-    the seeds' spread is none.
-
-    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
-    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
-    spread measured the machine's load, not the change.
-    """
+    """tta_finding's answer, typed: faster or not, why, and the comparison of seconds to target it rests on."""
     n, nb = len(other.runs), len(base.runs)
     diverged = sum(r.status == "diverged" for r in other.runs)
     evidence = f"{other.summary()}; against {base.summary()}"
@@ -194,7 +187,14 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
 
 
 def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
-    """tta_verdict in a claim's words (the Finding a claim's judge combines)."""
+    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better
+    (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
+    the seeds' spread is none.
+
+    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
+    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
+    spread measured the machine's load, not the change.
+    """
     return tta_verdict(base, other, steps_too=steps_too).finding
 
 
