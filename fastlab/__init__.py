@@ -5,8 +5,6 @@ RunResult with save_results / load_results (what was measured). The notebook wid
 fastlab.widgets, which alone imports ipywidgets.
 """
 
-__version__ = "0.1.0"
-
 from .advisor import advise, verify  # fastlab.advise(result), fastlab.verify(result)
 from .code import code, code_diff
 from .config import PROFILES, TrainConfig, active_profile, config_for
@@ -23,6 +21,7 @@ from .outcomes import (
 from .results import RunResult, load_reference, load_results, reference_for, reference_summary, save_results
 from .train import active_run, compare, interleave, run, sweep
 from .verdicts import Comparison, runs_verdict, verdict  # is B better than A: a typed answer
+from .version import __version__
 from .watch import compare_loops as compare_loops  # two versions of your loop, in turns
 from .watch import watch as watch  # fastlab.watch(...): measure a loop you wrote
 

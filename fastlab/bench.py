@@ -228,8 +228,8 @@ def idle_rung(rung: Rung, cfg: TrainConfig, device) -> str | None:
 
 def _run_rung(rung: Rung, cfg: TrainConfig, progress: bool) -> RunResult:
     """One throughput rung: not trained when it can teach nothing here, one short run when it is a known trap
-    (comparisons.plan_arm's rules), else a full run."""
-    from .comparisons import demonstration_config, not_trained
+    (arm_plans.plan_arm's rules), else a full run."""
+    from .arm_plans import demonstration_config, not_trained
 
     device = resolve_device(cfg.device)
     idle = idle_rung(rung, cfg, device)

@@ -4,7 +4,7 @@ One source: the claims are fastlab.claims.CLAIMS; a claim's code is fastlab.code
 against the baseline (TrainConfig's defaults, on the synthetic set so the page is the same on every machine),
 or, where no TrainConfig knob switches the technique on, the technique's own lines read from the fastlab function
 that runs them; how the verdict is decided is the docstring of the function that decides it, the comparison it is
-registered for (claims.judge), and the rules it applies (the docstrings of the verdict helpers it calls, among
+judges on bundled reference results (fastlab.claim_map.JUDGES), and the rules it applies (the docstrings of the verdict helpers it calls, among
 them the one noise rule, measure.is_noise). Only what a measurement is weighed by is written here, one phrase a
 claim. docs/cheatsheet.md is this page; tests/test_cheatsheet.py keeps them equal. Regenerate it with
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import claims, export
+from . import claim_map, claims, export
 from .code import code_diff
 from .config import TrainConfig
 from .lessons import (
@@ -154,7 +154,7 @@ def section(entry: Entry) -> str:
     c = claims.get(entry.claim)
     where, block = code_block(entry)
     fn = entry.decides
-    registered = [r.comparison for r in claims.JUDGES.get(c.id, [])]
+    registered = [j.comparison.name for j in claim_map.JUDGES if j.claim == c.id]
     on = (" on the comparison " + ", ".join(f"`{r}`" for r in registered)) if registered else \
         " on the measurements its notebook makes"
     rules = _rules_used(fn)

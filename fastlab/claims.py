@@ -15,8 +15,8 @@ typed. A verdict reads as one of:
 
 Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with
 the date, device and profile, so that notebook 00's claim map can show the reader's own latest verdicts. Where
-the reader has none, a claim whose lesson registered a judge (@judge) is judged on the bundled reference
-results from a real GPU (fastlab.results.reference_for); else it is "not measured yet".
+the reader has none, fastlab.claim_map judges a claim on the bundled reference results from a real GPU
+(fastlab.results.reference_for) with the lesson function its explicit list names; else it is "not measured yet".
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 import os
 import tempfile
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -384,119 +384,6 @@ def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]
         if v.claim not in out or v.date >= out[v.claim].date:
             out[v.claim] = v
     return out
-
-
-# ---------------------------------------------------------------- judges: the same verdict on reference results
-
-Judge = Callable[[list[RunResult]], Finding]
-
-
-@dataclass(frozen=True)
-class Registered:
-    claim: str
-    comparison: str
-    judge: Judge
-
-
-JUDGES: dict[str, list[Registered]] = {}
-
-
-def judge(claim_id: str, comparison_name: str) -> Callable[[Judge], Judge]:
-    """Register fn(results of `comparison_name`) -> Finding as a judge of the claim, so that bundled reference
-    results of that comparison can be judged exactly as the reader's own runs are."""
-    get(claim_id)
-
-    def register(fn: Judge) -> Judge:
-        entries = JUDGES.setdefault(claim_id, [])
-        entries[:] = [e for e in entries if e.comparison != comparison_name] + [Registered(claim_id, comparison_name, fn)]
-        return fn
-
-    return register
-
-
-def reference_verdicts() -> dict[str, Verdict]:
-    """The verdict of each claim with a judge, on the bundled reference results (one device: the first found)."""
-    from .comparisons import all_comparisons
-    from .results import reference_for
-
-    all_comparisons()  # imports every lesson module, which registers the judges
-    out: dict[str, Verdict] = {}
-    for claim_id, entries in JUDGES.items():
-        for entry in entries:
-            for device, results in reference_for(entry.comparison).items():
-                try:
-                    finding = entry.judge(results)
-                except (ValueError, KeyError, IndexError):  # reference runs this judge cannot read: no verdict
-                    continue
-                v = verdict_for(claim_id, finding, results)
-                v.source, v.device = "reference", device
-                v.date = results[0].env.get("date", v.date)
-                out[claim_id] = v
-                break
-            if claim_id in out:
-                break
-    return out
-
-
-# ---------------------------------------------------------------- notebook 00's map
-
-
-def _verdict_line(v: Verdict | None, missing: str = "not measured yet") -> str:
-    if v is None:
-        return f"     verdict: {missing}"
-    head = "your latest run" if v.source == "this machine" else "bundled reference results"
-    return f"     verdict ({head}: {v.device}, profile {v.profile}, {v.date[:10]}): {v.verdict}"
-
-
-def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
-    """The claims in three groups: what this machine showed, what only a GPU can show, what is not measured here.
-    A claim about a GPU (needs_gpu) stays in the second group until a GPU of the reader's has judged it."""
-    sections: dict[str, list[Claim]] = {"here": [], "gpu": [], "rest": []}
-    for c in CLAIMS:
-        v = mine.get(c.id)
-        untestable = v is not None and v.verdict.startswith(NOT_TESTABLE)
-        if c.needs_gpu and (v is None or untestable):
-            sections["gpu"].append(c)
-        else:
-            sections["here" if v is not None else "rest"].append(c)
-    return sections
-
-
-MAP_HEADINGS = {"here": "What this machine showed (your latest runs)",
-                "gpu": "What only a GPU can show (the advice is about a GPU: its copies, cuDNN, its utilisation)",
-                "rest": "Not measured on this machine yet"}
-
-
-def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
-              width: int = 110) -> str:
-    """Each claim, where it is tested, and its verdict, in three groups: what this machine showed (the reader's
-    latest verdicts), what only a GPU can show (this machine's "not testable here" beside the bundled GPU reference
-    results, when there are some), and the rest (the reference's verdict, else "not measured yet").
-    mine/reference default to the store and the bundled results."""
-    mine = latest_verdicts() if mine is None else mine
-    if reference is None:
-        reference = reference_verdicts()
-    lines = []
-    for key, group in _map_sections(mine).items():
-        if not group:
-            continue
-        lines += [MAP_HEADINGS[key], "-" * len(MAP_HEADINGS[key])]
-        for c in group:
-            lines.append(f"{c.id:<4} {c.text}")
-            lines.append(f"     figures: {c.figures}; tested in {c.notebook}, {c.section}")
-            if key == "gpu":
-                if c.id in mine:
-                    lines.append(_verdict_line(mine[c.id]))
-                lines.append(_verdict_line(reference.get(c.id), "not measured yet (no bundled GPU reference result)"))
-            else:
-                lines.append(_verdict_line(mine.get(c.id) or reference.get(c.id)))
-            lines.append("")
-    counts = {"yours": sum(c.id in mine for c in CLAIMS),
-              "reference": sum(c.id not in mine and c.id in reference for c in CLAIMS)}
-    lines.append(f"{counts['yours']} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "
-                 f"{counts['reference']} from bundled reference results, the rest not measured yet.")
-    return "\n".join(textwrap.fill(line, width, subsequent_indent="     ") if len(line) > width else line
-                     for line in lines)
 
 
 def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *, save: bool = True,

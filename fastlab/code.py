@@ -260,8 +260,9 @@ def _step_lines(cfg: TrainConfig) -> list[str]:
         lines.append("    for micro in range(GRAD_ACCUM_STEPS):  # gradients add up over the micro-batches")
     lines.append(pad + "x, y = next(batches)")
     if cfg.non_blocking:
-        lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  "
-                           "# the copy overlaps compute")
+        why = ("# from pageable memory: still a synchronous copy (the pitfall: pin_memory is off)"
+               if cfg.loader == "dataloader" and not cfg.pin_memory else "# the copy overlaps compute")
+        lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  " + why)
     else:
         lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)")
     if cfg.channels_last and cfg.loader == "dataloader":
@@ -384,7 +385,61 @@ def _body(script: str) -> str:
     return "\n".join(lines[lines.index('"""') + 1:])
 
 
-__all__ = ["code", "code_diff", "CodeDiff"]
+# ------------------------------------------------------------------ the diff between two runnable snippets
+# (the techniques without a TrainConfig knob: the profiler's schedule, activation checkpointing, torch.export, DDP)
+
+
+@dataclass(frozen=True)
+class SnippetDiff(CodeDiff):
+    """A CodeDiff of two short functions, shown whole (a snippet is short: every line is context)."""
+
+    context: int = 1000
+
+    @property
+    def unified(self) -> list[str]:
+        return list(difflib.unified_diff(self.base.splitlines(), self.changed.splitlines(), self.base_name,
+                                         self.changed_name, n=self.context, lineterm=""))
+
+
+def _snippet_source(fn: object, name: str) -> str:
+    """fn's own source, dedented, its docstring dropped and its name replaced by `name` (so only code differs)."""
+    import ast
+
+    source = textwrap.dedent(inspect.getsource(fn))  # type: ignore[arg-type]
+    lines = source.splitlines()
+    node = ast.parse(source).body[0]
+    body = getattr(node, "body", [])
+    first_body = body[0].lineno - 1 if body else node.lineno  # the signature is the lines before it
+    own = getattr(fn, "__name__", "")
+    shift = len(name) - len(own)
+    for i in range(node.lineno - 1, first_body):
+        if i == node.lineno - 1:
+            lines[i] = lines[i].replace(f"def {own}(", f"def {name}(", 1)
+        elif shift > 0:  # continuation lines stay aligned under the renamed def's parenthesis
+            lines[i] = " " * shift + lines[i]
+        elif shift < 0:
+            lines[i] = lines[i][min(-shift, len(lines[i]) - len(lines[i].lstrip())):]
+    doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
+    if doc is not None and isinstance(doc.value.value, str):
+        del lines[doc.lineno - 1: doc.end_lineno]
+    return "\n".join(lines)
+
+
+def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
+                 changed_name: str | None = None) -> SnippetDiff:
+    """What `changed` adds to `base`: two runnable functions' own source (inspect.getsource), diffed whole.
+
+    The code shown is the code that ran: pass the functions the notebook calls. Both are shown under base's name
+    and without their docstrings, so the diff holds only the technique's lines."""
+    for label, fn in (("base", base), ("changed", changed)):
+        if not callable(fn):
+            raise TypeError(f"snippet_diff: {label} must be a function (its source is diffed), got {type(fn).__name__}")
+    name = getattr(base, "__name__", "snippet")
+    return SnippetDiff(_snippet_source(base, name), _snippet_source(changed, name), base_name,
+                       changed_name or getattr(changed, "__name__", "changed"))
+
+
+__all__ = ["code", "code_diff", "CodeDiff", "snippet_diff", "SnippetDiff"]
 
 
 def loop_code(cfg: TrainConfig) -> str:

@@ -308,6 +308,15 @@ def preferred_amp(device: torch.device) -> str:
     return "off" if device.type == "cpu" else "fp16"
 
 
+def low_precision(device: torch.device | str = "auto") -> str:
+    """The half precision to compare with fp32 on this device: bf16 where it is native; on a GPU without it fp16
+    with GradScaler; on a CPU without native bf16, bf16 all the same: the known trap, which the comparisons
+    show in one short demonstration run (comparisons.run_arms) rather than as a full arm."""
+    dev = resolve_device(device) if isinstance(device, str) else device
+    amp = preferred_amp(dev)
+    return "bf16" if amp == "off" else amp
+
+
 def describe_amp(device: torch.device) -> str:
     """preferred_amp(device) and why, in words: what decided it on this hardware."""
     amp = preferred_amp(device)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .measure import Spread
+from .version import __version__
 
 SCHEMA_VERSION = 1
 REFERENCE_DIR = Path(__file__).parent / "reference"
@@ -154,8 +155,6 @@ def merge_repeats(repeats: list[RunResult]) -> RunResult:
 
 def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[str, Any] | None = None) -> Path:
     """Write results as JSON atomically: a reader never sees half a file, a crash keeps the old one."""
-    from . import __version__
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},

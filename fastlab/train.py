@@ -64,8 +64,8 @@ def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None 
 
 
 def _idle_arm(base: TrainConfig, arm: TrainConfig, label: str, comparison: str | None) -> RunResult | None:
-    """The not-trained result of an arm that can teach nothing on this device (comparisons.plan_arm), else None."""
-    from .comparisons import not_trained, plan_arm  # lazy until arm planning has its own module
+    """The not-trained result of an arm that can teach nothing on this device (arm_plans.plan_arm), else None."""
+    from .arm_plans import not_trained, plan_arm
 
     plan = plan_arm(base, arm)
     if plan.kind != "no-op":

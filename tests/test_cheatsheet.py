@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastlab import cheatsheet, claims, config_for, measure
+from fastlab import cheatsheet, claim_map, claims, config_for, measure
 from fastlab.code import code, loop_code
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,9 +58,9 @@ def test_each_verdict_names_the_function_that_decides_it(page):
         assert entry.claim in inspect.getdoc(fn), f"{fn.__qualname__} does not say it decides {entry.claim}"
         text = found[entry.claim]
         assert f"`{fn.__module__}.{fn.__qualname__}`" in text and "Weighed: " in text
-        for registered in claims.JUDGES.get(entry.claim, []):  # the reference verdict runs the same function
-            assert registered.judge is fn or f"{fn.__name__}(" in inspect.getsource(registered.judge)
-            assert f"`{registered.comparison}`" in text
+        for registered in [j for j in claim_map.JUDGES if j.claim == entry.claim]:  # the reference verdict
+            assert registered.judge is fn or f"{fn.__name__}(" in inspect.getsource(registered.judge)  # runs it too
+            assert f"`{registered.comparison.name}`" in text
     assert "**The noise rule**" in page and " ".join(inspect.getdoc(measure.is_noise).split()) in page
 
 

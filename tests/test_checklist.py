@@ -95,9 +95,9 @@ def test_tf32_is_not_a_rung_and_points_at_notebook_03():
     assert tf32.rung == ""
     rows = rows_by_name(build_checklist(ladder_results(), APPLIES_ALL))
     assert rows["TF32"].here.startswith("not a ladder rung") and "notebook 03" in rows["TF32"].here
-    from fastlab.comparisons import all_comparisons
+    from fastlab.lessons import kernels
 
-    assert "03_cudnn_benchmark_and_channels_last:tf32" in all_comparisons()  # the comparison the row names
+    assert kernels.compare_tf32.name == "03_cudnn_benchmark_and_channels_last:tf32"  # the comparison the row names
     top = [r for r in fastlab.bench.ladder(fastlab.config_for("smoke")) if r.name == "all_on"][0]
     assert set(top.changes) == {"compile"}  # the all_on rung adds torch.compile only
 
@@ -199,12 +199,12 @@ def test_a_dropped_rung_is_retested_on_top(quick):
         at.retest_dropped([naive], rungs, limit=-1)
 
 
-def test_both_notebook_comparisons_are_registered():
-    from fastlab.comparisons import REGISTRY
+def test_both_notebook_comparisons_are_named_for_their_reference_results():
     from fastlab.lessons import own_model
 
-    assert REGISTRY["09_all_together:ladder"] is at.run_all_together
-    assert REGISTRY["10_your_own_model:first_steps"] is own_model.first_steps_demo
+    assert at.run_all_together.name == at.NAME == "09_all_together:ladder"
+    assert at.run_all_together.arms is None  # run_ladder sizes its rungs itself: not sized twice
+    assert own_model.first_steps_demo.name == own_model.NAME == "10_your_own_model:first_steps"
 
 
 def test_reference_ladders_fall_back_to_a_bundled_bench_ladder(monkeypatch):

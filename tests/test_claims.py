@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fastlab import claims
+from fastlab import claim_map, claims
 from fastlab.measure import Spread
 from fastlab.results import RunResult
 from fastlab.tools import timings
@@ -94,7 +94,7 @@ def test_claim_map_prefers_the_readers_verdict_then_the_reference(store, monkeyp
     ref = {"C3": claims.Verdict(claim="C3", verdict="holds", source="reference", device="H200", date="2026"),
            "C6": claims.Verdict(claim="C6", verdict="holds", source="reference", device="H200", profile="gpu",
                                 date="2026-01-01")}
-    text = claims.claim_map(mine=mine, reference=ref)
+    text = claim_map.claim_map(mine=mine, reference=ref)
     for c in claims.CLAIMS:
         assert re.search(rf"^{c.id}\s", text, re.M), c.id
     c3 = text.split("\nC4")[0].split("C3 ")[1]
@@ -113,10 +113,10 @@ def test_a_cpu_rooms_claim_map_separates_what_only_a_gpu_can_show(store):
     mine = {c: v(c, claims.no_accelerator("why")) for c in gpu} | {"C1": v("C1", "holds (at the peak)")}
     ref = {"C6": claims.Verdict(claim="C6", verdict="holds (1.20x faster)", source="reference", device="H200",
                                 profile="gpu", date="2026-01-01")}
-    text = claims.claim_map(mine=mine, reference=ref)
-    here, rest = text.split(claims.MAP_HEADINGS["gpu"])
-    gpu_part, rest = rest.split(claims.MAP_HEADINGS["rest"])
-    assert claims.MAP_HEADINGS["here"] in here and re.search(r"^C1\s", here, re.M)
+    text = claim_map.claim_map(mine=mine, reference=ref)
+    here, rest = text.split(claim_map.MAP_HEADINGS["gpu"])
+    gpu_part, rest = rest.split(claim_map.MAP_HEADINGS["rest"])
+    assert claim_map.MAP_HEADINGS["here"] in here and re.search(r"^C1\s", here, re.M)
     for c in gpu:
         assert re.search(rf"^{c}\s", gpu_part, re.M) and not re.search(rf"^{c}\s", here + rest, re.M)
     assert gpu_part.count("not testable here: no accelerator (why)") == 3 and "does not hold" not in gpu_part
@@ -128,25 +128,30 @@ def test_a_cpu_rooms_claim_map_separates_what_only_a_gpu_can_show(store):
 
 
 def test_judges_apply_to_bundled_reference_results(monkeypatch):
-    from fastlab.comparisons import all_comparisons
+    from fastlab.lessons import data_loading
 
-    all_comparisons()  # the lessons register their judges on import: import them before the registry is swapped
-    monkeypatch.setattr(claims, "JUDGES", {})
-
-    @claims.judge("C2", "01_data_loading:pipeline")
     def c2(results):
         return claims.verdict_speedup(results[0], results[1])
 
-    ref = {"H200": [fake("a", [100, 101]), fake("b", [300, 310])]}
-    monkeypatch.setattr("fastlab.results.reference_for", lambda name: ref if name == "01_data_loading:pipeline" else {})
-    got = claims.reference_verdicts()
-    assert got["C2"].verdict.startswith("holds") and got["C2"].source == "reference" and got["C2"].device == "H200"
-
-    @claims.judge("C3", "01_data_loading:pipeline")
     def broken(results):
         raise ValueError("these are not the runs it judges")
 
-    assert "C3" not in claims.reference_verdicts()  # a judge that cannot read the reference is skipped, not fatal
+    ref = {"H200": [fake("a", [100, 101]), fake("b", [300, 310])]}
+    monkeypatch.setattr(claim_map, "reference_for", lambda name: ref if name == "01_data_loading:pipeline" else {})
+    judges = [claim_map.ClaimJudge("C2", data_loading.compare_pipeline, c2),
+              claim_map.ClaimJudge("C3", data_loading.compare_pipeline, broken)]
+    got = claim_map.reference_verdicts(judges)
+    assert got["C2"].verdict.startswith("holds") and got["C2"].source == "reference" and got["C2"].device == "H200"
+    assert "C3" not in got  # a judge that cannot read the reference is skipped, not fatal
+
+
+def test_the_explicit_judges_name_real_claims_and_their_comparisons():
+    from fastlab.tools.reference_run import REPEATED_ON_A_GPU
+
+    ids = {c.id for c in claims.CLAIMS}
+    assert {j.claim for j in claim_map.JUDGES} <= ids
+    for j in claim_map.JUDGES:  # each judge's comparison is one the reference run repeats on a GPU
+        assert REPEATED_ON_A_GPU[j.comparison.name] is j.comparison, j
 
 
 def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
@@ -177,7 +182,7 @@ def test_every_claim_is_quoted_in_a_notebook_and_00_maps_them():
     texts = {p.stem: markdown(p.stem) for p in NOTEBOOKS.glob("*.ipynb")}
     missing = [c.id for c in claims.CLAIMS if not any(claims.quote(c.id) in t for t in texts.values())]
     assert not missing, f"paste fastlab.claims.quote(id) into a markdown cell of the notebook that tests {missing}"
-    assert "claims.claim_map()" in code("00_start_here")
+    assert "claim_map()" in code("00_start_here")
 
 
 @pytest.mark.parametrize("name", TECHNIQUE)

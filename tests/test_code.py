@@ -20,8 +20,8 @@ from fastlab import builders, train
 from fastlab.__main__ import main as cli_main
 from fastlab.bench import ladder
 from fastlab.code import CodeDiff, code, code_diff
-from fastlab.comparisons import all_comparisons
 from fastlab.config import TrainConfig, config_for
+from fastlab.tools.reference_run import REPEATED_ON_A_GPU
 
 # The sizes every script runs at here: a few hundred images in all (the render covers the real sizes). Enough steps
 # for the loss to fall: about 192 images (at least 4 steps), and two loss reads when it is read every few steps.
@@ -85,7 +85,7 @@ def comparison_configs(base: TrainConfig) -> list[TrainConfig]:
     train.TrainingRun.execute = record  # type: ignore[method-assign]
     os.environ["FASTLAB_ISOLATION"] = "thread"  # runs in this process, where the replaced execute is
     try:
-        for name, fn in all_comparisons().items():
+        for name, fn in REPEATED_ON_A_GPU.items():  # every comparison a notebook runs and reads back
             if not name.startswith("11_multi_gpu_ddp"):
                 fn(base, progress=False)
     finally:

@@ -346,15 +346,15 @@ def test_reference_run_saves_every_rung_survives_a_broken_one_and_keeps_gpu_resu
             on_result(RunResult(config={}, label=name, env={"device_type": "cuda"}, extras={"rung": name}))
         raise RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED")  # not an OOM: kills the ladder
 
-    def fake_comparison(name, base, progress):
-        if name == "broken":
-            raise ValueError("boom")
+    def broken(base, progress):
+        raise ValueError("boom")
+
+    def ddp_like(base, progress):
         return [RunResult(config={}, label="gpu", env={"device_type": "cuda"}),
                 RunResult(config={}, label="ddp on cpu ranks", env={"device_type": "cpu"})]
 
     monkeypatch.setattr(reference_run, "run_ladder", fake_ladder)
-    monkeypatch.setattr(reference_run, "all_comparisons", lambda: {"broken": None, "11_multi_gpu_ddp:scaling": None})
-    monkeypatch.setattr(reference_run, "run_comparison", fake_comparison)
+    monkeypatch.setattr(reference_run, "REPEATED_ON_A_GPU", {"broken": broken, "11_multi_gpu_ddp:scaling": ddp_like})
     assert reference_run.main(["--out", str(tmp_path), "--budget-s", "100"]) == 0
     saved = load_results(tmp_path / "fake-gpu.json")
     labels = [r.label for r in saved]

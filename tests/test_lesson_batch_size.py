@@ -2,7 +2,6 @@ import math
 
 import pytest
 
-from fastlab.comparisons import all_comparisons
 from fastlab.lessons import batch_size as B
 from fastlab.results import RunResult
 
@@ -100,7 +99,7 @@ def test_lr_demo_sees_the_same_images(smoke):
 def test_sizes_and_description(quick):
     assert B.sizes_for(quick) == list(B.SIZES["smoke"])
     assert B.sizes_for(quick.replace(profile="custom", batch_size=100)) == [75, 100, 125]
-    assert "04_batch_size:sizes" in all_comparisons() and "04_batch_size:lr_scaling" in all_comparisons()
+    assert (B.sizes.name, B.lr_scaling.name) == ("04_batch_size:sizes", "04_batch_size:lr_scaling")
     a = RunResult(config={}, label="a", images_per_step=32, window_throughput=[100, 110, 120])
     b = RunResult(config={}, label="b", images_per_step=40, window_throughput=[300, 310, 320])
     text = B.describe_sizes([a, b])

@@ -1,6 +1,5 @@
 import pytest
 
-from fastlab.comparisons import all_comparisons
 from fastlab.lessons import hygiene as H
 from fastlab.results import RunResult
 
@@ -60,8 +59,8 @@ def test_log_loss_description_compares_growth_with_jitter():
 
 def test_eval_mode_comparison_runs(quick, monkeypatch):
     monkeypatch.setitem(H.EVAL_REPEATS, "smoke", 1)
-    assert {"05_no_grad_detach_item:eval_mode", "05_no_grad_detach_item:log_loss",
-            "05_no_grad_detach_item:log_every"} <= set(all_comparisons())
+    assert [c.name for c in (H.eval_modes, H.log_loss, H.log_every)] == [
+        "05_no_grad_detach_item:eval_mode", "05_no_grad_detach_item:log_loss", "05_no_grad_detach_item:log_every"]
     results = H.eval_modes(quick, progress=False)
     assert [r.config["eval_mode"] for r in results] == list(H.EVAL_MODES)
     assert all(r.steps_done == 1 and r.eval_seconds > 0 for r in results)

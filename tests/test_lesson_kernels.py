@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from fastlab.comparisons import all_comparisons, run_comparison
 from fastlab.lessons import kernels as k
 from fastlab.results import RunResult
 
@@ -53,10 +52,10 @@ def test_channels_last_gain_per_precision():
 
 
 def test_comparisons_record_gpu_knobs_as_no_ops_on_cpu(quick):
-    names = all_comparisons()
-    for what in ("cudnn_benchmark", "channels_last", "tf32"):
-        assert f"{k.NAME}:{what}" in names
-    strict, default, matmuls = run_comparison(f"{k.NAME}:tf32", quick, progress=False)
+    for what, fn in (("cudnn_benchmark", k.compare_cudnn_benchmark), ("channels_last", k.compare_channels_last),
+                     ("tf32", k.compare_tf32)):
+        assert fn.name == f"{k.NAME}:{what}"
+    strict, default, matmuls = k.compare_tf32(quick, progress=False)
     assert not strict.config["tf32"] and default.config["tf32"] and matmuls.config["matmul_precision"] == "high"
     if not torch.cuda.is_available():
         assert "tf32" in strict.no_ops  # strict fp32 convolutions: a cuDNN setting, nothing to switch off here

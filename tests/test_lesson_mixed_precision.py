@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import fastlab.models
-from fastlab.comparisons import all_comparisons
 from fastlab.lessons import mixed_precision as mp
 from fastlab.results import RunResult
 
@@ -71,9 +70,10 @@ def test_the_deprecated_api_warns():
     assert any("torch.amp.GradScaler" in m for m in messages) and any("torch.amp.autocast" in m for m in messages)
 
 
-def test_comparisons_registered():
-    names = all_comparisons()
-    assert "02_mixed_precision:precision" in names and "02_mixed_precision:batch_size" in names
+def test_comparisons_are_named_and_sized_by_their_runs():
+    assert (mp.compare_precision.name, mp.compare_precision.arms, mp.compare_precision.repeated) == (
+        "02_mixed_precision:precision", 6, False)  # 3 precisions x 2 seeds, one run each
+    assert (mp.compare_batch_size.name, mp.compare_batch_size.arms) == ("02_mixed_precision:batch_size", 4)
 
 
 def test_plots_draw(quick):
@@ -118,7 +118,7 @@ def test_c4_on_cpu_uses_the_breakdown_and_c5_the_underflow_report():
     from fastlab.lessons import memory
 
     runs = [_seed("off", 0, [10], 0.8), _seed("bf16", 0, [20], 0.8)]
-    finding = mp.judge_memory(runs, memory.amp_pairs("tiny", (4,), "bf16"))
+    finding = mp.judge_memory(runs, memory.judge_amp_memory(memory.amp_pairs("tiny", (4,), "bf16")))
     assert "stays fp32" in finding.evidence
     assert "weak test" in mp.judge_memory(runs).evidence  # without the breakdown: RSS, said to be weak
     report = mp.gradient_underflow(batch=512, residual=2.5e-4)

@@ -3,7 +3,6 @@ import sys
 import pytest
 import torch
 
-from fastlab.comparisons import all_comparisons
 from fastlab.lessons import threads as T
 from fastlab.results import RunResult
 
@@ -11,10 +10,6 @@ from fastlab.results import RunResult
 def fake(where, speed, switches=1.0):
     return RunResult(config={}, label=where, window_throughput=[0.97 * speed, speed, 1.03 * speed],
                      extras={"where": where, "torch_threads": 2, "switches_per_step": switches})
-
-
-def test_registered_for_the_profiling_notebook():
-    assert all_comparisons()[T.THREADS] is T.thread_effect
 
 
 def test_the_demo_runs_both_ways_alternately_and_describes_what_it_measured(quick):

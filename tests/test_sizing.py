@@ -9,8 +9,9 @@ import torch
 
 import fastlab
 import fastlab.train
-from fastlab import bench, calibration, comparisons, measure
-from fastlab.comparisons import plan_arm, run_arms
+from fastlab import arm_plans, bench, calibration, measure
+from fastlab.arm_plans import plan_arm
+from fastlab.comparisons import run_arms
 from fastlab.config import config_for
 from fastlab.lessons import kernels, mixed_precision
 
@@ -88,7 +89,7 @@ def test_without_native_bf16_the_bf16_arms_become_one_trap_demonstration(native_
     results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
     bf16 = [(label, cfg) for label, cfg in seen if cfg.amp == "bf16"]
     assert len(bf16) == 1 and "trap demonstration" in bf16[0][0]
-    assert bf16[0][1].steps == comparisons.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
+    assert bf16[0][1].steps == arm_plans.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
     assert [cfg.seed for _, cfg in seen if cfg.amp == "off"] == list(mixed_precision.seeds_for(smoke))
     trap = [r for r in results if r.extras.get("trap")]
     assert len(trap) == 1 and "no native bf16" in trap[0].extras["trap"]
@@ -114,7 +115,7 @@ def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf1
     results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["amp", "channels_last"]),
                                progress=False)
     amp = next(r for r in results if r.extras["rung"] == "amp")
-    assert amp.config["steps"] == comparisons.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
+    assert amp.config["steps"] == arm_plans.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
     assert results[-1].config["amp"] == "off"  # not carried up
 
 
@@ -215,8 +216,7 @@ def test_every_arm_of_a_comparison_gets_the_same_calibrated_steps(calibration_ca
     monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
     monkeypatch.setattr(calibration, "measure_step_seconds", lambda cfg: [0.25] * 4)
     cpu = config_for("cpu", device="cpu", dataset="synthetic")
-    results = comparisons.run_comparison("03_cudnn_benchmark_and_channels_last:channels_last", cpu,
-                                         progress=False)
+    results = kernels.compare_channels_last(cpu, progress=False)
     steps = {cfg.steps for _, cfg in seen if "trap" not in _}
     runs = 4 * fastlab.config.comparison_repeats(cpu)  # 4 arms, each repeated (interleaved)
     expected = calibration.steps_for(calibration.calibrate(cpu), calibration.seconds_per_run("cpu", runs), "cpu")
@@ -285,8 +285,8 @@ def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path
 
 
 def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke):
+    from fastlab.arm_plans import not_trained
     from fastlab.checklist import built_on
-    from fastlab.comparisons import not_trained
     from fastlab.lessons import all_together
 
     cfg = smoke.replace(device="cpu")

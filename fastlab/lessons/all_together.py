@@ -13,17 +13,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..bench import RUNG_NAMES, Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
+from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import bf16_supported, device_name, is_noise, resolve_device
-from ..outcomes import TimeToAccuracy, time_to_accuracy
+from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
 from ..train import run
 from ..verdicts import verdict
-from .optimizers import tta_finding, tta_verdict
 
 NAME = "09_all_together:ladder"
 
@@ -45,7 +44,7 @@ def rungs_for(base: TrainConfig) -> list[Rung]:
     return select_rungs(ladder(base), skip=list(skipped_rungs(base)))
 
 
-@comparison(NAME, arms=len(RUNG_NAMES))  # the throughput ladder: every rung the same steps
+@comparison(NAME)  # not sized here: run_ladder sizes every rung alike from the naive rung's calibration
 def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The ladder of `python -m fastlab bench` on base (less the profile's skips), tagged with this comparison."""
     results = run_ladder(base, rungs_for(base), progress=progress)

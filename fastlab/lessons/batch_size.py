@@ -58,7 +58,7 @@ def sizes_for(base: TrainConfig) -> list[int]:
     return sorted({max(1, b * 3 // 4), b, b * 5 // 4})
 
 
-@comparison("04_batch_size:sizes")
+@comparison("04_batch_size:sizes", arms=lambda base: len(sizes_for(base)))
 def sizes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """One run per batch size of sizes_for(base): throughput and peak memory."""
     return sweep("batch_size", sizes_for(base), base, progress=progress)
@@ -360,7 +360,6 @@ def read_powers(results: list[RunResult]) -> list[PowerReading]:
     return out
 
 
-@claims.judge("C7", "04_batch_size:sizes")
 def judge_powers(results: list[RunResult]) -> Finding:
     """C7: is a power-of-two batch faster than its neighbours' line, outside their spread?"""
     readings = read_powers(results)
@@ -416,7 +415,6 @@ def tta_groups(results: list[RunResult]) -> dict[str, TimeToAccuracy]:
     return {t.label: t for t in outcomes.tta_groups(results)}
 
 
-@claims.judge("C8", "04_batch_size:time_to_accuracy")
 def judge_largest(results: list[RunResult]) -> Finding:
     """C8: the larger batch, counted in images/s and in time to the target accuracy."""
     groups = list(tta_groups(results).values())

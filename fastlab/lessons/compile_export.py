@@ -50,7 +50,7 @@ def mode_config(base: TrainConfig, mode: str) -> TrainConfig:
     return base.replace(compile=mode)
 
 
-@comparison(MODES_COMPARISON)
+@comparison(MODES_COMPARISON, arms=lambda base: len(modes_plan(base)[0]), repeated=False)
 def modes(base: TrainConfig, progress: bool = True, eager_model: nn.Module | None = None) -> list[RunResult]:
     """Eager, then each compile mode this profile runs (see modes_plan), same config otherwise.
 

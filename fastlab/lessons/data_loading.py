@@ -1,6 +1,6 @@
 """Notebook 01: the data path. Worker processes, pinned memory, persistent workers, prefetching, device-resident data.
 
-Comparisons registered here (run them with fastlab.comparisons.run_comparison):
+Comparisons (the notebook calls them: compare_num_workers(cfg), compare_pipeline(cfg), compare_slow_storage(cfg)):
   01_data_loading:num_workers   DataLoader worker processes from 0 past 4x the cores this process may use (C1)
   01_data_loading:pipeline      the DataLoader knobs added one by one, then the device-resident loader
   01_data_loading:slow_storage  a starved trainer: simulated per-image storage latency, 0 workers vs several
@@ -96,7 +96,7 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
 
 
-@comparison("01_data_loading:num_workers")
+@comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())), repeated=False)
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     cfg, cores = sweep_config(base), usable_cpu_count()
     results = []
@@ -126,7 +126,7 @@ def torch_worker_warning(results: list[RunResult]) -> str:
     return "torch gave no warning about the worker counts"
 
 
-@comparison("01_data_loading:pipeline")
+@comparison("01_data_loading:pipeline", arms=lambda base: len(pipeline_steps(pipeline_workers())), repeated=False)
 def compare_pipeline(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     configs = [(label, short_for_smoke(base.replace(**changes))) for label, changes in pipeline_steps(pipeline_workers())]
     return [run(cfg, label=label, progress=progress) for label, cfg in configs]
@@ -165,7 +165,7 @@ def slow_storage_data(base: TrainConfig, batch_ms: float = STARVE_BATCH_MS) -> t
     return train, held_out
 
 
-@comparison("01_data_loading:slow_storage")
+@comparison("01_data_loading:slow_storage")  # not sized by time: its steps wait on simulated storage, not compute
 def compare_slow_storage(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The symptom of a data bottleneck: 0 workers on slow storage, then every core's worth of workers."""
     data = slow_storage_data(base)
@@ -336,7 +336,6 @@ def read_sweep(results: list[RunResult]) -> SweepReading:
     return SweepReading(cores_of(results), peak, near, costs[0] if costs else None, last=ok[-1])
 
 
-@claims.judge("C1", "01_data_loading:num_workers")
 def judge_workers(results: list[RunResult]) -> Finding:
     """C1: is num_workers = 2-4 x the cores where the sweep peaks (or within the peak's spread)?"""
     reading = read_sweep(results)
@@ -419,7 +418,6 @@ def describe_copies(copies: list[CopyTiming] | str) -> str:
                      for c in copies)
 
 
-@claims.judge("C2", "01_data_loading:pipeline")
 def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | None = None) -> Finding:
     """C2: pinned memory on the copy alone (when timed) and on training throughput, against the run before it."""
     pinned = next((r for r in pipeline if r.config.get("pin_memory") and r.config.get("loader") == "dataloader"
@@ -450,7 +448,6 @@ def utilisation_swing(result: RunResult) -> tuple[float, float] | None:
     return sum(u <= 10 for u in values) / len(values), sum(u >= 90 for u in values) / len(values)
 
 
-@claims.judge("C13", "01_data_loading:slow_storage")
 def judge_swing(starved: list[RunResult]) -> Finding:
     """C13 on the slow-storage runs: does the starved run's GPU utilisation swing, and do workers fix it?"""
     if len(starved) < 2:

@@ -365,7 +365,6 @@ def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed:
     return sum(sizes.values()) / 2**20
 
 
-@claims.judge("C9", "05_no_grad_detach_item:eval_mode")
 def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Finding:
     """C9: evaluation under no_grad against autograd, in time (measured) and memory (allocator on CUDA; computed
     from tensor sizes elsewhere, where the process's resident memory cannot show it)."""

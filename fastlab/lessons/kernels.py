@@ -29,11 +29,10 @@ from .. import claims, isolation
 from ..claims import Finding
 from ..comparisons import comparison, run_arms
 from ..config import TrainConfig
-from ..measure import MemoryMeter, Spread, is_noise, now, resolve_device
+from ..measure import MemoryMeter, Spread, is_noise, low_precision, now, resolve_device
 from ..models import build_model
 from ..results import RunResult
 from ..verdicts import Comparison, runs_verdict
-from .mixed_precision import low_precision
 
 NAME = "03_cudnn_benchmark_and_channels_last"
 FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timing runs at it
@@ -294,6 +293,3 @@ def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = N
     combined = claims.verdict_conditions(findings)
     return Finding(combined.verdict, combined.evidence + f"; warm-up (autotuning) {on.warmup_seconds:.2f} s with "
                                                          f"benchmark on vs {off.warmup_seconds:.2f} s off")
-
-
-claims.judge("C6", f"{NAME}:cudnn_benchmark")(judge_benchmark)

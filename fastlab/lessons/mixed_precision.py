@@ -21,7 +21,7 @@ from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison, run_arms
 from ..config import THOROUGH_SEEDS, TrainConfig, thorough
-from ..measure import Spread, is_noise, preferred_amp, resolve_device
+from ..measure import Spread, is_noise, low_precision, resolve_device
 from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
 from ..plots import data_note
 from ..results import RunResult
@@ -31,15 +31,6 @@ FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value ro
 FP16_SMALLEST_NORMAL = float(torch.finfo(torch.float16).tiny)  # 2**-14: below it fp16 loses precision
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504: above it a value overflows to inf
 GRADSCALER_INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default init_scale
-
-
-def low_precision(device: torch.device | str = "auto") -> str:
-    """The half precision to compare with fp32 on this device: bf16 where it is native; on a GPU without it fp16
-    with GradScaler; on a CPU without native bf16, bf16 all the same: the known trap, which the comparisons
-    show in one short demonstration run (comparisons.run_arms) rather than as a full arm."""
-    dev = resolve_device(device) if isinstance(device, str) else device
-    amp = preferred_amp(dev)
-    return "bf16" if amp == "off" else amp
 
 
 def batch_sizes(base: TrainConfig) -> tuple[int, int]:
@@ -432,7 +423,6 @@ def quality_loss(base_runs: list[RunResult], other_runs: list[RunResult]) -> str
     return None
 
 
-@claims.judge("C3", "02_mixed_precision:precision")
 def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult] | None = None) -> Finding:
     """C3: faster, with no loss of quality? Per low-precision dtype at the profile's batch (over seeds), and for
     the preferred dtype at the small batch too; combined into holds / holds only when ... / does not hold."""
@@ -484,11 +474,10 @@ def _batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResu
     return out
 
 
-@claims.judge("C4", "02_mixed_precision:precision")
-def judge_memory(precision: list[RunResult], breakdowns: dict | None = None) -> Finding:
+def judge_memory(precision: list[RunResult], breakdown: Finding | None = None) -> Finding:
     """C4 ("about 50% less memory"). On CUDA: the allocator's peak of the same runs, per dtype. Elsewhere the
-    process's resident memory cannot show it, so the breakdown computed from tensor sizes (lessons.memory
-    amp_pairs) decides when it is given."""
+    process's resident memory cannot show it, so `breakdown`, the finding on the memory computed from tensor
+    sizes (lessons.memory.judge_amp_memory of amp_pairs; the notebook passes it in), decides when it is given."""
     groups = by_variant(precision)
     fp32 = groups.get("fp32", [])
     if fp32 and fp32[0].memory_kind == "cuda_max_allocated":
@@ -501,10 +490,8 @@ def judge_memory(precision: list[RunResult], breakdowns: dict | None = None) -> 
         combined = claims.verdict_conditions(findings)
         return Finding(combined.verdict, combined.evidence + "; master weights, gradients and optimiser state stay "
                                                              "fp32 under autocast")
-    if breakdowns:
-        from .memory import judge_amp_memory
-
-        return judge_amp_memory(breakdowns)
+    if breakdown is not None:
+        return breakdown
     low = [runs for runs in groups.values() if runs is not fp32]
     f = claims.verdict_less(Spread.of([r.peak_memory_mb for r in fp32]),
                             Spread.of([r.peak_memory_mb for r in low[0]]), 0.5, what="process memory (RSS)")

@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from .. import builders
-from ..claims import Finding, judge
+from ..claims import Finding
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
 from ..measure import Spread, resolve_device, synchronize
 from ..models import build_model
-from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_groups
+from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_finding, tta_groups, tta_verdict
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import sweep
-from ..verdicts import Comparison, verdict
+from ..verdicts import verdict
 
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
@@ -127,75 +127,6 @@ def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunRe
     return runs
 
 
-def _why_not(t: TimeToAccuracy) -> str:
-    return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
-
-
-@dataclass(frozen=True)
-class TtaVerdict:
-    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), and the
-    comparison of training seconds to target it rests on (None when a side diverged or never reached it)."""
-
-    faster: bool
-    why: str
-    evidence: str
-    seconds: Comparison | None = None
-
-    @property
-    def finding(self) -> Finding:
-        """In a claim's words: 'holds (...)' or 'does not hold here (...)'."""
-        return Finding(f"{'holds' if self.faster else 'does not hold here'} ({self.why})", self.evidence)
-
-    @property
-    def plain(self) -> str:
-        """As a step's effect: 'faster (...)' or 'not faster (...)'."""
-        return f"{'faster' if self.faster else 'not faster'} ({self.why})"
-
-
-def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
-    """tta_finding's answer, typed: faster or not, why, and the comparison of seconds to target it rests on."""
-    n, nb = len(other.runs), len(base.runs)
-    diverged = sum(r.status == "diverged" for r in other.runs)
-    evidence = f"{other.summary()}; against {base.summary()}"
-    if diverged:
-        return TtaVerdict(False, f"{other.label} diverged in {diverged} of {n} seeds", evidence)
-    if other.reached == 0:
-        return TtaVerdict(False, f"{other.label} did not reach {other.target:.0%} in any seed: {_why_not(other)}",
-                          evidence)
-    if base.reached == 0:
-        return TtaVerdict(True, f"{other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
-                                f"{base.label} in none", evidence)
-    if other.reached / n < base.reached / nb:
-        return TtaVerdict(False, f"{other.label} reached the target in {other.reached} of {n} seeds, "
-                                 f"{base.label} in {base.reached} of {nb}", evidence)
-    c = verdict(base.seconds, other.seconds, "s", higher_is_better=False, quantity="training seconds to target",
-                fmt=".1f")
-    ratio = c.gain  # how many times faster to the target
-    if c.noise:
-        return TtaVerdict(False, f"no difference outside the seeds' spread: {ratio:.2f}x", evidence, c)
-    steps = verdict(base.steps, other.steps, "steps", higher_is_better=False, quantity="steps to target", fmt=".0f")
-    per_step = f"the {ratio:.2f}x in seconds is per-step speed, not convergence"
-    if steps_too and steps.noise:
-        return TtaVerdict(False, f"the same steps to target within the seeds' spread: median "
-                                 f"{other.steps.median:.0f} vs {base.steps.median:.0f}; {per_step}", evidence, c)
-    if c.direction == "worse":
-        return TtaVerdict(False, f"slower to {other.target:.0%}: {ratio:.2f}x", evidence, c)
-    if steps_too and steps.direction == "worse":
-        return TtaVerdict(False, f"more steps to target: median {other.steps.median:.0f} vs "
-                                 f"{base.steps.median:.0f}; {per_step}", evidence, c)
-    return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
-
-
-def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
-    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better
-    (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
-    the seeds' spread is none.
-
-    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
-    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
-    spread measured the machine's load, not the change.
-    """
-    return tta_verdict(base, other, steps_too=steps_too).finding
 
 
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
@@ -247,8 +178,8 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
             f"a longer run, or a harder target, would test it")
 
 
-@judge("C12", C12_COMPARISON)
-def _judge_c12_results(results: list[RunResult]) -> Finding:
+def judge_c12_results(results: list[RunResult]) -> Finding:
+    """C12 on the runs of c12_time_to_accuracy (the bundled reference results' form)."""
     return judge_c12(tta_groups(results))
 
 
@@ -410,7 +341,7 @@ def plot_panel(results: list[RunResult], title: str = ""):
     return fig
 
 
-@comparison(f"{NAME}:opt_impl")
+@comparison(f"{NAME}:opt_impl", arms=len(OPT_IMPLS))
 def opt_impls(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """AdamW with a for-loop, foreach and fused optimiser step (the step's share is sampled in warm-up)."""
     return sweep("opt_impl", list(OPT_IMPLS), preset(base, "adamw"), progress=progress)

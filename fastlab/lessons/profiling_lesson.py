@@ -42,7 +42,7 @@ def naive_and_tuned(base: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
     return naive, naive.replace(**tuned_changes(base))
 
 
-@comparison(NAIVE_VS_TUNED)
+@comparison(NAIVE_VS_TUNED, arms=2, repeated=False)
 def naive_vs_tuned(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The two configurations without the profiler: honest throughput for the two profiles below."""
     naive, tuned = naive_and_tuned(base)

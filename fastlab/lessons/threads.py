@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from ..comparisons import comparison
 from ..config import TrainConfig
 from ..harness import exclusive_run
 from ..loop import TrainingRun
@@ -72,7 +71,6 @@ def warm_this_thread() -> None:
         a = torch.tanh(a @ a)
 
 
-@comparison(THREADS)
 def thread_effect(base: TrainConfig, progress: bool = True, repeats: int = 2) -> list[RunResult]:
     """The same config run in this thread and in a new thread, alternately (`repeats` of each), after this
     thread has run torch ops. In a notebook, call it from a cell: that is the kernel's main thread."""

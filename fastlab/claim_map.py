@@ -1,0 +1,119 @@
+"""Notebook 00's map of the claims: each with the reader's latest verdict, else the bundled GPU reference's.
+
+A claim is judged on bundled reference results (fastlab.results.reference_for) by the same lesson function that
+judges the reader's own runs. Which function judges which claim on which comparison's results is the explicit
+list JUDGES below, so this module imports exactly the lessons it names and nothing registers itself on import.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .claims import CLAIMS, NOT_TESTABLE, Claim, Finding, Verdict, latest_verdicts, store_path, verdict_for
+from .comparisons import NamedComparison
+from .lessons import batch_size, data_loading, hygiene, kernels, mixed_precision, optimizers
+from .results import RunResult, reference_for
+
+Judge = Callable[[list[RunResult]], Finding]
+
+
+@dataclass(frozen=True)
+class ClaimJudge:
+    """`judge` decides `claim` from the results of `comparison` (reference results are matched by its name)."""
+
+    claim: str
+    comparison: NamedComparison
+    judge: Judge
+
+
+JUDGES: tuple[ClaimJudge, ...] = (
+    ClaimJudge("C1", data_loading.compare_num_workers, data_loading.judge_workers),
+    ClaimJudge("C2", data_loading.compare_pipeline, data_loading.judge_pinning),
+    ClaimJudge("C3", mixed_precision.compare_precision, mixed_precision.judge_speed_and_quality),
+    ClaimJudge("C4", mixed_precision.compare_precision, mixed_precision.judge_memory),
+    ClaimJudge("C6", kernels.compare_cudnn_benchmark, kernels.judge_benchmark),
+    ClaimJudge("C7", batch_size.sizes, batch_size.judge_powers),
+    ClaimJudge("C8", batch_size.time_to_accuracy_by_batch, batch_size.judge_largest),
+    ClaimJudge("C9", hygiene.eval_modes, hygiene.judge_eval),
+    ClaimJudge("C12", optimizers.c12_time_to_accuracy, optimizers.judge_c12_results),
+    ClaimJudge("C13", data_loading.compare_slow_storage, data_loading.judge_swing),
+)
+
+
+def reference_verdicts(judges: Sequence[ClaimJudge] = JUDGES) -> dict[str, Verdict]:
+    """The verdict of each judged claim on the bundled reference results (one device: the first found)."""
+    out: dict[str, Verdict] = {}
+    for entry in judges:
+        if entry.claim in out:
+            continue
+        for device, results in reference_for(entry.comparison.name).items():
+            try:
+                finding = entry.judge(results)
+            except (ValueError, KeyError, IndexError):  # reference runs this judge cannot read: no verdict
+                continue
+            v = verdict_for(entry.claim, finding, results)
+            v.source, v.device = "reference", device
+            v.date = results[0].env.get("date", v.date)
+            out[entry.claim] = v
+            break
+    return out
+
+
+def _verdict_line(v: Verdict | None, missing: str = "not measured yet") -> str:
+    if v is None:
+        return f"     verdict: {missing}"
+    head = "your latest run" if v.source == "this machine" else "bundled reference results"
+    return f"     verdict ({head}: {v.device}, profile {v.profile}, {v.date[:10]}): {v.verdict}"
+
+
+def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
+    """The claims in three groups: what this machine showed, what only a GPU can show, what is not measured here.
+    A claim about a GPU (needs_gpu) stays in the second group until a GPU of the reader's has judged it."""
+    sections: dict[str, list[Claim]] = {"here": [], "gpu": [], "rest": []}
+    for c in CLAIMS:
+        v = mine.get(c.id)
+        untestable = v is not None and v.verdict.startswith(NOT_TESTABLE)
+        if c.needs_gpu and (v is None or untestable):
+            sections["gpu"].append(c)
+        else:
+            sections["here" if v is not None else "rest"].append(c)
+    return sections
+
+
+MAP_HEADINGS = {"here": "What this machine showed (your latest runs)",
+                "gpu": "What only a GPU can show (the advice is about a GPU: its copies, cuDNN, its utilisation)",
+                "rest": "Not measured on this machine yet"}
+
+
+def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
+              width: int = 110) -> str:
+    """Each claim, where it is tested, and its verdict, in three groups: what this machine showed (the reader's
+    latest verdicts), what only a GPU can show (this machine's "not testable here" beside the bundled GPU reference
+    results, when there are some), and the rest (the reference's verdict, else "not measured yet").
+    mine/reference default to the store and the bundled results."""
+    mine = latest_verdicts() if mine is None else mine
+    if reference is None:
+        reference = reference_verdicts()
+    lines = []
+    for key, group in _map_sections(mine).items():
+        if not group:
+            continue
+        lines += [MAP_HEADINGS[key], "-" * len(MAP_HEADINGS[key])]
+        for c in group:
+            lines.append(f"{c.id:<4} {c.text}")
+            lines.append(f"     figures: {c.figures}; tested in {c.notebook}, {c.section}")
+            if key == "gpu":
+                if c.id in mine:
+                    lines.append(_verdict_line(mine[c.id]))
+                lines.append(_verdict_line(reference.get(c.id), "not measured yet (no bundled GPU reference result)"))
+            else:
+                lines.append(_verdict_line(mine.get(c.id) or reference.get(c.id)))
+            lines.append("")
+    counts = {"yours": sum(c.id in mine for c in CLAIMS),
+              "reference": sum(c.id not in mine and c.id in reference for c in CLAIMS)}
+    lines.append(f"{counts['yours']} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "
+                 f"{counts['reference']} from bundled reference results, the rest not measured yet.")
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="     ") if len(line) > width else line
+                     for line in lines)

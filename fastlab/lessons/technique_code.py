@@ -1,0 +1,237 @@
+"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 07, 08, 10, 11, 12 run.
+
+Each pair is one plain function and the same function with the technique's lines added; a notebook calls both
+on a tiny model and shows `fastlab.code.snippet_diff(plain, with_technique)`, so the lines shown are lines that
+ran. Keep each pair identical but for the technique (tests/test_the_code_sections check the diffs name the
+technique's call). Nothing here imports fastlab's harness: this is the code a reader copies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import ProfilerActivity
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def tiny_batches(steps: int, batch_size: int = 16, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` random CIFAR-shaped batches (images, labels) for the snippets: made once, the same every call."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
+            for _ in range(steps)]
+
+
+def tiny_dataset(images: int = 64, seed: int = 0) -> TensorDataset:
+    """The same kind of data as a Dataset (for the DataLoader snippets)."""
+    x, y = zip(*tiny_batches(1, images, seed))
+    return TensorDataset(x[0], y[0])
+
+
+# ------------------------------------------------------------------ 08: the profiler
+
+
+def train_steps(model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> float:
+    """A plain training loop: the baseline the profiler's lines are added to."""
+    model.train()
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def train_steps_profiled(model: nn.Module, batches: list, opt: torch.optim.Optimizer,
+                         trace_dir: str | Path) -> torch.profiler.profile:
+    """The same loop under torch.profiler: skip a step, warm up on one, record three, write a trace."""
+    model.train()
+    prof = torch.profiler.profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+    prof.start()
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        prof.step()  # one step ended: the schedule moves on (wait, warm-up, record)
+    prof.stop()
+    return prof
+
+
+
+def train_steps_watched(w, model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> float:
+    """The same loop under fastlab.watch (notebook 10): the two touches, and the loss handed over."""
+    model.train()
+    for x, y in w(batches):  # touch 1: the wait for each batch is timed
+        with w.step(len(x)) as s:  # touch 2: the step is timed and its images counted
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            s.loss = loss  # read once at the end: a NaN marks the run diverged
+    return loss.item()
+
+# ------------------------------------------------------------------ 12: activation checkpointing
+
+
+def train_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
+    """One plain step of a workbook net (its `features` blocks, then its `head`)."""
+    h = x
+    for block in net.features:
+        h = block(h)
+    loss = F.cross_entropy(net.head(h), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def train_step_checkpointed(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
+    """The same step with every block checkpointed: only each block's input is kept for backward."""
+    h = x
+    for block in net.features:
+        h = checkpoint(block, h, use_reentrant=False)  # recomputes block(h) in backward instead of saving it
+    loss = F.cross_entropy(net.head(h), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def train_step_reentrant(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
+    """The pitfall: the old reentrant variant, whose backward skips a block whose input needs no gradient."""
+    h = x
+    for block in net.features:
+        h = checkpoint(block, h, use_reentrant=True)  # x needs no grad: this block's weights get no gradient
+    loss = F.cross_entropy(net.head(h), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def params_without_grad(net: nn.Module) -> int:
+    """How many of net's parameter tensors got no gradient in the last backward."""
+    return sum(p.grad is None for p in net.parameters())
+
+
+# ------------------------------------------------------------------ 07: torch.export and ONNX
+
+
+def save_model(model: nn.Module, example: torch.Tensor, folder: str | Path) -> Path:
+    """The plain way to keep a model: its weights, which need Python and the model's class to load again."""
+    model.eval()
+    path = Path(folder) / "model.pt"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def save_model_exported(model: nn.Module, example: torch.Tensor, folder: str | Path) -> Path:
+    """The same model exported: a whole-graph program (.pt2) and, from it, ONNX for ONNX Runtime or an NPU."""
+    model.eval()
+    path = Path(folder) / "model.pt2"
+    batch = torch.export.Dim("batch", min=1)  # the batch size may vary; the image size may not
+    program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    torch.export.save(program, path)  # load with torch.export.load(path).module(): no model class needed
+    torch.onnx.export(program, (example,), str(path.with_suffix(".onnx")), dynamo=True, external_data=False)
+    return path
+
+
+# ------------------------------------------------------------------ 11: DistributedDataParallel
+
+
+def train_epoch(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int) -> float:
+    """One epoch of a plain single-process loop."""
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True)
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def train_epoch_ddp(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int) -> float:
+    """The same epoch in each of torchrun's processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from it)."""
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(make_model())  # all-reduces (averages) the gradients during backward
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = DistributedSampler(data, shuffle=True)  # each rank reads its own shard of the data
+    sampler.set_epoch(0)  # reshuffle per epoch: without it every epoch gets the same order
+    loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    dist.destroy_process_group()
+    return loss.item()
+
+
+def one_process_group_env(port: int) -> dict[str, str]:
+    """What torchrun would set for a single process: enough to run train_epoch_ddp in this kernel (world of 1)."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a one-process group's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_one_process_group(fn: Callable[..., float], *args: object) -> float:
+    """fn(*args) with torchrun's variables set for one process, restored afterwards."""
+    env = one_process_group_env(free_port())
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return fn(*args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def train_steps_profiled_unstepped(model: nn.Module, batches: list, opt: torch.optim.Optimizer,
+                                   trace_dir: str | Path) -> torch.profiler.profile:
+    """The pitfall: the profiled loop without prof.step(), so the schedule never leaves its first `wait` step."""
+    model.train()
+    prof = torch.profiler.profile(
+        activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+    prof.start()
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    prof.stop()
+    return prof
+
+
+def recorded_ops(prof: torch.profiler.profile) -> int:
+    """How many distinct operators a finished profile recorded (0 when it recorded nothing)."""
+    try:
+        return len(prof.key_averages())
+    except (AssertionError, RuntimeError):  # no recorded events at all
+        return 0
