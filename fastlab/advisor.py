@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import TrainConfig
-from .measure import Spread, is_noise, resolve_device, usable_cpu_count, verdict
+from .measure import Spread, is_noise, resolve_device, usable_cpu_count
 from .results import RunResult
 from .train import describe_changes, run
+from .verdicts import runs_verdict, verdict
 
 # --------------------------------------------------------------------------- thresholds
 # Removing a share s of every step can speed training up by at most 1 / (1 - s) (Amdahl). The reference
@@ -732,41 +733,30 @@ def _eval_rate(r: RunResult) -> float | None:
     return n / r.eval_seconds if n and r.eval_seconds else None
 
 
+OUTCOMES = {"better": "gain", "worse": "slower", "noise": "no measurable gain"}
+
+
 def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str,
                                                                                                list[str]]:
-    notes: list[str] = []
-    nan = Spread.of([])
-    # A diverged run's speed is never credited: the change that made it diverge gained nothing.
-    for side, runs in (("changed", new_runs), ("fresh baseline", base_runs)):
-        if (d := next((r for r in runs if r.status == "diverged"), None)) is not None:
-            outcome = "diverged" if side == "changed" else "inconclusive"
-            return outcome, nan, nan, f"the {side} run {_divergence_words(d)}; its speed is not credited", notes
-    # A time-limited run keeps its finished windows (comparable, with a note); a failed or stopped one is not.
-    broken = [r for r in base_runs + new_runs if r.status in ("failed", "interrupted") or not r.window_throughput]
-    notes += [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
-    if broken:
-        r = broken[0]
-        reason = r.error or ("no timed window finished" if r.ok else r.status)
-        return "failed", nan, nan, f"{r.label}: {r.status} ({reason}); no comparison", notes
+    # A time-limited run keeps its finished windows (comparable, with a note); a diverged, failed or stopped one is
+    # not credited (fastlab.verdicts). Each repeat ran baseline then change back to back: the noise rule pairs them.
+    notes = [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
+    c = runs_verdict(base_runs, new_runs, interleaved=True)
+    if not c.comparable:
+        # the change diverged: it gained nothing; the baseline diverged: nothing to compare with
+        outcome = ("failed" if c.status != "diverged" else "diverged" if c.side == "other" else "inconclusive")
+        return outcome, c.base, c.other, c.words, notes
     if finding.metric == "eval":
         before = Spread.of([x for r in base_runs if (x := _eval_rate(r)) is not None])
         after = Spread.of([x for r in new_runs if (x := _eval_rate(r)) is not None])
-        mem = [f"{r.label}: evaluation peak {r.eval_peak_memory_mb:,.0f} MiB" for r in base_runs[:1] + new_runs[:1]
-               if r.eval_peak_memory_mb is not None]
-        notes += mem
+        notes += [f"{r.label}: evaluation peak {r.eval_peak_memory_mb:,.0f} MiB" for r in base_runs[:1] + new_runs[:1]
+                  if r.eval_peak_memory_mb is not None]
         if min(before.n, after.n) < 2:
             sentence = (f"{after.median:,.0f} vs {before.median:,.0f} held-out images/s, one evaluation pass each: "
                         "no spread to tell a gain from noise (use repeats=3 or more)")
             return "inconclusive", before, after, sentence, notes
-    else:
-        # Every timed window of every repeat: the spread covers both window noise and run-to-run noise.
-        # The noise rule pairs the repeats (measure.is_noise): each repeat ran baseline then change back to back.
-        before = Spread.of([w for r in base_runs for w in r.window_throughput], [r.window_throughput for r in base_runs])
-        after = Spread.of([w for r in new_runs for w in r.window_throughput], [r.window_throughput for r in new_runs])
-    sentence = verdict(before, after)
-    if is_noise(before, after):
-        return "no measurable gain", before, after, sentence, notes
-    return ("gain" if after.median > before.median else "slower"), before, after, sentence, notes
+        c = verdict(before, after)
+    return OUTCOMES.get(c.direction, "inconclusive"), c.base, c.other, c.words, notes
 
 
 def _divergence_words(r: RunResult) -> str:

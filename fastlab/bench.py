@@ -25,6 +25,7 @@ from .outcomes import (
     seconds_per_image,
     stopped_by_harness_budget,
     time_to_accuracy,
+    tta_groups,
 )
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run
@@ -415,18 +416,6 @@ def report_markdown(doc: dict[str, Any]) -> str:
         text += (f"\nThe whole command ran for {meta['wall_seconds'] / 60:.1f} minutes of wall time (set-up, training "
                  "and evaluation).\n")
     return text
-
-
-def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
-    """The runs of a time-to-accuracy results file, grouped back by rung (in order)."""
-    groups: dict[str, TimeToAccuracy] = {}
-    for r in results:
-        key = r.extras.get("rung") or r.extras.get("variant") or r.label
-        if key not in groups:
-            groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
-        groups[key].runs.append(r)
-        groups[key].seeds_not_run = groups[key].seeds_not_run or r.extras["tta"].get("seeds_not_run", "")
-    return list(groups.values())
 
 
 def _number(value: float) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import math
 import os
 import tempfile
 import textwrap
@@ -33,8 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .measure import Spread, is_noise
+from .measure import Spread
 from .results import RunResult
+from .verdicts import CREDITED, runs_verdict, verdict
+from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
 ATTRIBUTION = "the common advice"
 
@@ -157,23 +158,10 @@ def no_accelerator(why: str) -> str:
     return f"{NOT_TESTABLE}: no accelerator ({why})"
 
 
-def _as_list(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
-    return [runs] if isinstance(runs, RunResult) else list(runs)
-
-
-def pooled_throughput(runs: RunResult | Sequence[RunResult]) -> Spread:
-    """Images/s over every timed window of the runs (several seeds pool into one median with its range)."""
-    return Spread.of([w for r in _as_list(runs) for w in r.window_throughput])
-
-
 def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
     if knob and runs and all(knob in r.no_ops for r in runs):
         return runs[0].no_ops[knob]
     return None
-
-
-def _uncredited(runs: list[RunResult]) -> RunResult | None:
-    return next((r for r in runs if r.status != "ok"), None)
 
 
 def _range(s: Spread, fmt: str = ",.0f") -> str:
@@ -185,34 +173,38 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
                     unit: str = "images/s") -> Finding:
     """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows.
 
-    A difference inside the spread (fastlab.is_noise) is no gain. A run that diverged or stopped early is not
+    The direction comes from fastlab.verdicts.runs_verdict. A difference inside the spread (fastlab.is_noise) is no gain. A run that diverged or stopped early is not
     credited. knob: when every other run recorded it as a no-op, the verdict is "no-op here (why)".
     """
-    base, other = _as_list(base_runs), _as_list(other_runs)
+    base = [base_runs] if isinstance(base_runs, RunResult) else list(base_runs)
+    other = [other_runs] if isinstance(other_runs, RunResult) else list(other_runs)
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
     why = _no_op(other, knob)
     if why:
         return Finding(f"no-op here ({why})", f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
-    bad = _uncredited(other)
-    if bad is not None and bad.status != "time_limited":
-        return Finding(f"does not hold here ('{bad.label}' {bad.status}: {bad.error or 'no result'}; "
-                       f"speed not credited)", bad.summary())
-    b, o = pooled_throughput(base), pooled_throughput(other)
-    if not o.n:
-        return Finding("does not hold here (no timed window finished: slower than the time budget allows)",
-                       "; ".join(r.summary() for r in other))
-    return verdict_faster(b, o, claimed_ratio, unit=unit, what="windows")
+    c = runs_verdict(base, other, unit=unit)
+    if c.comparable:
+        return verdict_faster(c.base, c.other, claimed_ratio, unit=unit, what="windows")
+    summaries = "; ".join(r.summary() for r in (other if c.side == "other" else base))
+    if c.side == "base":
+        return Finding(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
+    if c.status in CREDITED:
+        return Finding("does not hold here (no timed window finished: slower than the time budget allows)", summaries)
+    return Finding(f"does not hold here ({c.reason})", summaries)
 
 
 def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
                    what: str = "measurements") -> Finding:
     """verdict_speedup's rule on two spreads of a rate (higher is better)."""
-    ratio = o.median / b.median
+    c = verdict(b, o, unit)
+    if not c.comparable:
+        return Finding(f"does not hold here ({c.reason})", c.words)
+    ratio = c.ratio
     evidence = f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}"
-    if is_noise(b, o):
+    if c.noise:
         return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x)", evidence)
-    if ratio < 1:
+    if c.direction == "worse":
         return Finding(f"does not hold here (slower: {ratio:.2f}x)", evidence)
     if claimed_ratio is not None and ratio < claimed_ratio:
         return Finding(f"does not hold here as stated ({ratio:.2f}x faster, short of the claimed {claimed_ratio:g}x)",
@@ -224,19 +216,20 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
                  what: str = "memory", unit: str = "MiB", tolerance: float = 0.05, about: float = 0.1) -> Finding:
     """Does `other` use less (memory, latency) than `base`, by about the claimed share (0.5 = 50% less)?
 
-    A difference inside the spread, or under `tolerance` of the base, is none. "About" a claimed share means
-    within `about` of it.
+    Lower is better (fastlab.verdicts.verdict with higher_is_better=False). A difference inside the spread, or
+    under `tolerance` of the base, is none. "About" a claimed share means within `about` of it.
     """
     b = base if isinstance(base, Spread) else Spread.of([float(base)])
     o = other if isinstance(other, Spread) else Spread.of([float(other)])
-    if not (b.median > 0) or math.isnan(o.median):
+    c = verdict(b, o, unit, higher_is_better=False, quantity=what, fmt=",.1f")
+    if not c.comparable or not b.median > 0:
         raise ValueError(f"verdict_less needs a positive base and a measured other: got {b.median} and {o.median}")
-    saving = 1 - o.median / b.median
+    saving = 1 - c.ratio
     change = f"{saving:.0%} less" if saving >= 0 else f"{-saving:.0%} more"
     evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}"
-    if (b.n > 1 or o.n > 1) and is_noise(b, o) or abs(saving) < tolerance:
+    if c.noise or abs(saving) < tolerance:
         return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
-    if saving < 0:
+    if c.direction == "worse":
         return Finding(f"does not hold here ({-saving:.0%} more {what})", evidence)
     if claimed_saving is not None and saving < claimed_saving - about:
         return Finding(f"does not hold here as stated ({saving:.0%} less {what}, not about {claimed_saving:.0%})",

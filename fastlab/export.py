@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .measure import Spread, is_noise, synchronize
+from .measure import Spread, synchronize
+from .verdicts import Comparison, verdict
 
 TORCHSCRIPT_APIS = ("torch.jit.script", "torch.jit.trace")
 
@@ -155,14 +156,9 @@ def latency_ms(fn: Callable[[torch.Tensor], object], x: torch.Tensor, *, repeats
     return Spread.of(times)
 
 
-def latency_verdict(base: Spread, other: Spread) -> str:
-    """One sentence comparing two latencies (lower is better), calling a difference inside the spread noise."""
-    ratio = other.median / base.median if base.median else float("nan")
-    head = (f"{other.median:.2f} vs {base.median:.2f} ms (median; ranges {other.low:.2f}-{other.high:.2f} and "
-            f"{base.low:.2f}-{base.high:.2f})")
-    if is_noise(base, other):
-        return f"{ratio:.2f}x the latency: noise, the difference is inside the spread; {head}"
-    return f"{ratio:.2f}x the latency ({'lower' if ratio < 1 else 'higher'}); {head}"
+def latency_verdict(base: Spread, other: Spread) -> Comparison:
+    """Two latencies in ms (lower is better), by the one noise rule; printed, "0.52x the latency (lower); ..."."""
+    return verdict(base, other, "ms", higher_is_better=False, quantity="latency", fmt=".2f")
 
 
 @dataclass

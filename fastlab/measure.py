@@ -167,19 +167,6 @@ def _overlap(x: tuple[float, float], y: tuple[float, float]) -> bool:
     return x[0] <= y[1] and y[0] <= x[1]
 
 
-def verdict(base: Spread, other: Spread, unit: str = "images/s") -> str:
-    """One sentence comparing two throughputs, calling a difference inside the noise rule's reach noise."""
-    ratio = other.median / base.median if base.median else float("nan")
-    head = (f"{other.median:,.0f} vs {base.median:,.0f} {unit} (median; ranges {other.low:,.0f}-{other.high:,.0f} "
-            f"and {base.low:,.0f}-{base.high:,.0f})")
-    if len(base.repeats) >= 2 and len(base.repeats) == len(other.repeats):
-        head += f", {len(base.repeats)} interleaved repeats"
-    if is_noise(base, other):
-        return f"{ratio:.2f}x: noise, the difference is inside the spread; {head}"
-    word = "faster" if ratio > 1 else "slower"
-    return f"{ratio:.2f}x ({word}); {head}"
-
-
 def environment(device: torch.device | None = None, profile: str = "custom") -> dict:
     """What a result was measured on: versions, device, CPU count, profile, date."""
     device = device or resolve_device()

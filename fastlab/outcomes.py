@@ -21,9 +21,10 @@ from . import builders
 from .builders import Data, ModelArg
 from .claims import Finding
 from .config import TrainConfig, target_accuracy, tta_settings
-from .measure import Spread, is_noise, verdict
+from .measure import Spread
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
+from .verdicts import Comparison, verdict
 
 DEFAULT_SEEDS = (0, 1, 2)
 
@@ -65,15 +66,15 @@ def outcome_verdict(base_runs: Sequence[RunResult], other_runs: Sequence[RunResu
     if diverged:
         return (f"diverged: {len(diverged)} of {len(other_runs)} runs ({diverged[0].error}); its speed is not "
                 f"credited")
-    base, other = accuracy_spread(base_runs), accuracy_spread(other_runs)
-    if base.n == 0 or other.n == 0:
+    c = verdict(accuracy_spread(base_runs), accuracy_spread(other_runs), "held-out accuracy")
+    if not c.comparable:
         return "accuracy not measured"
     head = f"held-out accuracy {describe_accuracy(other_runs)} vs {describe_accuracy(base_runs)}"
-    if base.n < 2 or other.n < 2:
+    if c.base.n < 2 or c.other.n < 2:
         return f"{head}: single runs, no verdict on accuracy"
-    if is_noise(base, other):
+    if c.noise:
         return f"{head}: the same within seed noise"
-    return f"{head}: {'higher' if other.median > base.median else 'lower'}, outside the seeds' spread"
+    return f"{head}: {'higher' if c.better else 'lower'}, outside the seeds' spread"
 
 
 @dataclass
@@ -160,6 +161,18 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     return out
 
 
+def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
+    """The runs of a time-to-accuracy comparison or results file, grouped back by rung or variant (in order)."""
+    groups: dict[str, TimeToAccuracy] = {}
+    for r in results:
+        key = r.extras.get("rung") or r.extras.get("variant") or r.label
+        if key not in groups:
+            groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
+        groups[key].runs.append(r)
+        groups[key].seeds_not_run = groups[key].seeds_not_run or r.extras["tta"].get("seeds_not_run", "")
+    return list(groups.values())
+
+
 @dataclass(frozen=True)
 class TrapLimits:
     """How the ladders cut a rung above naive short. Each seed stops after `max_training_seconds` of training
@@ -238,60 +251,72 @@ def tta_record(r: RunResult, target: float) -> dict[str, Any]:
 # ---------------------------------------------------------------- judging two runs, or two times to accuracy
 
 
-def vs_baseline(base: RunResult, other: RunResult) -> str:
-    """verdict() of two runs' throughputs, or why there is none (a run that failed or timed no window)."""
-    for r in (base, other):
-        if not r.window_throughput:
-            return f"no comparison: '{r.label}' finished no timed window ({r.status}: {r.error or 'stopped early'})"
-    return verdict(base.throughput, other.throughput)
-
-
 def _why_not(t: TimeToAccuracy) -> str:
     return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
 
 
+@dataclass(frozen=True)
+class TtaVerdict:
+    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), and the
+    comparison of training seconds to target it rests on (None when a side diverged or never reached it)."""
+
+    faster: bool
+    why: str
+    evidence: str
+    seconds: Comparison | None = None
+
+    @property
+    def finding(self) -> Finding:
+        """In a claim's words: 'holds (...)' or 'does not hold here (...)'."""
+        return Finding(f"{'holds' if self.faster else 'does not hold here'} ({self.why})", self.evidence)
+
+    @property
+    def plain(self) -> str:
+        """As a step's effect: 'faster (...)' or 'not faster (...)'."""
+        return f"{'faster' if self.faster else 'not faster'} ({self.why})"
+
+
+def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
+    """tta_finding's answer, typed: faster or not, why, and the comparison of seconds to target it rests on."""
+    n, nb = len(other.runs), len(base.runs)
+    diverged = sum(r.status == "diverged" for r in other.runs)
+    evidence = f"{other.summary()}; against {base.summary()}"
+    if diverged:
+        return TtaVerdict(False, f"{other.label} diverged in {diverged} of {n} seeds", evidence)
+    if other.reached == 0:
+        return TtaVerdict(False, f"{other.label} did not reach {other.target:.0%} in any seed: {_why_not(other)}",
+                          evidence)
+    if base.reached == 0:
+        return TtaVerdict(True, f"{other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
+                                f"{base.label} in none", evidence)
+    if other.reached / n < base.reached / nb:
+        return TtaVerdict(False, f"{other.label} reached the target in {other.reached} of {n} seeds, "
+                                 f"{base.label} in {base.reached} of {nb}", evidence)
+    c = verdict(base.seconds, other.seconds, "s", higher_is_better=False, quantity="training seconds to target",
+                fmt=".1f")
+    ratio = c.gain  # how many times faster to the target
+    if c.noise:
+        return TtaVerdict(False, f"no difference outside the seeds' spread: {ratio:.2f}x", evidence, c)
+    steps = verdict(base.steps, other.steps, "steps", higher_is_better=False, quantity="steps to target", fmt=".0f")
+    per_step = f"the {ratio:.2f}x in seconds is per-step speed, not convergence"
+    if steps_too and steps.noise:
+        return TtaVerdict(False, f"the same steps to target within the seeds' spread: median "
+                                 f"{other.steps.median:.0f} vs {base.steps.median:.0f}; {per_step}", evidence, c)
+    if c.direction == "worse":
+        return TtaVerdict(False, f"slower to {other.target:.0%}: {ratio:.2f}x", evidence, c)
+    if steps_too and steps.direction == "worse":
+        return TtaVerdict(False, f"more steps to target: median {other.steps.median:.0f} vs "
+                                 f"{base.steps.median:.0f}; {per_step}", evidence, c)
+    return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
+
+
 def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
-    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better; a
-    seed that diverged or missed the target counts against it; a difference inside the seeds' spread is none.
+    """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better
+    (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
+    the seeds' spread is none.
 
     steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
     faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
     spread measured the machine's load, not the change.
     """
-    n, nb = len(other.runs), len(base.runs)
-    diverged = sum(r.status == "diverged" for r in other.runs)
-    evidence = f"{other.summary()}; against {base.summary()}"
-    if diverged:
-        return Finding(f"does not hold here ({other.label} diverged in {diverged} of {n} seeds)", evidence)
-    if other.reached == 0:
-        return Finding(f"does not hold here ({other.label} did not reach {other.target:.0%} in any seed: "
-                       f"{_why_not(other)})", evidence)
-    if base.reached == 0:
-        return Finding(f"holds ({other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "
-                       f"{base.label} in none)", evidence)
-    if other.reached / n < base.reached / nb:
-        return Finding(f"does not hold here ({other.label} reached the target in {other.reached} of {n} seeds, "
-                       f"{base.label} in {base.reached} of {nb})", evidence)
-    b, o = base.seconds, other.seconds
-    ratio = b.median / o.median
-    if is_noise(b, o):
-        return Finding(f"does not hold here (no difference outside the seeds' spread: {ratio:.2f}x)", evidence)
-    bs, os_ = base.steps, other.steps
-    if steps_too and is_noise(bs, os_):
-        return Finding(f"does not hold here (the same steps to target within the seeds' spread: median "
-                       f"{os_.median:.0f} vs {bs.median:.0f}; the {ratio:.2f}x in seconds is per-step speed, "
-                       f"not convergence)", evidence)
-    if ratio < 1:
-        return Finding(f"does not hold here (slower to {other.target:.0%}: {ratio:.2f}x)", evidence)
-    if steps_too and os_.median > bs.median:
-        return Finding(f"does not hold here (more steps to target: median {os_.median:.0f} vs {bs.median:.0f}; "
-                       f"the {ratio:.2f}x in seconds is per-step speed, not convergence)", evidence)
-    return Finding(f"holds ({ratio:.2f}x faster to {other.target:.0%} held-out accuracy)", evidence)
-
-
-def plain_words(verdict: str) -> str:
-    """A tta_finding verdict as a step's effect: 'faster (...)' or 'not faster (...)'."""
-    for head, word in (("holds (", "faster ("), ("does not hold here (", "not faster (")):
-        if verdict.startswith(head):
-            return word + verdict[len(head):]
-    return verdict
+    return tta_verdict(base, other, steps_too=steps_too).finding

@@ -60,9 +60,10 @@ from typing import Any
 
 import torch
 
-from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, is_noise, resolve_device, synchronize, verdict
+from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .profiling import safe_name
 from .results import RunResult
+from .verdicts import verdict
 
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
 SYNC_WARNING = re.compile(r"synchronizing CUDA operation")  # what set_sync_debug_mode("warn") says
@@ -772,8 +773,9 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
     # to back, so a drift in the machine's load falls on both)
     b = Spread.of([x for r in before for x in r.window_throughput], [r.window_throughput for r in before])
     a = Spread.of([x for r in after for x in r.window_throughput], [r.window_throughput for r in after])
-    outcome = "no measurable difference" if is_noise(b, a) else ("faster" if a.median > b.median else "slower")
+    c = verdict(b, a)
+    outcome = {"noise": "no measurable difference", "better": "faster", "worse": "slower"}.get(c.direction, "failed")
     notes = [f"{r.label}: {n}" for r in before[:1] + after[:1] for n in r.extras.get("watch", {}).get("notes", [])]
     if len(before) < 2:
         notes.append("one run each: a drift in the machine's load between them is not averaged out (repeats=3)")
-    return LoopComparison(before, after, b, a, outcome, verdict(b, a), notes)
+    return LoopComparison(before, after, b, a, outcome, c.words, notes)

@@ -4,7 +4,7 @@ Three configurations of the profile: naive (the ladder's first rung), the cpu pr
 device-resident data, without bf16: README's cpu table measured that rung fastest and bf16 a trap there) and naive
 plus channels_last. Each repeat runs, for each configuration in turn, the script in a fresh interpreter and then
 fastlab.run in this process (interleaved: the machine drifts). Prints each side's median images/s over repeats and
-the ratio, judged by fastlab's noise rule (measure.verdict). The two should agree within noise; where they do not,
+the ratio, judged by fastlab's noise rule (fastlab.verdicts.verdict). The two should agree within noise; where they do not,
 the difference is the harness (its per-step bookkeeping, the run thread) or the process a run starts in.
 
     python tests/benchmark_code.py [--profile cpu] [--repeats 3]
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import fastlab
 from fastlab.bench import ladder
-from fastlab.measure import Spread, verdict
+from fastlab.measure import Spread
+from fastlab.verdicts import verdict
 
 
 def configs(base: fastlab.TrainConfig) -> dict[str, fastlab.TrainConfig]:

@@ -74,9 +74,12 @@ def test_latency_excludes_warmup_and_checks_arguments():
 
 def test_latency_verdict_says_lower_or_noise():
     base = Spread(10.0, 9.0, 11.0, 5)
-    assert "lower" in export.latency_verdict(base, Spread(5.0, 4.5, 5.5, 5))
-    assert "higher" in export.latency_verdict(base, Spread(20.0, 19.0, 21.0, 5))
-    assert "noise" in export.latency_verdict(base, Spread(10.5, 9.5, 11.5, 5))
+    lower = export.latency_verdict(base, Spread(5.0, 4.5, 5.5, 5))
+    assert lower.better and not lower.higher_is_better and str(lower).startswith("0.50x the latency (lower); 5.00 vs")
+    higher = export.latency_verdict(base, Spread(20.0, 19.0, 21.0, 5))
+    assert higher.direction == "worse" and "(higher)" in str(higher)
+    same = export.latency_verdict(base, Spread(10.5, 9.5, 11.5, 5))
+    assert same.noise and "the latency: noise" in str(same)
 
 
 def test_export_rejects_a_bad_example():

@@ -13,8 +13,9 @@ import torch
 
 import fastlab
 from fastlab import isolation, train
-from fastlab.measure import Spread, is_noise, median_interval, verdict
+from fastlab.measure import Spread, is_noise, median_interval
 from fastlab.results import RunResult
+from fastlab.verdicts import verdict
 
 sys.path.insert(0, os.path.dirname(__file__))
 import isolation_probe  # noqa: E402  (a module the run's child can import)
@@ -123,7 +124,7 @@ def test_interleaved_arms_read_noise_under_drift_and_faster_when_every_repeat_sh
     monkeypatch.setattr(train, "run", same)
     a, b = train.compare(smoke, progress=False, repeats=2, batch_size=64)
     assert same.calls == ["baseline", "batch_size=64", "batch_size=64", "baseline"]  # A B, B A
-    assert is_noise(a.throughput, b.throughput) and "noise" in verdict(a.throughput, b.throughput)
+    assert is_noise(a.throughput, b.throughput) and verdict(a.throughput, b.throughput).noise
     # run one after the other, the same drift reads as a 2x effect: what interleaving prevents
     assert not is_noise(Spread.of(a.extras["repeat_windows"][0]), Spread.of(b.extras["repeat_windows"][1]))
 
@@ -131,7 +132,7 @@ def test_interleaved_arms_read_noise_under_drift_and_faster_when_every_repeat_sh
     monkeypatch.setattr(train, "run", better)
     a, b = train.compare(smoke, progress=False, repeats=2, batch_size=64)
     assert not is_noise(a.throughput, b.throughput)
-    assert "(faster)" in verdict(a.throughput, b.throughput)
+    assert "(faster)" in str(verdict(a.throughput, b.throughput))
 
 
 def test_a_difference_only_some_repeats_show_is_noise():

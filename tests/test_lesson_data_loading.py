@@ -62,12 +62,13 @@ def test_describe_data_wait_tells_a_bottleneck_from_compute():
     assert "compute-bound" in dl.describe_data_wait(_result([1.0] * 10, [0.01] * 10))
 
 
-def test_vs_baseline_explains_a_run_without_windows():
+def test_the_report_explains_a_run_without_windows():
     ok = RunResult(config={}, label="a", window_throughput=[10.0, 11.0, 12.0])
     limited = RunResult(config={}, label="b", status="time_limited", error="over budget")
-    assert "no timed window" in dl.vs_baseline(ok, limited) and "over budget" in dl.vs_baseline(ok, limited)
     faster = RunResult(config={}, label="c", window_throughput=[30.0, 31.0, 32.0])
-    assert "faster" in dl.vs_baseline(ok, faster)
+    against = [line for line in dl.data_path_report([ok, limited, faster]).split("\n") if "vs 'a'" in line]
+    assert "no comparison: 'b' finished no timed window" in against[0] and "over budget" in against[0]
+    assert "(faster)" in against[1]
 
 
 def test_slow_storage_sleeps_per_image_and_is_labelled_synthetic(smoke):

@@ -2,7 +2,7 @@ import pytest
 
 import fastlab
 from fastlab.lessons import optimizers as O
-from fastlab.outcomes import TimeToAccuracy
+from fastlab.outcomes import TimeToAccuracy, tta_groups
 from fastlab.results import RunResult
 
 
@@ -77,7 +77,7 @@ def test_judge_c12_and_describe_changes():
     with pytest.raises(ValueError, match="needs the Adam variant"):
         O.judge_c12(ttas[:1])
     runs = [r for t in ttas for r in t.runs]
-    assert [t.label for t in O.groups(runs)] == ["Adam", "AdamW"]
+    assert [t.label for t in tta_groups(runs)] == ["Adam", "AdamW"]
     assert O.judge_c12_results(runs).verdict == O.judge_c12(ttas).verdict  # the reference results' form
     fig = O.plot_tta_curves(ttas)
     assert fig.axes[0].get_legend() is not None
@@ -127,7 +127,7 @@ def test_c12_comparison_runs_seed_major(quick, monkeypatch):
     runs = O.c12_time_to_accuracy(quick, progress=False)
     labels = [c.label for c in O.c12_changes(quick)]
     assert order == [(label, (seed,)) for seed in (0, 1) for label in labels]
-    ttas = O.groups(runs)
+    ttas = tta_groups(runs)
     assert [t.label for t in ttas] == labels and all(len(t.runs) == 2 for t in ttas)
     assert all("tta" in r.extras and r.extras["change"] for r in runs)
 

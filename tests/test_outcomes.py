@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import fastlab
-from fastlab import bench
+from fastlab import bench, outcomes
 from fastlab.config import config_for
 from fastlab.measure import Spread
 from fastlab.results import RunResult
@@ -222,7 +222,7 @@ def test_a_rung_whose_first_seed_is_a_trap_runs_no_more_seeds(quick):
     assert len(tta.runs) == 1 and tta.seeds_not_run.startswith("seeds 1, 2 not run: seed 0 diverged")
     assert tta.runs[0].extras["tta"]["seeds_not_run"] == tta.seeds_not_run
     assert "not run" in tta.summary()
-    regrouped = bench.tta_groups(tta.runs)  # read back from a results file, the note stays
+    regrouped = outcomes.tta_groups(tta.runs)  # read back from a results file, the note stays
     assert regrouped[0].seeds_not_run == tta.seeds_not_run
     assert "Seeds not run:" in bench.tta_markdown_table(regrouped)
     # without limits (naive), every seed runs

@@ -3,8 +3,9 @@ import json
 import pytest
 
 import fastlab
-from fastlab.measure import Spread, is_noise, verdict
+from fastlab.measure import Spread, is_noise
 from fastlab.results import SCHEMA_VERSION, RunResult, load_document, load_results, save_results
+from fastlab.verdicts import verdict
 
 
 def make(label="r", windows=(100.0, 110.0, 120.0), **kw):
@@ -53,8 +54,8 @@ def test_spread_and_noise():
     assert (a.median, a.low, a.high, a.n) == (105, 100, 110, 3)
     assert is_noise(a, Spread.of([104, 108, 112]))
     assert not is_noise(a, Spread.of([150, 155, 160]))
-    assert "noise" in verdict(a, Spread.of([104, 108, 112]))
-    text = verdict(a, Spread.of([200, 210, 220]))
+    assert verdict(a, Spread.of([104, 108, 112])).noise
+    text = verdict(a, Spread.of([200, 210, 220])).words
     assert text.startswith("2.00x (faster)") and "noise" not in text
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import fastlab
-from fastlab import RunResult
+from fastlab import RunResult, verdicts
 from fastlab.advisor import findings_for
 
 watch_mod = importlib.import_module("fastlab.watch")
@@ -180,8 +180,8 @@ def watched(label: str, windows: list[float], status: str = "ok", error: str = "
 
 def test_the_comparison_is_worded_by_the_one_noise_rule(monkeypatch):
     calls = []
-    real = watch_mod.is_noise
-    monkeypatch.setattr(watch_mod, "is_noise", lambda a, b: calls.append((a, b)) or real(a, b))
+    real = verdicts.is_noise  # judge_loops asks fastlab.verdicts, which applies measure.is_noise
+    monkeypatch.setattr(verdicts, "is_noise", lambda a, b: calls.append((a, b)) or real(a, b))
     clear = watch_mod.judge_loops([watched("before #1", [100.0, 101.0, 102.0])],
                                   [watched("after #1", [200.0, 201.0, 202.0])])
     assert clear.outcome == "faster" and "faster" in clear.sentence and calls

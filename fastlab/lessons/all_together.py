@@ -18,10 +18,11 @@ from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import bf16_supported, device_name, is_noise, resolve_device, verdict
-from ..outcomes import TimeToAccuracy, plain_words, time_to_accuracy, tta_finding
+from ..measure import bf16_supported, device_name, is_noise, resolve_device
+from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
 from ..train import run
+from ..verdicts import verdict
 
 NAME = "09_all_together:ladder"
 
@@ -322,18 +323,19 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
         below = built_on(results, i)
         if below is None or not (r.window_throughput and below.window_throughput):
             continue
-        speed = r.throughput.median / below.throughput.median
-        if speed <= 1 or is_noise(below.throughput, r.throughput):
+        per_image = verdict(below.throughput, r.throughput)
+        if not per_image.better:
             continue
+        speed = per_image.ratio
         j, t = tta[name]
         base = _tta_below(ttas, j)
         if base is None:
             continue
-        finding = tta_finding(base, t)
-        if finding.verdict.startswith("holds") or "no difference" in finding.verdict:
+        to_target = tta_verdict(base, t)
+        if to_target.faster or (to_target.seconds is not None and to_target.seconds.noise):
             continue
         out.append((r.label, f"{speed:.2f}x images/s over the rung it built on, but to the target: "
-                              f"{plain_words(finding.verdict)}"))
+                              f"{to_target.plain}"))
     return out
 
 
@@ -438,7 +440,7 @@ def tta_lines(ttas: list[TimeToAccuracy]) -> list[str]:
         lines.append(t.summary() + (f"\n    dropped from the rungs above: {dropped}" if dropped else ""))
         below = _tta_below(ttas, i)
         if i and below is not None:
-            lines.append(f"    against {below.label}: {plain_words(tta_finding(below, t).verdict)}")
+            lines.append(f"    against {below.label}: {tta_verdict(below, t).plain}")
     return lines
 
 

@@ -15,14 +15,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import claims
+from .. import claims, outcomes
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import Spread, is_noise, resolve_device, verdict
+from ..measure import Spread, is_noise, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy
 from ..results import RunResult
 from ..train import run, sweep
+from ..verdicts import verdict
 
 # Batch sizes per profile: powers of two beside their neighbours (a power of two is said to suit the
 # hardware's tiles; the neighbours let a reader see whether it does here). Claim C7 is judged on each power of
@@ -410,12 +411,8 @@ def time_to_accuracy_by_batch(base: TrainConfig, progress: bool = True, largest:
 
 
 def tta_groups(results: list[RunResult]) -> dict[str, TimeToAccuracy]:
-    """The runs of time_to_accuracy_by_batch regrouped by configuration."""
-    out: dict[str, TimeToAccuracy] = {}
-    for r in results:
-        label = r.extras.get("variant", r.label)
-        out.setdefault(label, TimeToAccuracy(label, r.extras["tta"]["target"])).runs.append(r)
-    return out
+    """The runs of time_to_accuracy_by_batch regrouped by configuration, by label (fastlab.outcomes.tta_groups)."""
+    return {t.label: t for t in outcomes.tta_groups(results)}
 
 
 def judge_largest(results: list[RunResult]) -> Finding:

@@ -19,10 +19,11 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import DeviceLoader, load_images
-from ..measure import is_noise, resolve_device, synchronize, verdict
+from ..measure import is_noise, resolve_device, synchronize
 from ..models import build_model
 from ..results import RunResult
 from ..train import run
+from ..verdicts import verdict
 
 MODES_COMPARISON = "07_compile_and_export:modes"
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")

@@ -27,10 +27,10 @@ from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
-from ..outcomes import vs_baseline
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
+from ..verdicts import runs_verdict
 
 # The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
 # each image costs STARVE_BATCH_MS / batch_size milliseconds of sleep (like waiting on a slow disk or network).
@@ -233,7 +233,7 @@ def data_path_report(results: list[RunResult]) -> str:
     for r in results:
         line = r.summary()
         if r is not results[0]:
-            line += f"\n    vs '{results[0].label}': {vs_baseline(results[0], r)}"
+            line += f"\n    vs '{results[0].label}': {runs_verdict(results[0], r)}"
         lines.append(line)
     return "\n".join(lines)
 

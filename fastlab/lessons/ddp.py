@@ -19,8 +19,9 @@ from typing import Any
 from ..comparisons import comparison
 from ..config import TrainConfig, config_for
 from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, plan_batches, run_ddp
-from ..measure import Spread, is_noise, verdict
+from ..measure import Spread, is_noise
 from ..results import RunResult
+from ..verdicts import verdict
 
 NAME = "11_multi_gpu_ddp:scaling"
 ACCUM_STEPS = 2  # micro-batches per optimiser step in the no_sync demo

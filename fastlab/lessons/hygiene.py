@@ -20,11 +20,12 @@ from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import Spread, is_noise, preferred_amp, resolve_device, verdict
+from ..measure import Spread, is_noise, preferred_amp, resolve_device
 from ..models import build_model
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import run, sweep
+from ..verdicts import verdict
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
 # Repeats of each evaluation mode: one evaluation is one number, so the spread comes from repeating it.

@@ -31,8 +31,8 @@ from ..comparisons import comparison, run_arms
 from ..config import TrainConfig
 from ..measure import MemoryMeter, Spread, is_noise, low_precision, now, resolve_device
 from ..models import build_model
-from ..outcomes import vs_baseline
 from ..results import RunResult
+from ..verdicts import Comparison, runs_verdict
 
 NAME = "03_cudnn_benchmark_and_channels_last"
 FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timing runs at it
@@ -88,20 +88,20 @@ def kernels_report(results: list[RunResult]) -> str:
         trap = f" (a trap here, one short run: {r.extras['trap']})" if r.extras.get("trap") else ""
         lines.append(f"{r.summary()}; warm-up {r.warmup_seconds:.2f} s{trap}")
         if r is not results[0]:
-            lines.append(f"    vs '{results[0].label}': {vs_baseline(results[0], r)}")
+            lines.append(f"    vs '{results[0].label}': {runs_verdict(results[0], r)}")
         for knob, why in r.no_ops.items():
             lines.append(f"    no-op here: {knob}: {why}")
     return "\n".join(lines)
 
 
-def channels_last_gain(results: list[RunResult]) -> dict[str, str]:
-    """For each precision: channels_last against NCHW at that precision."""
-    out: dict[str, str] = {}
+def channels_last_gain(results: list[RunResult]) -> dict[str, Comparison]:
+    """For each precision: channels_last against NCHW at that precision (printed, the verdict's sentence)."""
+    out: dict[str, Comparison] = {}
     for amp in dict.fromkeys(r.config["amp"] for r in results):
         nchw = [r for r in results if r.config["amp"] == amp and not r.config["channels_last"]]
         nhwc = [r for r in results if r.config["amp"] == amp and r.config["channels_last"]]
         if nchw and nhwc:
-            out["fp32" if amp == "off" else amp] = vs_baseline(nchw[0], nhwc[0])
+            out["fp32" if amp == "off" else amp] = runs_verdict(nchw[0], nhwc[0])
     return out
 
 

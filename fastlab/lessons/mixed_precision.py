@@ -22,9 +22,10 @@ from ..claims import Finding
 from ..comparisons import comparison, run_arms
 from ..config import THOROUGH_SEEDS, TrainConfig, thorough
 from ..measure import Spread, is_noise, low_precision, resolve_device
-from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict, vs_baseline
+from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
 from ..plots import data_note
 from ..results import RunResult
+from ..verdicts import runs_verdict
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value rounds to exactly zero
 FP16_SMALLEST_NORMAL = float(torch.finfo(torch.float16).tiny)  # 2**-14: below it fp16 loses precision
@@ -141,7 +142,7 @@ def gain_by_batch(results: list[RunResult]) -> dict[int, str]:
         low = [r for r in pair if r.config["amp"] != "off"]
         if fp32 and low:
             trap = " (a trap here: one short demonstration run)" if low[0].extras.get("trap") else ""
-            out[batch] = f"{low[0].config['amp']} vs fp32{trap}: {vs_baseline(fp32[0], low[0])}"
+            out[batch] = f"{low[0].config['amp']} vs fp32{trap}: {runs_verdict(fp32[0], low[0])}"
     return out
 
 

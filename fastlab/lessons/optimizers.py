@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from .. import builders
-from ..bench import tta_groups
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, tta_settings
-from ..measure import Spread, resolve_device, synchronize, verdict
+from ..measure import Spread, resolve_device, synchronize
 from ..models import build_model
-from ..outcomes import TimeToAccuracy, describe_accuracy, plain_words, time_to_accuracy, tta_finding
+from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_finding, tta_groups, tta_verdict
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import sweep
+from ..verdicts import verdict
 
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
@@ -127,9 +127,6 @@ def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunRe
     return runs
 
 
-def groups(runs: list[RunResult]) -> list[TimeToAccuracy]:
-    """The runs of a time-to-accuracy comparison, grouped back by variant (in order)."""
-    return tta_groups(runs)
 
 
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
@@ -183,7 +180,7 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
 
 def judge_c12_results(results: list[RunResult]) -> Finding:
     """C12 on the runs of c12_time_to_accuracy (the bundled reference results' form)."""
-    return judge_c12(groups(results))
+    return judge_c12(tta_groups(results))
 
 
 def describe_changes(ttas: list[TimeToAccuracy]) -> str:
@@ -193,8 +190,7 @@ def describe_changes(ttas: list[TimeToAccuracy]) -> str:
         change = t.runs[0].extras.get("change", "") if t.runs else ""
         lines.append(f"{t.summary()}\n    change: {change}")
         if i:
-            f = tta_finding(ttas[i - 1], t, steps_too=True)
-            lines.append(f"    against {ttas[i - 1].label}: {plain_words(f.verdict)}")
+            lines.append(f"    against {ttas[i - 1].label}: {tta_verdict(ttas[i - 1], t, steps_too=True).plain}")
     return "\n".join(lines)
 
 

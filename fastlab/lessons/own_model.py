@@ -22,9 +22,10 @@ from torch.utils.data import Dataset
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import ImageSet, spawn_safety, worker_start_method  # noqa: F401  (re-exported: notebook 10 names them)
-from ..measure import bf16_supported, is_noise, resolve_device, usable_cpu_count, verdict
+from ..measure import bf16_supported, resolve_device, usable_cpu_count
 from ..results import RunResult
 from ..train import run
+from ..verdicts import verdict
 
 NAME = "10_your_own_model:first_steps"
 IMAGE_SHAPE = (32, 32, 3)  # what fastlab's device loader crops and normalises (CIFAR-shaped, HxWxC)
@@ -298,11 +299,11 @@ def advice(results: list[RunResult]) -> list[str]:
             unmeasured.append(f"{name}: not measured, {r.status} before a timed window finished ({r.error}); "
                               "rerun with a larger max_seconds")
             continue
-        ratio = r.throughput.median / base.throughput.median
         said = verdict(base.throughput, r.throughput)
-        if is_noise(base.throughput, r.throughput):
+        ratio = said.ratio
+        if said.noise:
             same.append((ratio, f"{name}: no measurable difference here ({said}); it may still pay on a GPU"))
-        elif ratio > 1:
+        elif said.better:
             gains.append((ratio, f"{name}: try it first ({said})"))
         else:
             worse.append((ratio, f"{name}: slower here ({said}); leave it off on this machine"))

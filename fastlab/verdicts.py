@@ -1,0 +1,141 @@
+"""Is B better than A? One answer, typed, by the one noise rule (fastlab.measure.is_noise).
+
+    c = verdict(a.throughput, b.throughput)            # two Spreads of a rate: higher is better
+    c = verdict(eager_ms, compiled_ms, unit="ms", higher_is_better=False, quantity="latency")
+    c = runs_verdict(base_run, other_run)              # two runs (or lists of runs): their timed windows
+    c.direction                                        # "better", "worse", "noise" or "not_comparable"
+    print(c)                                           # the sentence: "1.42x (faster); 410 vs 289 images/s ..."
+
+A difference is `noise` when the noise rule says so (the intervals of the medians overlap, or interleaved
+repeats disagree); `not_comparable` when a side measured nothing or a run diverged or failed (its speed is never
+credited), with the reason. Callers decide on `direction` (and `ratio`), never on the words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .measure import Spread, is_noise
+from .results import RunResult
+
+Direction = Literal["better", "worse", "noise", "not_comparable"]
+CREDITED = ("ok", "time_limited")  # a time-limited run keeps the windows it finished; other statuses are not credited
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """B (`other`) against A (`base`): the direction, the ratio other/base of the medians, both spreads."""
+
+    direction: Direction
+    ratio: float  # other.median / base.median (nan when not comparable)
+    base: Spread
+    other: Spread
+    unit: str = "images/s"
+    higher_is_better: bool = True  # a rate (throughput); False for latency, memory, seconds to a target
+    quantity: str = ""  # what is compared, named in the words when it is not a rate ("latency")
+    fmt: str = ",.0f"  # how the medians and ranges are printed
+    reason: str = ""  # not_comparable: why (which run, what happened)
+    side: Literal["", "base", "other"] = ""  # not_comparable: the side that has no credited measurement
+    status: str = ""  # not_comparable: that side's run status ("diverged", "failed", ...), when a run's
+
+    @property
+    def noise(self) -> bool:
+        return self.direction == "noise"
+
+    @property
+    def better(self) -> bool:
+        return self.direction == "better"
+
+    @property
+    def comparable(self) -> bool:
+        return self.direction != "not_comparable"
+
+    @property
+    def gain(self) -> float:
+        """How many times better B is (> 1 better): the ratio for a rate, base/other for a lower-is-better one."""
+        if self.higher_is_better:
+            return self.ratio
+        return self.base.median / self.other.median if self.other.median else math.nan
+
+    @property
+    def words(self) -> str:
+        """The plain sentence: ratio, its direction (or "noise"), the medians and ranges it rests on."""
+        if not self.comparable:
+            return f"no comparison: {self.reason}"
+        f, b, o = self.fmt, self.base, self.other
+        head = (f"{o.median:{f}} vs {b.median:{f}} {self.unit} (median; ranges {o.low:{f}}-{o.high:{f}} "
+                f"and {b.low:{f}}-{b.high:{f}})")
+        if len(b.repeats) >= 2 and len(b.repeats) == len(o.repeats):
+            head += f", {len(b.repeats)} interleaved repeats"
+        rate = self.unit.endswith("/s")
+        lead = f"{self.ratio:.2f}x" + (f" the {self.quantity}" if self.quantity and not rate else "")
+        if self.noise:
+            return f"{lead}: noise, the difference is inside the spread; {head}"
+        up, down = ("faster", "slower") if rate else ("higher", "lower")
+        return f"{lead} ({up if self.ratio > 1 else down}); {head}"
+
+    def __str__(self) -> str:
+        return self.words
+
+
+def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_better: bool = True,
+            quantity: str = "", fmt: str = ",.0f") -> Comparison:
+    """B against A from two spreads: noise by fastlab.measure.is_noise, else better or worse by the medians."""
+    kw = dict(unit=unit, higher_is_better=higher_is_better, quantity=quantity, fmt=fmt)
+    for side, s in (("base", base), ("other", other)):
+        if not s.n or not math.isfinite(s.median):
+            return Comparison("not_comparable", math.nan, base, other, **kw,
+                              reason=f"nothing measured on the {side} side", side=side)
+    ratio = other.median / base.median if base.median > 0 else math.nan  # a zero baseline has a direction, no ratio
+    if is_noise(base, other):
+        return Comparison("noise", ratio, base, other, **kw)
+    up = other.median > base.median
+    return Comparison("better" if up == higher_is_better else "worse", ratio, base, other, **kw)
+
+
+def _runs(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
+    return [runs] if isinstance(runs, RunResult) else list(runs)
+
+
+def pooled_throughput(runs: RunResult | Sequence[RunResult], *, interleaved: bool = False) -> Spread:
+    """Images/s over every timed window of the runs (several seeds pool into one median with its range). One run
+    keeps its own interleaved repeats (RunResult.throughput); `interleaved`: the runs are repeats of one arm run
+    in turns with the other arm's (A B, A B, ...), and the noise rule pairs them."""
+    runs = _runs(runs)
+    if len(runs) == 1:
+        return runs[0].throughput
+    return Spread.of([w for r in runs for w in r.window_throughput],
+                     [r.window_throughput for r in runs] if interleaved else None)
+
+
+def uncredited(runs: Sequence[RunResult]) -> tuple[RunResult, str] | None:
+    """The first run whose speed cannot be credited, and why: it diverged, failed or was stopped, or it
+    finished no timed window."""
+    for r in runs:
+        if r.status == "diverged":
+            step = getattr(r, "diverged_step", None)
+            at = f" at step {step}" if step is not None else ""
+            return r, f"'{r.label}' diverged{at} ({r.error or 'non-finite loss'}); its speed is not credited"
+        if r.status not in CREDITED:
+            return r, f"'{r.label}' {r.status} ({r.error or 'stopped early'}); its speed is not credited"
+        if not r.window_throughput:
+            return r, f"'{r.label}' finished no timed window ({r.status}: {r.error or 'stopped early'})"
+    return None
+
+
+def runs_verdict(base: RunResult | Sequence[RunResult], other: RunResult | Sequence[RunResult], *,
+                 interleaved: bool = False, unit: str = "images/s") -> Comparison:
+    """B against A from runs: their pooled timed windows (pooled_throughput), or not_comparable, naming the run,
+    when a run diverged, failed or finished no timed window. The changed side is checked first."""
+    b, o = _runs(base), _runs(other)
+    for side, runs in (("other", o), ("base", b)):
+        bad = uncredited(runs) if runs else None
+        if bad is not None or not runs:
+            nan = Spread.of([])
+            reason = bad[1] if bad else f"no run on the {side} side"
+            return Comparison("not_comparable", math.nan, nan, nan, unit, reason=reason, side=side,
+                              status=bad[0].status if bad else "")
+    return verdict(pooled_throughput(b, interleaved=interleaved), pooled_throughput(o, interleaved=interleaved), unit)

@@ -1,0 +1,117 @@
+"""fastlab.verdicts: the one typed answer to "is B better than A", and the callers that read its fields."""
+
+import dataclasses
+import math
+
+import pytest
+
+from fastlab import claims, export
+from fastlab.measure import Spread
+from fastlab.outcomes import outcome_verdict
+from fastlab.results import RunResult
+from fastlab.verdicts import Comparison, runs_verdict, verdict
+
+
+def run(label: str, windows: list[float], status: str = "ok", error: str | None = None, **kw) -> RunResult:
+    return RunResult(config={}, label=label, window_throughput=windows, status=status, error=error, **kw)
+
+
+def test_each_direction_of_a_rate():
+    base = Spread.of([100, 105, 110])
+    better = verdict(base, Spread.of([200, 210, 220]))
+    worse = verdict(base, Spread.of([50, 52, 55]))
+    same = verdict(base, Spread.of([104, 108, 112]))
+    assert (better.direction, worse.direction, same.direction) == ("better", "worse", "noise")
+    assert better.ratio == pytest.approx(2.0) and worse.ratio == pytest.approx(52 / 105)
+    assert better.better and not worse.better and same.noise and better.comparable
+    assert better.higher_is_better and better.unit == "images/s" and better.gain == better.ratio
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        better.direction = "worse"  # type: ignore[misc]
+
+
+def test_noise_by_overlapping_intervals_and_not_when_apart():
+    base = Spread(100.0, 90.0, 110.0, 5)
+    assert verdict(base, Spread(115.0, 109.0, 120.0, 5)).noise  # 109-120 touches 90-110
+    assert verdict(base, Spread(115.0, 111.0, 120.0, 5)).direction == "better"  # 111-120 clears it
+
+
+def test_interleaved_repeats_that_disagree_are_noise_and_agreeing_ones_are_not():
+    # repeat 1: B above A; repeat 2: B below A. Each repeat alone is clear, the two disagree: noise.
+    base = Spread.of([100, 101, 102, 200, 201, 202], [[100, 101, 102], [200, 201, 202]])
+    disagree = Spread.of([150, 151, 152, 150, 151, 152], [[150, 151, 152], [150, 151, 152]])
+    c = verdict(base, disagree)
+    assert c.noise and "2 interleaved repeats" in c.words
+    # the machine drifted 2x between the repeats, and B gained 20% in both: better, although the pooled windows'
+    # intervals overlap (a rule that ignored the repeats would call this noise)
+    agree = Spread.of([120, 121, 122, 240, 241, 242], [[120, 121, 122], [240, 241, 242]])
+    assert verdict(base, agree).direction == "better"
+    assert verdict(Spread.of([100, 101, 102, 200, 201, 202]), Spread.of([120, 121, 122, 240, 241, 242])).noise
+
+
+def test_interleaved_runs_are_paired_only_when_said_so():
+    a = [run("A #1", [100, 101, 102]), run("A #2", [200, 201, 202])]
+    b = [run("B #1", [120, 121, 122]), run("B #2", [240, 241, 242])]
+    assert runs_verdict(a, b, interleaved=True).direction == "better"
+    assert runs_verdict(a, b).noise  # seeds run one after the other: pooled windows only
+
+
+def test_lower_is_better():
+    base = Spread(10.0, 9.0, 11.0, 5)
+    quicker = verdict(base, Spread(5.0, 4.5, 5.5, 5), "ms", higher_is_better=False, quantity="latency", fmt=".2f")
+    assert quicker.direction == "better" and quicker.ratio == pytest.approx(0.5) and quicker.gain == pytest.approx(2)
+    assert quicker.words.startswith("0.50x the latency (lower); 5.00 vs 10.00 ms")
+    more = verdict(Spread.of([1000.0]), Spread.of([1200.0]), "MiB", higher_is_better=False, quantity="memory")
+    assert more.direction == "worse" and more.words.startswith("1.20x the memory (higher)")
+    assert export.latency_verdict(base, Spread(20.0, 19.0, 21.0, 5)).direction == "worse"
+
+
+def test_not_comparable_when_a_side_measured_nothing():
+    c = verdict(Spread.of([]), Spread.of([1.0, 2.0]))
+    assert c.direction == "not_comparable" and c.side == "base" and math.isnan(c.ratio)
+    assert c.words == "no comparison: nothing measured on the base side"
+    limited = runs_verdict(run("a", [10, 11, 12]), run("b", [], status="time_limited", error="over budget"))
+    assert not limited.comparable and limited.side == "other" and limited.status == "time_limited"
+    assert limited.words == "no comparison: 'b' finished no timed window (time_limited: over budget)"
+
+
+def test_not_comparable_when_a_run_diverged_or_failed_whatever_its_windows_say():
+    fast_but_diverged = run("b", [900, 910, 920], status="diverged", error="loss nan")
+    c = runs_verdict(run("a", [10, 11, 12]), fast_but_diverged)
+    assert (c.direction, c.side, c.status) == ("not_comparable", "other", "diverged")
+    assert "'b' diverged (loss nan); its speed is not credited" in c.words
+    failed_base = runs_verdict(run("a", [10, 11], status="failed", error="boom"), run("b", [20, 21]))
+    assert (failed_base.side, failed_base.status) == ("base", "failed") and "'a' failed (boom)" in failed_base.reason
+
+
+@pytest.mark.parametrize("other", [[200, 210, 220], [50, 52, 55], [104, 108, 112]])
+def test_the_words_follow_the_fields(other):
+    c = verdict(Spread.of([100, 105, 110]), Spread.of(other))
+    assert c.words == str(c) and c.words.startswith(f"{c.ratio:.2f}x")
+    assert ("noise" in c.words) == c.noise
+    assert ("(faster)" in c.words) == (c.direction == "better") and ("(slower)" in c.words) == (c.direction == "worse")
+    assert f"{c.other.median:,.0f} vs {c.base.median:,.0f} images/s" in c.words
+
+
+def test_claims_take_the_direction_from_the_verdict():
+    base = run("a", [100, 105, 110])
+    assert claims.verdict_speedup(base, run("b", [104, 106, 108])).verdict.startswith("does not hold here (no diff")
+    assert claims.verdict_speedup(base, run("b", [300, 310, 320])).verdict == "holds (2.95x faster)"
+    no_base = claims.verdict_speedup(run("a", [1.0], status="diverged"), run("b", [300, 310]))
+    assert no_base.verdict.startswith("not testable here (no baseline to compare with: 'a' diverged")
+    claims.check_verdict(no_base.verdict)
+    assert claims.verdict_less(1000, 520, 0.5).verdict.startswith("holds (48% less memory)")
+
+
+def test_outcome_verdict_reads_the_direction():
+    def acc(values):
+        return [run(f"s{i}", [1.0], eval_accuracy=v) for i, v in enumerate(values)]
+
+    assert outcome_verdict(acc([0.5, 0.52, 0.54]), acc([0.7, 0.72, 0.74])).endswith("higher, outside the seeds' spread")
+    assert outcome_verdict(acc([0.7, 0.72, 0.74]), acc([0.5, 0.52, 0.54])).endswith("lower, outside the seeds' spread")
+    assert outcome_verdict(acc([0.5, 0.6, 0.7]), acc([0.55, 0.6, 0.65])).endswith("the same within seed noise")
+    assert outcome_verdict([], acc([0.5])) == "accuracy not measured"
+
+
+def test_a_comparison_is_the_one_type():
+    assert isinstance(verdict(Spread.of([1.0]), Spread.of([2.0])), Comparison)
+    assert isinstance(runs_verdict(run("a", [1.0]), run("b", [2.0])), Comparison)
