@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import claim_map, claims, export
+from . import claim_map, claims, export, outcomes, verdicts
 from .code import code_diff
 from .config import TrainConfig
 from .lessons import (
@@ -42,7 +42,8 @@ REGENERATE = "python -m fastlab.cheatsheet > docs/cheatsheet.md"
 RULES: dict[str, Callable[..., Any]] = {
     "verdict_speedup": claims.verdict_speedup, "verdict_faster": claims.verdict_faster,
     "verdict_less": claims.verdict_less, "verdict_conditions": claims.verdict_conditions,
-    "tta_finding": optimizers.tta_finding, "is_noise": is_noise,
+    "tta_finding": optimizers.tta_finding, "runs_verdict": verdicts.runs_verdict, "verdict": verdicts.verdict,
+    "tta_verdict": outcomes.tta_verdict, "is_noise": is_noise,
 }
 
 
