@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fastlab
-from fastlab import bench, measure, outcomes, train
+from fastlab import bench, builders, measure, outcomes, train
 from fastlab.config import config_for
 from fastlab.lessons.data_loading import describe_data_wait
 from fastlab.results import RunResult, load_results, save_results
@@ -61,12 +61,12 @@ class _SlowToCopy:
 
 def test_a_slow_copy_to_the_device_is_not_counted_as_data_wait(monkeypatch, quick):
     monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the mock below lives in this process
-    real = train.builders.train_batches
+    real = builders.train_batches
 
     def slow_batches(cfg, data, device, no_ops):
         return [(_SlowToCopy(x), _SlowToCopy(y)) for x, y in real(cfg, data, device, no_ops)]
 
-    monkeypatch.setattr(train.builders, "train_batches", slow_batches)
+    monkeypatch.setattr(builders, "train_batches", slow_batches)
     r = fastlab.run(quick, progress=False)
     assert r.ok and len(r.copy_seconds) == len(r.data_wait_seconds) == len(r.step_seconds) == 5
     assert all(c >= 0.06 for c in r.copy_seconds)  # x and y, 30 ms each
@@ -289,14 +289,14 @@ class _OomInTraining(torch.nn.Module):
 
 def test_the_scheduler_is_released_with_the_optimiser_after_an_oom(monkeypatch, quick):
     opts: list[weakref.ref] = []
-    real = train.builders.build_optimizer
+    real = builders.build_optimizer
 
     def recording(cfg, params, no_ops):
         opt = real(cfg, params, no_ops)
         opts.append(weakref.ref(opt))
         return opt
 
-    monkeypatch.setattr(train.builders, "build_optimizer", recording)
+    monkeypatch.setattr(builders, "build_optimizer", recording)
     training = train.TrainingRun(quick.replace(scheduler="cosine"), "oom", _OomInTraining, None, False, None, None)
     r = training.execute()
     assert r.status == "failed" and "sched" not in training.__dict__
