@@ -20,6 +20,10 @@ from .results import RunResult
 # Fields an arm may differ in without being a different computation (the seed, the labels' budget).
 _NOT_KNOBS = ("seed", "max_seconds", "profile")
 DEMONSTRATION_STEPS = 3  # timed steps of a trap's one demonstration run (enough for a median step time)
+# A trap can cost a hundred times the baseline's step: past this many seconds of timed steps the demonstration
+# stops (as time_limited, with the steps it finished), so one trap never eats a notebook's slot.
+DEMONSTRATION_SECONDS = 10.0
+DEMONSTRATION_EVAL_IMAGES = 16  # its accuracy is never compared: a few held-out images keep the record complete
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,9 @@ def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
 
 
 def demonstration_config(arm: TrainConfig) -> TrainConfig:
-    """A trap's demonstration run: one warm-up step, DEMONSTRATION_STEPS timed ones in one window, and one
-    batch of held-out images (its accuracy after so few steps says nothing; its step time says it all)."""
-    return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1,
-                       eval_images=min(arm.eval_images, arm.batch_size))
+    """A trap's demonstration run: one warm-up step, then at most DEMONSTRATION_STEPS timed ones in one window
+    (fewer once DEMONSTRATION_SECONDS have passed), and a few held-out images (its accuracy after so few steps
+    says nothing; its step time says it all)."""
+    budget = min(arm.max_seconds, DEMONSTRATION_SECONDS) if arm.max_seconds else DEMONSTRATION_SECONDS
+    return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1, max_seconds=budget,
+                       eval_images=min(arm.eval_images, arm.batch_size, DEMONSTRATION_EVAL_IMAGES))

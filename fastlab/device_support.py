@@ -75,10 +75,17 @@ def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, s
     demonstration run shows it better than a full arm per seed. Judged from the hardware, never the device type."""
     device = torch.device(device)
     out: dict[str, str] = {}
-    if config.amp == "bf16" and bf16_is_trap(device):
-        from .measure import cpu_isa, cpu_model
+    from .measure import cpu_isa, cpu_model
 
+    if config.amp == "bf16" and bf16_is_trap(device):
         out["amp"] = (f"this CPU ({cpu_model()}, {cpu_isa()}) has no native bf16 instructions (no avx512_bf16 or "
                       f"amx_bf16): bf16 autocast converts to fp32 and back around every op, so it runs far slower "
                       f"than fp32 here; one short run shows by how much")
+    elif config.amp == "fp16" and device.type == "cpu":
+        # Seen on this project's machines: a Xeon with avx512_fp16 (and AMX for bf16 only) took over 100 times
+        # longer per step in fp16 autocast than in fp32. fp16 + GradScaler is the recipe for GPUs without bf16.
+        out["amp"] = (f"fp16 autocast on a CPU ({cpu_model()}, {cpu_isa()}): torch's CPU convolutions have no fast "
+                      f"fp16 path on the CPUs this workbook was measured on, so it runs far slower than fp32 (fp16 "
+                      f"with GradScaler is a GPU recipe; a CPU's half precision is bf16); one short run shows by how "
+                      f"much here")
     return out

@@ -16,6 +16,19 @@ def test_worker_counts_go_past_four_times_the_cores():
         dl.worker_counts(0)
 
 
+def test_torchs_worker_warning_is_asked_here_not_lost_in_the_runs_process():
+    from fastlab.measure import usable_cpu_count
+
+    too_many = 4 * usable_cpu_count()
+    said = dl.torch_worker_check(too_many)
+    assert said is not None and f"create {too_many} worker processes" in said
+    assert dl.torch_worker_check(0) is None and dl.torch_worker_check(1) is None
+    swept = [RunResult(config={"num_workers": n}, label=f"num_workers={n}",
+                       extras={"torch_warning": dl.torch_worker_check(n)} if dl.torch_worker_check(n) else {})
+             for n in (0, 1, too_many)]
+    assert dl.torch_worker_warning(swept).startswith(f"torch, at num_workers={too_many}: UserWarning:")
+
+
 def test_pipeline_steps_are_cumulative_and_valid_configs(smoke):
     steps = dl.pipeline_steps(2)
     assert [label for label, _ in steps][-1] == "device-resident loader"

@@ -91,7 +91,7 @@ def test_without_native_bf16_the_bf16_arms_become_one_trap_demonstration(native_
     assert len(bf16) == 1 and "trap demonstration" in bf16[0][0]
     assert bf16[0][1].steps == arm_plans.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
     assert [cfg.seed for _, cfg in seen if cfg.amp == "off"] == list(mixed_precision.seeds_for(smoke))
-    trap = [r for r in results if r.extras.get("trap")]
+    trap = [r for r in results if r.extras.get("trap") and r.config["amp"] == "bf16"]  # (fp16 is a CPU trap too)
     assert len(trap) == 1 and "no native bf16" in trap[0].extras["trap"]
     report = mixed_precision.precision_report(results)
     assert "a trap here, shown in one short run" in report and "accuracy after so few steps is not compared" in report
@@ -104,7 +104,8 @@ def test_with_native_bf16_the_bf16_arms_run_as_arms(native_bf16, monkeypatch, sm
     results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
     bf16 = [cfg for _, cfg in seen if cfg.amp == "bf16"]
     assert [cfg.seed for cfg in bf16] == list(mixed_precision.seeds_for(smoke))
-    assert all(cfg.steps == smoke.steps for cfg in bf16) and not any(r.extras.get("trap") for r in results)
+    assert all(cfg.steps == smoke.steps for cfg in bf16)
+    assert not any(r.extras.get("trap") for r in results if r.config["amp"] == "bf16")
 
 
 def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf16, monkeypatch, smoke):
@@ -117,6 +118,24 @@ def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf1
     amp = next(r for r in results if r.extras["rung"] == "amp")
     assert amp.config["steps"] == arm_plans.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
     assert results[-1].config["amp"] == "off"  # not carried up
+
+
+def test_fp16_autocast_on_a_cpu_is_a_trap_shown_once_and_bounded_in_time(native_bf16, monkeypatch, smoke):
+    native_bf16(True)  # even where bf16 is native: a CPU's fp16 is the trap (seen at tens of seconds a step)
+    from fastlab.device_support import trap_reasons
+
+    assert "fp16 autocast on a CPU" in trap_reasons(smoke.replace(amp="fp16"), CPU)["amp"]
+    assert trap_reasons(smoke.replace(amp="fp16"), "cuda") == {}  # fp16 + GradScaler is the GPU recipe
+    seen = []
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
+    fp16 = [cfg for label, cfg in seen if cfg.amp == "fp16"]
+    assert len(fp16) == 1 and fp16[0].max_seconds == arm_plans.DEMONSTRATION_SECONDS
+    assert fp16[0].eval_images == arm_plans.DEMONSTRATION_EVAL_IMAGES
+    assert [r.extras["variant"] for r in results if r.extras.get("trap")] == ["fp16 + GradScaler"]
+    # a demonstration never runs longer than the arm's own budget either
+    assert arm_plans.demonstration_config(smoke.replace(max_seconds=4.0)).max_seconds == 4.0
+    assert arm_plans.demonstration_config(smoke.replace(max_seconds=0.0)).max_seconds == arm_plans.DEMONSTRATION_SECONDS
 
 
 # ---------------------------------------------------------------- 3. no run that can teach nothing

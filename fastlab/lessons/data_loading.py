@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from .. import claims
 from ..claims import Finding
@@ -101,21 +101,26 @@ def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunRes
     cfg, cores = sweep_config(base), usable_cpu_count()
     results = []
     for n in worker_counts(cores):
-        with warnings.catch_warnings(record=True) as caught:
-            # torch warns (twice per loader) when workers outnumber the cores; kept with the result, said once
-            warnings.filterwarnings("always", message=".*worker processes in total.*")
-            r = run(cfg.replace(num_workers=n), label=f"num_workers={n}", progress=progress)
-        said = [str(w.message) for w in caught if "worker processes in total" in str(w.message)]
-        for w in caught:
-            if "worker processes in total" not in str(w.message):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        r = run(cfg.replace(num_workers=n), label=f"num_workers={n}", progress=progress)
         r.extras["usable_cpus"] = cores
+        said = torch_worker_check(n)
         if said:
-            r.extras["torch_warning"] = said[0]
+            r.extras["torch_warning"] = said
         results.append(r)
         if r.status == "interrupted":
             break
     return results
+
+
+def torch_worker_check(num_workers: int) -> str | None:
+    """What torch's DataLoader warns for `num_workers` here (the run itself warns in its own process, whose
+    warnings the notebook never sees): its own check, asked of a loader that starts no worker."""
+    if num_workers == 0:
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DataLoader(range(1), num_workers=num_workers)  # its constructor runs torch's check
+    return str(caught[0].message) if caught else None
 
 
 def torch_worker_warning(results: list[RunResult]) -> str:
