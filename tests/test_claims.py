@@ -163,6 +163,37 @@ def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
     assert "not measured yet on profile cpu" in timings.notebook_time("01_data_loading", "cpu")
     table = timings.timings_table()
     assert "| `01_data_loading` | 47 s | not measured yet |" in table and "CPU (2 cores) (2026-01-02)" in table
+    assert "| the whole workbook | 47 s | not all measured |" in table
+    timings.record_timing(path, "dashboard", "smoke", 30.0, "ok", "CPU (2 cores)", "2026-01-02T00:00", first_result=12.4)
+    timings.record_timing(path, "dashboard", "cpu", 50.0, "ok", "CPU (2 cores)", "2026-01-02T00:00")
+    timings.record_timing(path, "01_data_loading", "cpu", 150.0, "ok", "CPU (2 cores)", "2026-01-02T00:00")
+    table = timings.timings_table()
+    assert "| `dashboard` | 30 s; first result after 12 s | 50 s |" in table
+    assert "| the whole workbook | 77 s | 3.3 min |" in table
+
+
+def test_the_timing_tool_reads_the_first_result_from_the_tagged_cells_timestamps():
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("notebook_timings", Path(__file__).parent / "notebook_timings.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def cell(start: str, end: str, tags=()):
+        c = nbformat.v4.new_code_cell("pass")
+        c.metadata["execution"] = {"iopub.execute_input": f"2026-01-02T00:00:{start}Z",
+                                   "shell.execute_reply": f"2026-01-02T00:00:{end}Z"}
+        if tags:
+            c.metadata["tags"] = list(tags)
+        return c
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("x"), cell("01.5", "03"),
+                                         cell("03", "14.0", [tool.FIRST_RESULT_TAG]), cell("14", "50")])
+    assert tool.first_result_seconds(nb) == pytest.approx(12.5)
+    del nb.cells[2].metadata["tags"]
+    assert tool.first_result_seconds(nb) is None
 
 
 # ---------------------------------------------------------------- the notebooks

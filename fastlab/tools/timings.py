@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -47,16 +48,20 @@ def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, d
 
 
 def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
-                  machine: str, date: str | None = None, load: float | None = None) -> None:
+                  machine: str, date: str | None = None, load: float | None = None,
+                  first_result: float | None = None) -> None:
     """Set one notebook's time on one profile in the timings file (atomically; other entries kept).
 
-    load: the machine's 1-minute load average while it ran (other work slows a notebook down; a reader is told)."""
+    load: the machine's 1-minute load average while it ran (other work slows a notebook down; a reader is told).
+    first_result: seconds until its first result (the dashboard's baseline), where the notebook tags that cell."""
     path = Path(path)
     notebooks = load_timings(path)
     entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
              "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     if load is not None:
         entry["load"] = round(float(load), 1)
+    if first_result is not None:
+        entry["first_result"] = round(float(first_result), 1)
     notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
     doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +116,7 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
             "| --- | " + " | ".join("---" for _ in profiles) + " |"]
     machines = set()
     loads = []
+    totals = {p: 0.0 for p in profiles}
     for name, by_profile in sorted(data.items()):
         cells = []
         for p in profiles:
@@ -118,10 +124,16 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
             if e:
                 machines.add((e["machine"], e["date"][:10]))
                 loads += [e["load"]] if e.get("load") is not None else []
-                cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})"))
+                first = f"; first result after {_duration(e['first_result'])}" if e.get("first_result") else ""
+                cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})")
+                             + first)
+                totals[p] += e["seconds"]
             else:
                 cells.append("not measured yet")
+                totals[p] = math.nan
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    rows.append("| the whole workbook | " + " | ".join(
+        "not all measured" if math.isnan(t) else _duration(t) for t in totals.values()) + " |")
     rows.append("")
     rows.append("Measured on: " + "; ".join(f"{m} ({d})" for m, d in sorted(machines)) + ".")
     if loads:
