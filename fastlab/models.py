@@ -46,12 +46,13 @@ class CompactNet(nn.Module):
                        nn.BatchNorm2d(width, momentum=BN_MOMENTUM), nn.GELU(),
                        *_conv_bn(width, width, BN_MOMENTUM)]
             c_in = width
-        self.features = nn.Sequential(*layers)
+        # the global max-pool ends `features` (as the tiny net's pooling does), so every workbook net is
+        # head(features(x)): a loop over its blocks (checkpointing, notebook 12) needs nothing else
+        self.features = nn.Sequential(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten())
         self.head = nn.Linear(c_in, num_classes, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.features(x)
-        return self.head(torch.amax(x, dim=(2, 3)))
+        return self.head(self.features(x))
 
 
 class TinyNet(nn.Module):

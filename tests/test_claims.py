@@ -232,6 +232,39 @@ def test_technique_notebook_scaffolding(name):
             assert re.search(rf"^## {number}\. ", text, re.M), f"{c.id}: {name} has no section {number}"
 
 
+def plan_slots(guide: str) -> dict[str, dict[str, float]]:
+    """Each '## A ... plan' table of the guide: notebook -> minutes its rows give it (a row lasts until the next
+    row's start; the last row is the plan's closing and gets none). Rows saying "read, not run" give no time."""
+    plans: dict[str, dict[str, float]] = {}
+    for title, body in re.findall(r"^## (A [^\n]*plan)\n(.*?)(?=^## |\Z)", guide, re.M | re.S):
+        rows = re.findall(r"^\| (\d+):(\d\d) \| [^|]*\| ([^|]*)\|", body, re.M)
+        slots: dict[str, float] = {}
+        for (h, m, where), (h2, m2, _) in zip(rows, rows[1:]):
+            minutes = (int(h2) * 60 + int(m2)) - (int(h) * 60 + int(m))
+            for name in re.findall(r"`(\w+)`", where):
+                if "read, not run" not in where:
+                    slots[name] = slots.get(name, 0.0) + minutes
+        plans[title] = slots
+    return plans
+
+
+def test_the_guides_plans_give_each_notebook_at_least_its_measured_time():
+    """Issue 27: a plan's slot for a notebook is at least the notebook's measured time on the cpu profile."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "workshop.md").read_text()
+    plans = plan_slots(guide)
+    assert len(plans) >= 2 and all(plans.values()), plans
+    measured = timings.load_timings(NOTEBOOKS / "timings.json")
+    for title, slots in plans.items():
+        for name, minutes in slots.items():
+            entry = measured.get(name, {}).get("cpu")
+            assert entry, f"{title}: {name} has no cpu-profile time in notebooks/timings.json"
+            assert entry["seconds"] <= minutes * 60, (f"{title} gives {name} {minutes:g} min; it took "
+                                                      f"{entry['seconds'] / 60:.1f} min on the cpu profile")
+    assert plan_slots("## A 1-hour plan\n| 0:00 | a | `00_start_here` |\n| 0:20 | b | `01_data_loading` (read, not "
+                      "run) |\n| 0:30 | c | `00_start_here` |\n| 0:40 | end | |\n") == {
+        "A 1-hour plan": {"00_start_here": 30.0}}
+
+
 def test_the_workshop_guide_prints_the_timings_file():
     """docs/workshop.md's table is the timings file's (tests/notebook_timings.py rewrites it), never typed."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "workshop.md").read_text()

@@ -78,7 +78,7 @@ class Segmented(nn.Module):
         if hasattr(net, "features"):
             self.kept.append(x)
             feats = checkpoint_sequential(net.features, self.segments, x, use_reentrant=False)
-            return net.head(feats if feats.dim() == 2 else torch.amax(feats, dim=(2, 3)))
+            return net.head(feats)
         x = net.relu(net.bn1(net.conv1(x)))  # torchvision ResNet: stem in the open, the four stages checkpointed
         for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
             self.kept.append(x)
