@@ -64,10 +64,7 @@ class RunSpec:
     payload: bytes  # pickle of (model, dataset): checked in the caller, unpickled in the child
     checkpoints: Any
     cold_compile_caches: bool
-    environ: dict[str, str]
-    sys_path: list[str]
-    cwd: str
-    num_threads: int
+    setup: tuple  # the caller's environment, import path, folder, threads and worker start method (_adopt)
     # The config's own images from the caller's cache (fastlab.data.load_images), pickled here: sent as tensors,
     # multiprocessing would move them to shared memory, which the run then reads as a mapped file.
     images: bytes | None = None
@@ -105,7 +102,7 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
 
         images = pickle.dumps(load_data(training.cfg, None)[0], protocol=pickle.HIGHEST_PROTOCOL)
     spec = RunSpec(training.cfg, training.result.label, payload, training.checkpoints, cold_compile_caches,
-                   dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads(), images)
+                   _setup(), images)
     return _run_child(training, spec)
 
 
@@ -250,7 +247,7 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     its arguments must be importable or picklable, as for a run."""
     ctx = _mp_context()
     here, there = ctx.Pipe(duplex=False)
-    setup = (dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads())
+    setup = _setup()
     child = ctx.Process(target=_call_child, args=(there, setup, fn, args, kwargs), name="fastlab-call", daemon=False)
     with _without_main():
         child.start()
@@ -288,19 +285,29 @@ def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kw
         conn.close()
 
 
-def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int) -> None:
-    """The caller's environment, import path, folder and torch thread count (the server's date from its start)."""
+def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int, start_method: str) -> None:
+    """The caller's environment, import path, folder, torch thread count (the server's date from its start) and
+    the way its DataLoader workers would start: a forkserver child would otherwise start them through a forkserver
+    of its own, which imports torch again (about 4 s for two workers, measured) where the caller forks them."""
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path
     os.chdir(cwd)
     torch.set_num_threads(threads)
+    multiprocessing.set_start_method(start_method, force=True)
+
+
+def _setup() -> tuple[dict[str, str], list[str], str, int, str]:
+    """What a child adopts from this process (_adopt)."""
+    from .data import worker_start_method
+
+    return dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads(), worker_start_method()
 
 
 def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
     try:
-        _adopt(spec.environ, spec.sys_path, spec.cwd, spec.num_threads)
+        _adopt(*spec.setup)
         from . import builders
         from .loop import TrainingRun
 

@@ -30,8 +30,11 @@ class TinyNet(nn.Module):
 
 
 def globals_now() -> dict:
+    from fastlab.data import worker_start_method
+
     return {"cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "matmul_precision": torch.get_float32_matmul_precision(), "threads": torch.get_num_threads()}
+            "matmul_precision": torch.get_float32_matmul_precision(), "threads": torch.get_num_threads(),
+            "worker_start_method": worker_start_method()}
 
 
 def meddling_net() -> nn.Module:

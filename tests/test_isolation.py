@@ -54,6 +54,9 @@ def test_a_global_a_run_sets_does_not_reach_the_next_run_or_the_caller(quick, tm
     for s in first_seen_by_run.values():
         assert (s["cudnn_benchmark"], s["matmul_precision"], s["threads"]) == (
             before["cudnn_benchmark"], before["matmul_precision"], before["threads"])
+        # DataLoader workers start in the run as they would in the caller (fork on Linux), not through a
+        # forkserver of the child's own, which imports torch again for every worker
+        assert s["worker_start_method"] == before["worker_start_method"]
     assert isolation_probe.globals_now() == before
 
 

@@ -44,16 +44,21 @@ def ttas():
             tta("fused_adamw", [6.0, 6.5, 7.0]), tta("large_batch", [12.0, 13.0, 14.0])]
 
 
-def test_profiles_choose_rungs_and_seeds(smoke):
+def test_profiles_choose_rungs_and_seeds(smoke, monkeypatch):
     assert at.tta_rung_names(smoke) == ["naive", "fused_adamw", "large_batch"]
     assert len(at.tta_seeds(smoke)) >= 2
     cpu = fastlab.config_for("cpu", device="cpu")
-    assert at.tta_rung_names(cpu) == [r.name for r in at.rungs_for(cpu)] and len(at.tta_seeds(cpu)) >= 3
+    # the cpu profile measures the checklist's stack and the larger batch against naive, over three seeds...
+    assert at.tta_rung_names(cpu) == ["naive", "fused_adamw", "large_batch"] and len(at.tta_seeds(cpu)) >= 3
     skipped = at.tta_skipped(smoke)
     assert "workers" in skipped and "smoke" in skipped["all_on"] and "fused_adamw" not in skipped
     plan = "\n".join(at.tta_plan(smoke))
-    assert "3 rungs x 2 seeds" in plan and "cpu and gpu profiles" in plan
-    assert at.tta_skipped(cpu) == {}
+    assert "3 rungs x 2 seeds" in plan and at.EVERY_RUNG in plan
+    assert "cpu" in at.tta_skipped(cpu)["workers"] and at.EVERY_RUNG in at.tta_skipped(cpu)["workers"]
+    # ...and every rung when asked for the thorough version (smoke stays short)
+    monkeypatch.setenv("FASTLAB_THOROUGH", "1")
+    assert at.tta_rung_names(cpu) == [r.name for r in at.rungs_for(cpu)] and at.tta_skipped(cpu) == {}
+    assert at.tta_rung_names(smoke) == ["naive", "fused_adamw", "large_batch"]
 
 
 def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
@@ -186,6 +191,7 @@ def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch
     assert at.noop_rung(results, 1).startswith("every change of this rung is a no-op here (cuDNN runs only")
     assert at.noop_rung(results, 2) is None
     monkeypatch.setattr(at, "time_to_accuracy", lambda cfg, seeds, label, progress, limits: tta(label.lstrip("+"), [1.0]))
+    monkeypatch.setenv("FASTLAB_THOROUGH", "1")  # every rung measured: the cpu profile's thorough version
     out = at.run_tta(results, fastlab.config_for("cpu", device="cpu"), progress=False)
     assert [t.label for t in out] == ["+naive", "+channels_last"]
     assert "cudnn: time to accuracy not measured: every change" in "\n".join(

@@ -17,7 +17,7 @@ from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_lim
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
-from ..config import TrainConfig
+from ..config import TrainConfig, thorough
 from ..measure import bf16_supported, device_name, is_noise, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
@@ -201,23 +201,35 @@ def panel_knobs(base: TrainConfig, results: list[RunResult]) -> dict[str, Any]:
 TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1)}
 DEFAULT_TTA_SEEDS = (0, 1, 2)
 
-# Rungs whose time to accuracy is measured, per profile (absent: every rung the throughput ladder ran). Under smoke:
-# the checklist's stack (the rung where C15's last technique, AdamW, joins) and the larger batch, the classic case
-# of faster per image without a learning-rate change; the naive rung always runs, as the baseline.
-TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": ("fused_adamw", "large_batch")}
+# Rungs whose time to accuracy is measured, per profile (absent: every rung the throughput ladder ran). Under smoke
+# and cpu: the checklist's stack (the rung where C15's last technique, AdamW, joins) and the larger batch, the
+# classic case of faster per image without a learning-rate change; the naive rung always runs, as the baseline.
+# (Every rung x 3 seeds took over two minutes of a 2-core CPU: the cpu profile measures them all only when thorough.)
+TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": ("fused_adamw", "large_batch"), "cpu": ("fused_adamw", "large_batch")}
 
 # The rungs of the techniques C15 names: DataLoader settings, AMP, cudnn.benchmark and AdamW.
 C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")
+
+
+EVERY_RUNG = "the gpu profile, and the cpu profile with FASTLAB_THOROUGH=1, measure every rung"
 
 
 def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
     return TTA_SEEDS.get(base.profile, DEFAULT_TTA_SEEDS)
 
 
+def _tta_only(base: TrainConfig) -> tuple[str, ...]:
+    """The rungs the profile limits its time-to-accuracy ladder to (empty: every rung); FASTLAB_THOROUGH=1 lifts
+    the limit outside smoke."""
+    if base.profile != "smoke" and thorough():
+        return ()
+    return TTA_ONLY.get(base.profile, ())
+
+
 def tta_rung_names(base: TrainConfig) -> list[str]:
     """The rungs whose time to accuracy this profile measures (naive first)."""
     names = [r.name for r in rungs_for(base)]
-    only = TTA_ONLY.get(base.profile)
+    only = _tta_only(base)
     return [n for n in names if n == "naive" or not only or n in only]
 
 
@@ -228,8 +240,7 @@ def tta_skipped(base: TrainConfig) -> dict[str, str]:
     for r in ladder(base):
         if r.name not in measured and r.name not in out:
             out[r.name] = (f"not measured under the {base.profile} profile, which keeps the notebook short (it "
-                           f"measures {', '.join(TTA_ONLY.get(base.profile, ()))}); the cpu and gpu profiles "
-                           f"measure every rung")
+                           f"measures {', '.join(_tta_only(base))}); {EVERY_RUNG}")
     return out
 
 
@@ -239,10 +250,10 @@ def tta_plan(base: TrainConfig) -> list[str]:
     seeds = tta_seeds(base)
     lines = [f"time to accuracy: {len(names)} rungs x {len(seeds)} seeds ({', '.join(names)}), each rung with "
              f"exactly the configuration the throughput ladder ran"]
-    if TTA_ONLY.get(base.profile):
+    if _tta_only(base):
         lines.append(f"under the {base.profile} profile only naive, the checklist's stack (fused_adamw: where AdamW, "
                      f"C15's last technique, joins) and the larger batch (without a learning-rate change) are "
-                     f"measured to the target, to keep the notebook short; the cpu and gpu profiles measure every rung")
+                     f"measured to the target, to keep the notebook short; {EVERY_RUNG}")
     if len(seeds) < len(DEFAULT_TTA_SEEDS):
         lines.append(f"{len(seeds)} seeds under the {base.profile} profile for the same reason; the cpu and gpu "
                      f"profiles use {len(DEFAULT_TTA_SEEDS)}")
