@@ -47,7 +47,8 @@ def first_result_seconds(nb) -> float | None:
         ran[0].metadata["execution"]["iopub.execute_input"])
 
 
-def time_notebook(path: Path, profile: str, timeout: float) -> tuple[float, str, float, float | None]:
+def time_notebook(path: Path, profile: str, timeout: float, keep: Path | None = None
+                  ) -> tuple[float, str, float, float | None]:
     """(wall seconds, "ok" / "timeout" / "error: ...", mean 1-minute load average over the run, seconds to the
     first result where a cell is tagged for it)."""
     import nbformat
@@ -70,6 +71,9 @@ def time_notebook(path: Path, profile: str, timeout: float) -> tuple[float, str,
     except CellExecutionError as e:
         status = f"error: {e.ename}"
     seconds = time.perf_counter() - t0
+    if keep is not None:  # the executed copy, with each cell's timestamps: where the time went
+        keep.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, keep / f"{path.stem}.{profile}.ipynb")
     return seconds, status, (load0 + os.getloadavg()[0]) / 2, first_result_seconds(nb)
 
 
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="smoke,cpu", help="comma-separated CPU profiles (default smoke,cpu)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a cell may run (default 1800)")
     parser.add_argument("--out", default=str(NOTEBOOKS / "timings.json"))
+    parser.add_argument("--keep", default=None, help="a folder to write each executed notebook into (never the "
+                                                     "repository's notebooks/): per-cell timestamps")
     parser.add_argument("--thorough", action="store_true",
                         help="time the thorough versions (FASTLAB_THOROUGH=1), recorded as '<profile>-thorough'")
     args = parser.parse_args(argv)
@@ -95,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     where = machine()
     for profile in profiles:
         for name in names:
-            seconds, status, load, first = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout)
+            seconds, status, load, first = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout,
+                                                         Path(args.keep) if args.keep else None)
             key = f"{profile}-thorough" if args.thorough else profile
             record_timing(args.out, name, key, seconds, status, where, load=load, first_result=first)
             shown = f", first result after {first:.0f} s" if first is not None else ""
