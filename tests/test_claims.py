@@ -170,6 +170,13 @@ def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
     table = timings.timings_table()
     assert "| `dashboard` | 30 s; first result after 12 s | 50 s |" in table
     assert "| the whole workbook | 77 s | 3.3 min |" in table
+    # a notebook's own training keeps the cores busy: only a load above them is called other work
+    timings.record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+                          "2026-01-02T00:00", load=2.1)
+    assert "busy" not in timings.notebook_time("02_mixed_precision", "smoke")
+    timings.record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+                          "2026-01-02T00:00", load=4.0)
+    assert "while other work kept it busy (load average 4)" in timings.notebook_time("02_mixed_precision", "smoke")
 
 
 def test_the_timing_tool_reads_the_first_result_from_the_tagged_cells_timestamps():

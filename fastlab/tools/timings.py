@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,17 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
         return (f"{notebook}: not measured yet on profile {profile} (tests/notebook_timings.py measures the "
                 f"CPU profiles)" + thorough_hint(notebook, profile))
     status = "" if entry.get("status") == "ok" else f" (that run ended: {entry.get('status')})"
-    busy = f" while other work kept it busy (load average {entry['load']:g})" if entry.get("load") else ""
+    busy = (f" while other work kept it busy (load average {entry['load']:g})"
+            if entry.get("load") and entry["load"] > _cores(entry["machine"]) + 0.5 else "")
     return (f"{notebook} took {_duration(entry['seconds'])} top to bottom on profile {profile}{status}, measured "
             f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ" + thorough_hint(notebook, profile))
+
+
+def _cores(machine: str) -> int:
+    """The cores the measuring machine's description names ("2 cores usable"; 1 when it names none): a notebook's
+    own training keeps that many busy, so only a load above them was other work."""
+    found = re.search(r"(\d+) cores usable", machine)
+    return int(found.group(1)) if found else 1
 
 
 def thorough_hint(notebook: str, profile: str) -> str:
