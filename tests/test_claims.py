@@ -177,6 +177,9 @@ def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
     timings.record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
                           "2026-01-02T00:00", load=4.0)
     assert "while other work kept it busy (load average 4)" in timings.notebook_time("02_mixed_precision", "smoke")
+    # the thorough version is offered where FASTLAB_THOROUGH changes something, never on the dashboard
+    assert "FASTLAB_THOROUGH=1" in timings.notebook_time("01_data_loading", "cpu")
+    assert "THOROUGH" not in timings.notebook_time("dashboard", "cpu")
 
 
 def test_the_timing_tool_reads_the_first_result_from_the_tagged_cells_timestamps():

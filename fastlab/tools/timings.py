@@ -105,11 +105,15 @@ def _cores(machine: str) -> int:
     return int(found.group(1)) if found else 1
 
 
+# Notebooks FASTLAB_THOROUGH changes nothing in (no time-sized comparison): their first line offers no thorough version.
+WITHOUT_THOROUGH = frozenset({"dashboard"})
+
+
 def thorough_hint(notebook: str, profile: str) -> str:
     """How to run the thorough version of a notebook, with its measured time (timings key '<profile>-thorough')."""
     from ..config import time_sizing
 
-    if time_sizing(profile) is None:
+    if time_sizing(profile) is None or notebook.removesuffix(".ipynb") in WITHOUT_THOROUGH:
         return ""
     entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(f"{profile}-thorough")
     took = f"it took {_duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
