@@ -28,6 +28,7 @@ from typing import Any
 import ipywidgets as W
 
 from .advisor import advice_html
+from .arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS, ArmPlan, demonstration_config, plan_arm
 from .code import code_diff
 from .config import CHOICES, TrainConfig, field_names
 from .measure import Spread, is_noise
@@ -95,6 +96,10 @@ def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, An
     return {"ratios": ratios, "ratio": ratio, "low": low, "high": high, "noise": noise,
             "baseline": base.median, "baseline_low": base.low, "baseline_high": base.high,
             "label": "noise" if noise else f"{ratio:.2f}x"}
+
+
+def _trap_note(plan: ArmPlan) -> str:
+    return f"<br>A known trap here ({html.escape(plan.reason)}): one short demonstration run." if plan.kind == "trap" else ""
 
 
 class Panel:
@@ -222,6 +227,10 @@ class Panel:
             cfg = self.current_config()
         except ValueError as e:
             return self._refuse(f"<b>Cannot run:</b> {e}")
+        plan = plan_arm(self.base, cfg)  # as every comparison does: no run that can teach nothing here
+        if plan.kind == "no-op":
+            return self._refuse(f"<b>Not trained:</b> every change is a no-op here ({html.escape(plan.reason)}); "
+                                "a run would only time the baseline again.")
         with _GUARD:
             busy = busy_elsewhere(self)
             if busy is not None:
@@ -230,11 +239,11 @@ class Panel:
             n = sum(1 for r in self.results if r.label.startswith("panel")) + 1
             self._label = f"panel {n}: {describe_changes(changes)}"
             self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._work, args=(cfg, self._label), daemon=True)
+            self._thread = threading.Thread(target=self._work, args=(cfg, self._label, plan), daemon=True)
             _RUNNING.append(self)
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.progress.value = 0
-        self.status.value = f"Running <i>{self._label}</i> ...{PAIRING_COST[self.pairing]}"
+        self.status.value = f"Running <i>{self._label}</i> ...{PAIRING_COST[self.pairing]}{_trap_note(plan)}"
         self.advice.value = ""
         self._thread.start()
 
@@ -253,9 +262,9 @@ class Panel:
         self.redraw()
         self.advice.value = ""
 
-    def _work(self, cfg: TrainConfig, label: str) -> None:
+    def _work(self, cfg: TrainConfig, label: str, plan: ArmPlan) -> None:
         try:
-            self._finish(self._measure(cfg, label))
+            self._finish(self._measure(cfg, label, plan))
         except Exception as e:  # shown in the panel: a thread's exception would otherwise vanish
             self._view().status.value = f"<b>Run failed:</b> {type(e).__name__}: {e}"
         finally:
@@ -265,16 +274,20 @@ class Panel:
             ui = self._view()
             ui.run_button.disabled, ui.stop_button.disabled = False, True
 
-    def _measure(self, cfg: TrainConfig, label: str) -> tuple[RunResult | None, list[RunResult], float]:
-        """The variant and the baselines beside it, in the pairing's order; stops at an unfinished run."""
+    def _measure(self, cfg: TrainConfig, label: str,
+                 plan: ArmPlan) -> tuple[RunResult | None, list[RunResult], float]:
+        """The variant and the baselines beside it, in the pairing's order; stops at an unfinished run. A known
+        trap here runs as one short demonstration (arm_plans.demonstration_config), as in every comparison."""
         order = PAIRINGS[self.pairing]
+        if plan.kind == "trap":
+            cfg = demonstration_config(cfg)
         variant, baselines, base_seconds = None, [], 0.0
         for i, role in enumerate(order):
             ui = self._view()
             what = "the knobs as set" if role == "B" else "the baseline, beside it"
             if len(order) > 1:
                 ui.status.value = (f"Running <i>{label}</i>: run {i + 1} of {len(order)}, {what} ..."
-                                   f"{PAIRING_COST[self.pairing]}")
+                                   f"{PAIRING_COST[self.pairing]}{_trap_note(plan)}")
             t0 = time.perf_counter()
             result = self.runner(self.base if role == "A" else cfg,
                                  label=f"{label} (paired baseline)" if role == "A" else label, progress=False,
@@ -284,6 +297,8 @@ class Panel:
                 base_seconds += time.perf_counter() - t0
             else:
                 variant = result
+                if plan.kind == "trap":
+                    result.extras["trap"] = plan.reason
             if result.status in ("interrupted", "failed"):
                 break
         return variant, baselines, base_seconds
@@ -305,6 +320,10 @@ class Panel:
             ui.status.value = "Stopped while measuring the baseline: nothing was added."
             return
         lines = [variant.summary()]
+        if variant.extras.get("trap"):
+            lines.append(f"A known trap here ({html.escape(variant.extras['trap'])}): shown in one short run "
+                         f"(at most {DEMONSTRATION_STEPS} timed steps and {DEMONSTRATION_SECONDS:g} s); its accuracy "
+                         "is not compared.")
         if variant.no_ops:
             lines.append("No-ops here: " + "; ".join(f"{k}: {v}" for k, v in variant.no_ops.items()))
         if baselines:

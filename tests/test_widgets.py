@@ -54,7 +54,15 @@ def fake_runner(speeds, pause=0.0):
     return runner
 
 
-def test_run_adds_a_result_measured_beside_its_baseline_and_redraws(quick):
+@pytest.fixture
+def native_bf16(monkeypatch):
+    """bf16 autocast is not a trap on this CPU, whatever CPU runs the test (a trap runs as a demonstration)."""
+    from fastlab import measure
+
+    monkeypatch.setattr(measure, "cpu_native_bf16", lambda flags=None: True)
+
+
+def test_run_adds_a_result_measured_beside_its_baseline_and_redraws(quick, native_bf16):
     panel = Panel(quick, {"amp": None, "batch_size": [8, 16], "channels_last": None})
     assert panel.results == [] and panel.image.value == b""
     panel.controls["batch_size"].value = 8
@@ -121,6 +129,50 @@ def test_the_code_under_the_plot_follows_the_knobs_before_run(quick):
     assert "not a valid combination" in panel.code.value and "num_workers=2" in panel.code.value
     assert "Traceback" not in panel.code.value and "torch.autocast" not in panel.code.value
     assert panel.results == [] and not panel.running
+
+
+def recording_runner(seen, speed=100.0):
+    def runner(cfg, *, label, progress, stop, on_step):
+        seen.append((label, cfg))
+        on_step(1, 1)
+        return fake_result(cfg, label, speed)
+
+    return runner
+
+
+def test_a_change_that_is_a_no_op_here_is_not_trained_and_the_panel_says_why(quick):
+    seen = []
+    on_cpu = quick.replace(device="cpu")
+    panel = Panel(on_cpu, {"cudnn_benchmark": None, "batch_size": [8, 16]}, runner=recording_runner(seen))
+    panel.advice.value = "advice about an earlier run"
+    panel.controls["cudnn_benchmark"].value = True
+    panel.run_button.click()
+    assert not panel.running and seen == [] and panel.results == [] and panel.advice.value == ""
+    assert "Not trained" in panel.status.value and "cuDNN runs only on NVIDIA GPUs" in panel.status.value
+    panel.controls["batch_size"].value = 8  # with a change that does something here, it trains, A/B/A
+    panel.run_button.click()
+    panel.wait(10)
+    assert [cfg.batch_size for _, cfg in seen] == [on_cpu.batch_size, 8, on_cpu.batch_size]
+    assert len(panel.results) == 1 and "Not trained" not in panel.status.value
+
+
+def test_a_known_trap_here_runs_as_one_short_demonstration_beside_full_baselines(quick):
+    from fastlab.arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS
+
+    seen = []
+    on_cpu = quick.replace(device="cpu", steps=40, max_seconds=300.0)
+    panel = Panel(on_cpu, {"amp": None}, runner=recording_runner(seen), advice=False)
+    panel.controls["amp"].value = "fp16"  # fp16 autocast on a CPU: a known trap (tens of seconds a step, seen)
+    panel.run_button.click()
+    assert "A known trap here" in panel.status.value  # said before it runs
+    panel.wait(10)
+    (_, before), (label, demo), (_, after) = seen
+    assert before == after == on_cpu
+    assert demo.amp == "fp16" and demo.steps == DEMONSTRATION_STEPS and demo.windows == 1
+    assert demo.max_seconds == DEMONSTRATION_SECONDS and demo.eval_images < on_cpu.eval_images
+    r = panel.results[-1]
+    assert "fp16 autocast on a CPU" in r.extras["trap"] and "paired" in r.extras
+    assert "A known trap here (amp: fp16 autocast on a CPU" in panel.status.value
 
 
 def test_unknown_knob_or_pairing_is_rejected_at_build(quick):
@@ -213,7 +265,7 @@ def test_a_busy_neighbour_after_page_load_reads_noise_for_unchanged_knobs(smoke)
         for r in panel.results[1:])
 
 
-def test_the_panel_says_when_the_machine_got_busier_since_page_load(quick):
+def test_the_panel_says_when_the_machine_got_busier_since_page_load(quick, native_bf16):
     page_load = fake_result(quick, "baseline", 1000)
     panel = Panel(quick, {"amp": None}, results=[page_load], advice=False, runner=fake_runner([500, 510, 505]))
     panel.run_button.click()
