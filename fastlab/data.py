@@ -157,6 +157,7 @@ def read_cifar10(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 # A failed download is tried once per process: offline, every later run would wait out the timeout again.
 _download_failures: dict[str, str] = {}
+_said_synthetic: set[str] = set()  # folders whose fallback to the synthetic set was already said
 
 
 def download_cifar10(root: Path, timeout_s: float = DOWNLOAD_TIMEOUT_S) -> None:
@@ -192,7 +193,10 @@ def load_images(dataset: str, train_images: int, eval_images: int, allow_downloa
                 download_cifar10(folder)
                 dataset = "cifar10"
             except DatasetError as e:
-                print(f"fastlab: CIFAR-10 unavailable ({e}); using the SYNTHETIC set instead.", file=sys.stderr)
+                if str(folder) not in _said_synthetic:  # said once per process, not at every load
+                    _said_synthetic.add(str(folder))
+                    print(f"fastlab: CIFAR-10 unavailable ({e}); using the SYNTHETIC set instead (every result "
+                          "records which set it used).", file=sys.stderr)
                 dataset = "synthetic"
         else:
             dataset = "synthetic"

@@ -140,5 +140,9 @@ def test_auto_falls_back_to_synthetic_with_one_notice_when_offline(tmp_path, mon
     assert images.synthetic
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "SYNTHETIC" in err and "network unreachable" in err
+    tries = []
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", lambda *a, **k: tries.append(1) or offline())
+    again = load_images("auto", 48, 24, root=str(tmp_path))  # another size: a new load, no new try or notice
+    assert again.synthetic and len(again.train_labels) == 48 and tries == [] and capsys.readouterr().err == ""
     with pytest.raises(DatasetError, match="could not download"):
         load_images("cifar10", 40, 20, root=str(tmp_path / "other"))
