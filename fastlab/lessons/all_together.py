@@ -205,7 +205,8 @@ DEFAULT_TTA_SEEDS = (0, 1, 2)
 # and cpu: the checklist's stack (the rung where C15's last technique, AdamW, joins) and the larger batch, the
 # classic case of faster per image without a learning-rate change; the naive rung always runs, as the baseline.
 # (Every rung x 3 seeds took over two minutes of a 2-core CPU: the cpu profile measures them all only when thorough.)
-TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": ("fused_adamw", "large_batch"), "cpu": ("fused_adamw", "large_batch")}
+_STACK_AND_BATCH = ("fused_adamw", "large_batch")
+TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": _STACK_AND_BATCH, "cpu": _STACK_AND_BATCH}
 
 # The rungs of the techniques C15 names: DataLoader settings, AMP, cudnn.benchmark and AdamW.
 C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")
