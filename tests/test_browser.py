@@ -210,23 +210,44 @@ def image_source(panel) -> str:
     return panel.locator("img").first.get_attribute("src") or ""
 
 
-def press_run_and_wait(page, panel, name: str) -> None:
-    """Flip the first toggle, press Run, wait for one more result and a new image; screenshot the panel."""
-    before, image_before = result_count(panel), image_source(panel)
-    checkbox = panel.locator(".widget-checkbox input").first
-    was = checkbox.is_checked()
-    checkbox.click()
-    assert checkbox.is_checked() != was, "the toggle did not change"
+def run_and_wait(panel, before: int, knob: str) -> bool:
+    """Press Run with `knob` changed: True once a result is added, False when the panel says the change is a no-op
+    here (nothing trained, and why)."""
     run_button = panel.locator(".widget-button").filter(has_text=RUN_LABEL).first
     assert run_button.is_enabled(), "Run is disabled before pressing it"
     run_button.click()
-    label = panel.locator(".widget-label", has_text=re.compile(rf"^{before + 1} results? in the plot"))
+    added = panel.locator(".widget-label", has_text=re.compile(rf"^{before + 1} results? in the plot"))
+    not_trained = panel.locator(".widget-html", has_text=f"no-op here ({knob}:")  # this knob's, never a stale one
     try:
-        label.wait_for(state="visible", timeout=PANEL_RUN_MS)
+        added.or_(not_trained).first.wait_for(state="visible", timeout=PANEL_RUN_MS)
     except Exception as e:
         status = panel.locator(".widget-html").first.inner_text()
         raise AssertionError(f"Run did not add a result within {PANEL_RUN_MS // 1000} s "
                              f"(still {result_count(panel)}; panel says: {status!r})") from e
+    if added.count():
+        return True
+    assert "Not trained" in not_trained.first.inner_text() and result_count(panel) == before
+    return False
+
+
+def press_run_and_wait(page, panel, name: str) -> None:
+    """Flip the first toggle, press Run, wait for one more result and a new image; screenshot the panel. Where that
+    toggle is a no-op here (pin_memory on a CPU) the panel trains nothing and says why: flip it back, choose the
+    first dropdown's next option instead (one change at a time) and Run again."""
+    before, image_before = result_count(panel), image_source(panel)
+    toggle = panel.locator(".widget-checkbox").first
+    knob, checkbox = toggle.inner_text().strip(), toggle.locator("input")
+    was = checkbox.is_checked()
+    checkbox.click()
+    assert checkbox.is_checked() != was, "the toggle did not change"
+    if not run_and_wait(panel, before, knob):
+        print(f"\n{knob} is a no-op here: the panel trained nothing and said why")
+        checkbox.click()  # back to the baseline
+        dropdown = panel.locator(".widget-dropdown").first
+        knob, select = dropdown.locator("label").inner_text().strip(), dropdown.locator("select")
+        options = select.locator("option").count()
+        select.select_option(index=(select.evaluate("s => s.selectedIndex") + 1) % options)
+        assert run_and_wait(panel, before, knob), f"choosing another {knob} trained nothing"
     page.wait_for_function("([img, old]) => img.src && img.src !== old",
                            arg=[panel.locator("img").first.element_handle(), image_before], timeout=10_000)
     assert "Run failed" not in panel.inner_text()
