@@ -17,14 +17,20 @@ in the caller.
 A model or dataset that a child cannot import (a class or function defined in a notebook cell or a script's
 `__main__`, a lambda) runs in-process, in a fresh thread, and the result says so and why (`extras["isolation"]`).
 FASTLAB_ISOLATION=thread asks for the in-process path everywhere (tests that mock a function in this process).
+
+Each child also starts at a random memory layout (_shift_layout): children forked from one server otherwise place
+their arrays alike for a whole session, and on a CPU that placement alone moved one arm against another by up to
+20%, the same way in every repeat, where interleaving cannot cancel it and the noise rule cannot see it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import multiprocessing
 import os
 import pickle
+import random
 import signal
 import sys
 import threading
@@ -277,7 +283,7 @@ def _outcome_of_call(message: tuple) -> Any:
 
 def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
     try:
-        _adopt(*setup)
+        _begin(setup)
         conn.send(("value", fn(*args, **kwargs)))
     except BaseException as e:
         conn.send(("error", _portable(e), traceback.format_exc()))
@@ -304,10 +310,40 @@ def _setup() -> tuple[dict[str, str], list[str], str, int, str]:
     return dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads(), worker_start_method()
 
 
+_LAYOUT: list[Any] = []  # the child's random padding, kept for the whole run
+
+
+def _shift_layout() -> tuple[int, int]:
+    """Move where the run's arrays land, at random, before it allocates: map a random number of pages (never
+    touched, so they cost no memory), which every later mapping (large arrays, worker threads' stacks and arenas)
+    lands below, changing its place against 2 MB huge-page boundaries; and take heap blocks of random sizes, which
+    moves the smaller allocations that follow. Children forked from one server otherwise lay out alike: two arms
+    whose specs differed only by a label's length leaned 0.8x or 1.2x for a whole session, the same way in every
+    repeat (tests/benchmark_panel_vs_cell.py). Random per run, that bias becomes spread between runs, which repeats
+    and the noise rule see. Returns (pages, heap bytes)."""
+    rng = random.Random(os.urandom(8))  # never the training seed's generator
+    pages, heap = rng.randrange(0, 512), rng.randrange(0, 1 << 16, 64)
+    if pages:
+        _LAYOUT.append(mmap.mmap(-1, pages * mmap.PAGESIZE))
+    left = heap
+    while left:  # past Python's small-object pool (512 bytes), from the C heap the run's tensors use
+        block = min(left, rng.randrange(576, 16384, 64))
+        _LAYOUT.append(bytearray(block))
+        left -= block
+    return pages, heap
+
+
+def _begin(setup: tuple) -> tuple[int, int]:
+    """A child's first step: the caller's setup, then a random layout (FASTLAB_LAYOUT=fixed keeps every child's
+    alike, to show the bias). Returns the shift: (pages, heap bytes)."""
+    _adopt(*setup)
+    return (0, 0) if os.environ.get("FASTLAB_LAYOUT") == "fixed" else _shift_layout()
+
+
 def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
     try:
-        _adopt(*spec.setup)
+        layout = _begin(spec.setup)
         from . import builders
         from .loop import TrainingRun
 
@@ -316,6 +352,7 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
                                lambda step, total: conn.send(("step", step, total)), checkpoints=spec.checkpoints)
         training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
         training.result.extras["run_pid"] = os.getpid()
+        training.result.extras["layout_shift"] = {"pages": layout[0], "heap_bytes": layout[1]}
         with builders.cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
             result = training.execute()
         conn.send(("result", result))

@@ -94,3 +94,8 @@ class SlowNet(TinyNet):
 
 def slow_net() -> nn.Module:
     return SlowNet()
+
+
+def where_a_large_array_lands() -> int:
+    """The address of a 4 MB array (mapped pages, as a run's activations and images are)."""
+    return torch.empty(1 << 20).data_ptr()

@@ -101,6 +101,22 @@ def test_a_stop_set_in_the_caller_ends_the_child_run_interrupted_with_its_steps(
     assert 3 <= r.steps_done < 400
 
 
+def test_each_child_starts_at_a_random_memory_layout(monkeypatch, quick):
+    """Children of one forkserver map their arrays alike (a bias that leaned a whole session one way, the same in
+    every repeat); each child first maps a random number of pages and takes random heap blocks, and a run records
+    both."""
+    monkeypatch.setenv("FASTLAB_LAYOUT", "fixed")
+    fixed = [isolation.call(isolation_probe.where_a_large_array_lands) for _ in range(4)]
+    assert len(set(fixed)) <= 2  # without the shift, children's large arrays land at one address (seen: all four)
+    monkeypatch.delenv("FASTLAB_LAYOUT")
+    shifted = [isolation.call(isolation_probe.where_a_large_array_lands) for _ in range(4)]
+    assert len({address % (2 << 20) for address in shifted}) >= 3  # against 2 MB huge-page boundaries too
+    a, b = (fastlab.run(quick, label=f"run {i}", progress=False) for i in range(2))
+    for r in (a, b):
+        shift = r.extras["layout_shift"]
+        assert 0 <= shift["pages"] < 512 and 0 <= shift["heap_bytes"] < 1 << 16 and shift["heap_bytes"] % 64 == 0
+
+
 # ------------------------------------------------------------------ interleaving and the noise rule
 
 
