@@ -20,7 +20,7 @@ FASTLAB_ISOLATION=thread asks for the in-process path everywhere (tests that moc
 
 Each child also starts at a random memory layout (_shift_layout): children forked from one server otherwise place
 their arrays alike for a whole session, and on a CPU that placement alone moved one arm against another by up to
-20%, the same way in every repeat, where interleaving cannot cancel it and the noise rule cannot see it.
+a quarter, the same way in every repeat, where interleaving cannot cancel it and the noise rule cannot see it.
 """
 
 from __future__ import annotations
@@ -318,7 +318,7 @@ def _shift_layout() -> tuple[int, int]:
     touched, so they cost no memory), which every later mapping (large arrays, worker threads' stacks and arenas)
     lands below, changing its place against 2 MB huge-page boundaries; and take heap blocks of random sizes, which
     moves the smaller allocations that follow. Children forked from one server otherwise lay out alike: two arms
-    whose specs differed only by a label's length leaned 0.8x or 1.2x for a whole session, the same way in every
+    whose specs differed only by a label's length leaned 0.78x to 1.26x for a whole session, the same way in every
     repeat (tests/benchmark_panel_vs_cell.py). Random per run, that bias becomes spread between runs, which repeats
     and the noise rule see. Returns (pages, heap bytes)."""
     rng = random.Random(os.urandom(8))  # never the training seed's generator
