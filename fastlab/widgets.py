@@ -32,6 +32,7 @@ from .arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS, ArmPlan, demo
 from .code import code_diff
 from .config import CHOICES, TrainConfig, field_names
 from .measure import Spread, is_noise
+from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
 from .results import RunResult
 from .train import describe_changes, run
@@ -321,9 +322,11 @@ class Panel:
             return
         lines = [variant.summary()]
         if variant.extras.get("trap"):
+            beside = (f" against {median_step_seconds(baselines[0]):.2f} s in the baseline beside it" if baselines
+                      else "")
             lines.append(f"A known trap here ({html.escape(variant.extras['trap'])}): shown in one short run "
-                         f"(at most {DEMONSTRATION_STEPS} timed steps and {DEMONSTRATION_SECONDS:g} s); its accuracy "
-                         "is not compared.")
+                         f"(at most {DEMONSTRATION_STEPS} timed steps and {DEMONSTRATION_SECONDS:g} s): a median step "
+                         f"took {median_step_seconds(variant):.2f} s{beside}; its accuracy is not compared.")
         if variant.no_ops:
             lines.append("No-ops here: " + "; ".join(f"{k}: {v}" for k, v in variant.no_ops.items()))
         if baselines:

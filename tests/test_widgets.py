@@ -135,7 +135,10 @@ def recording_runner(seen, speed=100.0):
     def runner(cfg, *, label, progress, stop, on_step):
         seen.append((label, cfg))
         on_step(1, 1)
-        return fake_result(cfg, label, speed)
+        r = fake_result(cfg, label, speed)
+        r.step_seconds = [30.0 if cfg.amp == "fp16" else 0.25] * 4  # warm-up step and three timed ones
+        r.config["warmup_steps"] = 1
+        return r
 
     return runner
 
@@ -173,6 +176,7 @@ def test_a_known_trap_here_runs_as_one_short_demonstration_beside_full_baselines
     r = panel.results[-1]
     assert "fp16 autocast on a CPU" in r.extras["trap"] and "paired" in r.extras
     assert "A known trap here (amp: fp16 autocast on a CPU" in panel.status.value
+    assert "a median step took 30.00 s against 0.25 s in the baseline beside it" in panel.status.value
 
 
 def test_unknown_knob_or_pairing_is_rejected_at_build(quick):
