@@ -9,7 +9,7 @@ in fresh Python processes, because what one process shows need not hold in the n
 Seen on a 2-core Xeon (2026-12-02, smoke config): about one session in three leaned one way on every pair,
 either way (0.84x to 1.17x); CI once read 1.2-1.5x on all nine pairs. The cause was memory layout: children forked
 from one server lay out alike, and the panel's label is longer than "cell". Two main-thread runs differing only
-by their label's length (`--against label`, FASTLAB_LAYOUT=fixed) leaned in 7 of 14 sessions (0.78x to 1.18x);
+by their label's length (`--against label`, FASTLAB_LAYOUT=fixed) leaned in 9 of 17 sessions (0.78x to 1.26x);
 with each child's layout shifted at random (fastlab.isolation._shift_layout, the default) in 2 of 10, and the
 sessions' median ratios stayed within 0.91x-1.10x, about the noise of a six-pair median.
 
