@@ -317,7 +317,8 @@ def _shift_layout() -> tuple[int, int]:
     """Move where the run's arrays land, at random, before it allocates: map a random number of pages (never
     touched, so they cost no memory), which every later mapping (large arrays, worker threads' stacks and arenas)
     lands below, changing its place against 2 MB huge-page boundaries; and take heap blocks of random sizes, which
-    moves the smaller allocations that follow. Children forked from one server otherwise lay out alike: two arms
+    moves a smaller allocation when it would have used a free chunk they take (not every one: a chunk already
+    free and large enough stays where it was). Children forked from one server otherwise lay out alike: two arms
     whose specs differed only by a label's length leaned 0.78x to 1.26x for a whole session, the same way in every
     repeat (tests/benchmark_panel_vs_cell.py). Random per run, that bias becomes spread between runs, which repeats
     and the noise rule see. Returns (pages, heap bytes)."""

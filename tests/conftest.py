@@ -23,3 +23,15 @@ def smoke():
 @pytest.fixture
 def quick(smoke):
     return smoke.replace(steps=4, warmup_steps=1, windows=2, train_images=128, eval_images=64)
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    """native_bf16(True / False): the CPU reported with or without native bf16, whatever CPU runs the test (without
+    it, bf16 autocast is a known trap, run as one short demonstration)."""
+    from fastlab import measure
+
+    def set_native(native: bool) -> None:
+        monkeypatch.setattr(measure, "cpu_native_bf16", lambda flags=None: native)
+
+    return set_native

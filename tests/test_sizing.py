@@ -31,14 +31,6 @@ def fake_run(seen):
     return run
 
 
-@pytest.fixture
-def native_bf16(monkeypatch):
-    def set_native(native: bool) -> None:
-        monkeypatch.setattr(measure, "cpu_native_bf16", lambda flags=None: native)
-
-    return set_native
-
-
 # ---------------------------------------------------------------- 1. bf16 from the CPU's capability
 
 

@@ -54,15 +54,8 @@ def fake_runner(speeds, pause=0.0):
     return runner
 
 
-@pytest.fixture
-def native_bf16(monkeypatch):
-    """bf16 autocast is not a trap on this CPU, whatever CPU runs the test (a trap runs as a demonstration)."""
-    from fastlab import measure
-
-    monkeypatch.setattr(measure, "cpu_native_bf16", lambda flags=None: True)
-
-
 def test_run_adds_a_result_measured_beside_its_baseline_and_redraws(quick, native_bf16):
+    native_bf16(True)  # bf16 trains as an arm here, whatever CPU runs the test
     panel = Panel(quick, {"amp": None, "batch_size": [8, 16], "channels_last": None})
     assert panel.results == [] and panel.image.value == b""
     panel.controls["batch_size"].value = 8
@@ -270,6 +263,7 @@ def test_a_busy_neighbour_after_page_load_reads_noise_for_unchanged_knobs(smoke)
 
 
 def test_the_panel_says_when_the_machine_got_busier_since_page_load(quick, native_bf16):
+    native_bf16(True)
     page_load = fake_result(quick, "baseline", 1000)
     panel = Panel(quick, {"amp": None}, results=[page_load], advice=False, runner=fake_runner([500, 510, 505]))
     panel.run_button.click()
