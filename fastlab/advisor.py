@@ -71,20 +71,30 @@ BF16_CC = 8.0
 LOADER_SMALL_BATCH = 16  # images per batch at or under which that per-batch cost is a large share of the batch
 LOADER_SMALL_BATCH_BYTES = 2**20  # or under 1 MiB a batch: the copy is cheap, the fixed cost per batch is not
 LOADER_MIN_CORES = 3  # workers plus the training process need this many cores not to take training's
+# A loader whose wait keeps the CPU busy for under this share of it mostly sleeps (a disk, the network, decoding
+# that waits on a lock): a worker that waits needs no core of its own, so workers help on two cores too. A wait that
+# computes stays near 100% unless other processes take the core.
+LOADER_OFF_CPU_SHARE = 0.25
 LOADER_MAX_WORKERS = 8
 LOG_EVERY = 10  # a loss read every 10 steps: one host-device sync per 10 steps (the bench ladder's choice)
 BATCH_GROWTH = 4  # the overhead-bound remedy: 4x the batch (fixed costs shared by 4x the images)
-# A probable leak (C11): memory after each timed step rising steadily. "Steadily": the medians of LEAK_CHUNKS
-# consecutive stretches of steps each higher than the one before (a one-off jump, such as the allocator
-# growing its cache once, rises in one stretch only), and the rise over the steps, read from a robust slope
-# (Theil-Sen: the median of the slopes between all pairs of steps), both above LEAK_MIN_MB and above
-# LEAK_NOISE_FACTOR times the trace's own noise (median distance of a step from the fitted line). On a CPU
-# the trace is process RSS, which moves by a few MiB on its own; on CUDA it is allocated tensor memory.
+# A probable leak (C11): memory after each timed step rising steadily, and still rising at the end. "Steadily":
+# the medians of LEAK_CHUNKS consecutive stretches of steps each higher than the one before (a one-off jump, such
+# as the allocator growing its cache once, rises in one stretch only), and the rise over the steps, read from a
+# robust slope (Theil-Sen: the median of the slopes between all pairs of steps), both above the memory's floor and
+# above LEAK_NOISE_FACTOR times the trace's own noise (median distance of a step from the fitted line). "Still
+# rising": the last stretch's own slope at least LEAK_TAIL_SHARE of the whole run's. Growth that stops (start-up:
+# DataLoader workers' pages, allocator arenas, a cache filled in the first pass) is not a leak.
 LEAK_MIN_STEPS = 8  # timed steps needed to call a trend
 LEAK_CHUNKS = 4
-LEAK_MIN_MB = 4.0
 LEAK_NOISE_FACTOR = 4.0
 LEAK_CHUNK_NOISE = 1.0  # each stretch's median must exceed the previous one by this many noise units too
+LEAK_TAIL_SHARE = 0.5
+# The floor of a rise worth naming, by what the trace reads. CUDA: allocated tensor memory, exact. A CPU's process
+# resident set: whole pages and glibc's heap, which serves requests below its mmap threshold (which adapts up to
+# 32 MiB on 64-bit Linux) and keeps what it grew: a rise of that size is the allocator, not the loop.
+LEAK_MIN_MB = {"process_rss": 32.0}
+LEAK_MIN_MB_DEFAULT = 4.0
 
 # Rank: a run that stopped learning first (its speed means nothing), then one that ran out of memory or is
 # heading there (a leak), then measured bottlenecks in the order they hide each other (the data wall hides
@@ -292,8 +302,9 @@ def _theil_sen(ys: list[float], xs: list[float] | None = None) -> tuple[float, f
 
 
 def memory_rise(trace: list[float], steps: list[int] | None = None) -> tuple[float, float, bool]:
-    """(rise over the trace in MiB from its robust slope, the trace's noise in MiB, whether it rose steadily).
-    steps: the step of each sample where memory was not sampled every step (fastlab.watch on short CPU steps)."""
+    """(rise over the trace in MiB from its robust slope, the trace's noise in MiB, whether it rose steadily and
+    still rises in its last stretch). steps: the step of each sample where memory was not sampled every step
+    (fastlab.watch on short CPU steps)."""
     import statistics
 
     if len(trace) < LEAK_MIN_STEPS:
@@ -303,7 +314,9 @@ def memory_rise(trace: list[float], steps: list[int] | None = None) -> tuple[flo
     size = len(trace) // LEAK_CHUNKS
     medians = [statistics.median(trace[i * size:(i + 1) * size]) for i in range(LEAK_CHUNKS)]
     steady = all(b - a > LEAK_CHUNK_NOISE * noise and b > a for a, b in zip(medians, medians[1:]))
-    return slope * span, noise, steady
+    tail = len(trace) - size
+    tail_slope, _ = _theil_sen(trace[tail:], steps[tail:] if steps else None)
+    return slope * span, noise, steady and slope > 0 and tail_slope >= LEAK_TAIL_SHARE * slope
 
 
 def _memory_leak(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
@@ -318,12 +331,13 @@ def _memory_leak(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None
         steps, trace = None, r.memory_trace_mb[warm:]
     rise, noise, steady = memory_rise(trace, steps)
     span = (steps[-1] - steps[0] + 1) if steps else len(trace)
-    if not (steady and rise >= max(LEAK_MIN_MB, LEAK_NOISE_FACTOR * noise)):
+    floor = LEAK_MIN_MB.get(r.memory_kind, LEAK_MIN_MB_DEFAULT)
+    if not (steady and rise >= max(floor, LEAK_NOISE_FACTOR * noise)):
         return None
     kind = r.memory_kind.replace("_", " ") or "memory"
     evidence = (Evidence(f"rise of {kind} over {span} timed steps (robust slope)", rise,
-                         f">= {LEAK_MIN_MB:g} MiB and >= {LEAK_NOISE_FACTOR:g}x noise, rising in each of "
-                         f"{LEAK_CHUNKS} stretches", "MiB"),
+                         f">= {floor:g} MiB and >= {LEAK_NOISE_FACTOR:g}x noise, rising in each of {LEAK_CHUNKS} "
+                         f"stretches and in the last at >= {LEAK_TAIL_SHARE:.0%} of the run's slope", "MiB"),
                 Evidence("per step", rise / max(1, span - 1), unit="MiB"),
                 Evidence("noise (median distance from the trend)", noise, unit="MiB"))
     return Finding("memory_leak", "memory rises with every step: a probable leak", evidence,
@@ -394,12 +408,21 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
     batch = int(r.images_per_step or cfg.get("batch_size") or 1)
     nbytes = int((r.extras.get("watch") or {}).get("batch_bytes") or 0)
     small = batch <= LOADER_SMALL_BATCH or 0 < nbytes < LOADER_SMALL_BATCH_BYTES
-    weighed = [Evidence("usable CPU cores", cores, f"workers need >= {LOADER_MIN_CORES} to leave training a core"),
+    # the training process's CPU time over its wait tells a sleeping loader from a computing one only where the
+    # loading happens in that process (no workers: with them it waits on a queue, off the CPU, either way)
+    share = (r.extras.get("watch") or {}).get("data_cpu_share")
+    share = share if _finite(share) and not cfg.get("num_workers") else None
+    weighed = [Evidence("usable CPU cores", cores, f"workers need >= {LOADER_MIN_CORES} to leave training a core"
+                        + ("" if share is None else ", unless the wait is off the CPU")),
                Evidence("images per batch", batch, f"<= {LOADER_SMALL_BATCH} (or < 1 MiB a batch) is small")]
+    if share is not None:
+        weighed.append(Evidence("CPU time / wall time of the data wait", share,
+                                f"< {_pct(LOADER_OFF_CPU_SHARE)}: a wait off the CPU", "%"))
     if nbytes:
         weighed.append(Evidence("bytes per batch", f"{nbytes / 2**10:,.0f} KiB"))
+    off_cpu = share is not None and share < LOADER_OFF_CPU_SHARE
     candidates, dropped = [], []
-    for proposed, words, sure in _loader_candidates(cfg, cores, batch, small, gpu):
+    for proposed, words, sure in _loader_candidates(cfg, cores, batch, small, gpu, off_cpu):
         change = _only_different({**cfg, "batch_size": batch}, proposed)
         if proposed and not change:
             continue  # what the loop already has
@@ -418,20 +441,25 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
     return change, tuple(c for c, _, _ in rest), f"{words} in your loop; or {lighter}", sure, weighed
 
 
-def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool) -> list[Remedy]:
-    """The loader changes worth trying, most likely first, each with how sure it is."""
+def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool,
+                       off_cpu: bool = False) -> list[Remedy]:
+    """The loader changes worth trying, most likely first, each with how sure it is. off_cpu: the wait was
+    measured mostly off the CPU, so workers need no spare core."""
     workers = int(cfg.get("num_workers") or 0)
     costs = "collate, the trip between processes, per-op overhead" if workers else "collate, per-op overhead"
     bigger: Remedy = ({"batch_size": batch * BATCH_GROWTH}, f"a larger batch ({batch * BATCH_GROWTH})",
                       f"medium: a batch of {batch} pays the per-batch costs ({costs}) for few images; a larger "
                       "batch may need a retuned learning rate")
     pin = {"pin_memory": True} if gpu else {}
+    # workers for a loader that has none: a core left to training, or, for a wait that sleeps, two at least
+    new_workers = min(max(2, cores) if off_cpu else cores - 1, LOADER_MAX_WORKERS)
+    sleeps = (f"medium: the wait is mostly off the CPU (sleeping on a disk, the network or a lock): {new_workers} "
+              "workers can wait side by side without a core each")
     out: list[Remedy] = []
     if cfg.get("loader") != "dataloader":
-        if cores >= LOADER_MIN_CORES:
-            n = min(cores - 1, LOADER_MAX_WORKERS)
-            out.append(({}, f"a torch DataLoader with worker processes (num_workers={n}) around your data",
-                        f"medium: {cores} cores leave {cores - 1} for workers"))
+        if cores >= LOADER_MIN_CORES or off_cpu:
+            out.append(({}, f"a torch DataLoader with worker processes (num_workers={new_workers}) around your data",
+                        sleeps if off_cpu else f"medium: {cores} cores leave {cores - 1} for workers"))
         return out + ([bigger] if small else [])
     if workers > 0:
         crowded = workers + 1 > cores
@@ -445,9 +473,10 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
             change = {"num_workers": min(workers * 2, cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
             out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
                         f"medium: {cores} cores leave room for more than {workers} workers"))
-    elif cores >= LOADER_MIN_CORES:
-        change = {"num_workers": min(cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
+    elif cores >= LOADER_MIN_CORES or off_cpu:
+        change = {"num_workers": new_workers, "persistent_workers": True, **pin}
         out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
+                    sleeps if off_cpu else
                     (f"low: {cores} cores leave {cores - 1} for workers, but each batch of {batch} images is pickled "
                      "between processes, which can cost more than it saves" if small else
                      f"medium: {cores} cores leave {cores - 1} for workers")))
@@ -873,7 +902,8 @@ def advice_text(result: RunResult, findings: list[Finding] | None = None) -> str
     lines = [f"{result.summary()}; on {result.env.get('device_name', '?')}"]
     lines += [f"  note: {n}" for n in (result.extras.get("watch") or {}).get("notes", [])]
     if not findings and result.status == "failed":
-        lines.append("  Nothing to advise: the run measured nothing (see above).")
+        done = f"failed after {result.steps_done} steps" if result.steps_done else "measured nothing"
+        lines.append(f"  Nothing to advise: the run {done} (see above).")
     elif not findings:
         lines.append("  No bottleneck crossed its threshold: nothing to advise from this run.")
     for i, f in enumerate(findings, 1):

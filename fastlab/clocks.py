@@ -1,8 +1,9 @@
 """The run's clocks and checks: timed windows read after a synchronise, and divergence seen in values read anyway.
 
 WindowClock reads the clock only after a synchronise at the end of warm-up and of each timed window, so queued GPU
-work is always counted and no step pays a sync of its own. DivergenceWatch checks the losses and GradScaler scales
-the loop logs anyway for non-finite values, and the parameters once at the end.
+work is always counted and no step pays a sync of its own. DivergenceWatch, the one divergence rule (fastlab.run
+and fastlab.watch), checks the losses and GradScaler scales the loop reads anyway for non-finite or blown-up values,
+and the parameters once at the end.
 
     throughput of a window = images per step x steps in the window / window wall time
 """
@@ -24,6 +25,10 @@ from .results import RunResult
 
 # Below fp16's smallest subnormal a GradScaler scale means every recent step overflowed: the run has diverged.
 MIN_GRAD_SCALE = 2.0**-24
+# A finite loss this many times the run's first loss has blown up, though no NaN appeared: three orders of magnitude
+# is far beyond the wobble of a training loss. The first loss is taken before any update, so a blow-up at the very
+# first update still counts.
+BLOWUP_FACTOR = 1000.0
 
 
 def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
@@ -99,12 +104,15 @@ class WindowClock:
 
 
 class DivergenceWatch:
-    """Checks the values a run reads anyway (the logged losses, the GradScaler scale) for non-finite ones;
-    adds no host-device sync of its own during timed steps."""
+    """The one divergence rule, for fastlab's own runs and a watched loop alike: a loss that is non-finite, or
+    BLOWUP_FACTOR times the first loss of the run (given with first_loss, read only when a later loss is read),
+    a collapsed GradScaler scale, or non-finite parameters. It checks only values the run reads anyway: no
+    host-device sync of its own during timed steps."""
 
     def __init__(self, result: RunResult, agree: Callable[[bool], bool] | None = None) -> None:
         self.res = result
         self.agree = agree  # with several processes, all must stop together: any one's divergence ends all
+        self.reference: torch.Tensor | float | None = None  # the first loss seen: before any update has blown it up
 
     def _check(self, bad: bool, step: int, what: str) -> bool:
         """Whether the run diverged at `step`; the first divergence is booked on the result (status, step, why)."""
@@ -112,14 +120,29 @@ class DivergenceWatch:
             mine, bad = bad, self.agree(bad)
             if bad and not mine:
                 what = f"another rank diverged at step {step}"
-        if bad and self.res.status != "diverged":
+        if bad and self.res.status in ("ok", "time_limited"):  # a failed or stopped run keeps its own status
             self.res.status, self.res.diverged_step, self.res.error = "diverged", step, what
         return bad
 
+    def first_loss(self, loss: torch.Tensor | float) -> None:
+        """The run's first loss (kept as given, a tensor is not read here): the blow-up rule's reference. Later
+        calls are ignored."""
+        if self.reference is None:
+            self.reference = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
+
     def loss(self, step: int, value: float) -> bool:
-        if math.isfinite(value):
-            self.res.last_finite_loss = value
-        return self._check(not math.isfinite(value), step, f"the training loss became {value} at step {step}")
+        """Whether a loss read at `step` means the run diverged: non-finite, or blown up against the first loss."""
+        if isinstance(self.reference, torch.Tensor):
+            self.reference = float(self.reference)  # read after this loss's own read: its value is ready
+        if not (self.reference and math.isfinite(self.reference)):  # none given, or no use (0, NaN): this one
+            self.reference = value
+        if not math.isfinite(value):
+            return self._check(True, step, f"the training loss became {value} at step {step}")
+        self.res.last_finite_loss = value
+        ratio = abs(value / self.reference) if self.reference else 0.0
+        return self._check(ratio >= BLOWUP_FACTOR, step,
+                           f"the training loss blew up: {value:.3g} at step {step}, {ratio:,.0f}x the run's first "
+                           f"loss {self.reference:.3g} (>= {BLOWUP_FACTOR:,.0f}x counts as diverged)")
 
     def grad_scale(self, step: int, value: float) -> bool:
         return self._check(not math.isfinite(value) or value < MIN_GRAD_SCALE, step,

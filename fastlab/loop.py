@@ -5,7 +5,7 @@ beside it), `_one_step` for a step, `_steps` for the loop. The measuring touches
 (fastlab.clocks: the clock is read after a synchronise at the end of warm-up and of each timed window, never in
 between), `wait` (the `next(batches)` call alone is data wait), `copy` (the host-to-device copy is timed apart:
 without non_blocking it ends in a stream sync, so it also waits for the previous step's GPU work) and `watch`
-(divergence, checked on the losses the loop logs anyway). Warm-up steps after the first are also bracketed by
+(divergence, fastlab.watch's rule too: on the losses the loop logs anyway and the last step's). Warm-up steps after the first are also bracketed by
 syncs to sample the shares of forward, backward and optimiser step. Evaluation and warm-up are timed apart.
 
 The loop ends with a status, never an exception: "ok", "interrupted", "time_limited" or "diverged". The harness
@@ -136,6 +136,8 @@ class TrainingRun:
                     t0 = time.perf_counter()
                     loss, wait, copy = self._one_step(sample=0 < step < cfg.warmup_steps)
                     done = step + 1
+                    if step == 0:  # the blow-up rule's reference, taken before any update; read with a later loss
+                        watch.first_loss(loss.detach() * cfg.grad_accum_steps)
                     if cfg.log_loss == "tensor":
                         kept_losses.append(loss)  # the pitfall: keeps this step's whole graph alive
                     if done % cfg.log_every == 0 and self._log_loss(step, loss, watch):

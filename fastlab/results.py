@@ -57,6 +57,10 @@ class RunResult:
     backward_seconds: list[float] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        """The summary line, not every list the run recorded (print(result) in a notebook)."""
+        return f"<RunResult {self.summary()}>"
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"
@@ -101,7 +105,7 @@ class RunResult:
     def summary(self) -> str:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
         if self.status == "failed":
-            return f"{self.label}: FAILED ({self.error})"
+            return f"{self.label}: FAILED ({self.error})" + (f" after {self.steps_done} steps" if self.steps_done else "")
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:

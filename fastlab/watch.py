@@ -14,9 +14,11 @@
 
 What is measured, and where:
 - step time: wall time from the end of one step to the end of the next: waiting for the batch, the step, and
-  whatever the loop does in between, except the time between epochs (from the end of an epoch's batches to the
-  next epoch's first fetch: evaluation, checkpoints) and inside `with w.paused():`. Data wait: time inside the
-  loader (iter() at an epoch's start, and each next()). Compute is the rest.
+  whatever the loop does in between, except the time between epochs (from the end of an epoch's batches, when
+  the loader runs out or the loop leaves it with `break`, to the next epoch's first fetch: evaluation,
+  checkpoints) and inside `with w.paused():`. Data wait: time inside the loader (iter() at an epoch's start, and
+  each next()), with the process's CPU time over it (a wait off the CPU, sleeping on a disk or the network, needs
+  no spare core for workers). Compute is the rest.
 - throughput: the first `warmup_steps` steps (compile, autotuning, allocator growth) are not timed; after them
   the device is synchronised every `window_steps` steps and only there (a sync per step would change what is
   measured): a window's images / its wall time. Median with min and max over the windows, as fastlab.run does.
@@ -28,12 +30,14 @@ What is measured, and where:
 - sync_debug=True (CUDA only): torch.cuda.set_sync_debug_mode("warn") after the warm-up; each host-device sync
   torch reports is counted by the line of your code that caused it (the warnings are counted, not printed).
 - loss (`s.loss = loss` in the with block, or step_done(n, loss=loss)): kept as a detached tensor every
-  `log_every` steps and read once at the end, so watching adds no sync; a non-finite one, or one BLOWUP_FACTOR
-  times the first logged one, marks the run diverged.
+  `log_every` steps, on the last step and on the first (the reference: before any update), and read once at the
+  end, so watching adds no sync; fastlab.clocks.DivergenceWatch judges them, the rule fastlab.run uses: a
+  non-finite one, or one BLOWUP_FACTOR times the first, marks the run diverged. A loop that never hands a loss
+  over gets a note: divergence not checked.
 - profile_steps=N: torch.profiler around N steps right after the warm-up (one more step for the profiler's own
   warm-up); those steps are not timed. It adds an idle-time breakdown and a trace file (Perfetto, chrome://tracing).
-- misuse (a step never marked, the loader not wrapped, a dict batch counted by its keys, a generator used up by
-  the first epoch, one watch in two threads) ends in one line: an error, or a note in
+- misuse (a step never marked, a loader with no batches, the loader not wrapped, a dict batch counted by its
+  keys, a generator used up by the first epoch, one watch in two threads, a step after result()) ends in one line: an error, or a note in
   extras["watch"]["notes"] that fastlab.advise prints.
 
 A callback-style trainer (Lightning, Hugging Face's Trainer) fetches batches itself: call w.describe(loader) once,
@@ -44,7 +48,6 @@ the previous step's end to batch_ready() counts as data wait.
 from __future__ import annotations
 
 import contextlib
-import math
 import operator
 import re
 import statistics
@@ -60,6 +63,7 @@ from typing import Any
 
 import torch
 
+from .clocks import DivergenceWatch
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .profiling import safe_name
 from .results import RunResult
@@ -73,9 +77,7 @@ SOURCE = "your loop (fastlab.watch)"
 # MEMORY_DENSE_STEPS timed steps (read every step, so a short loop still has enough points for a trend).
 MEMORY_EVERY_S = 0.02
 MEMORY_DENSE_STEPS = 16
-# A finite loss this many times its first logged value has blown up (Adadelta at lr=1e4: 2.3 -> 1e9), even though
-# no NaN appeared: three orders of magnitude is far beyond the wobble of a training loss.
-BLOWUP_FACTOR = 1000.0
+WRAPPER_ATTRIBUTES = ("iterable", "loader")  # where a wrapper keeps the loader it wraps (tqdm: .iterable)
 EARLIER_KEPT = 20  # watched runs remembered in this process, so advice never proposes a setting just left
 _EARLIER: list[dict[str, Any]] = []  # what each finished watch ran with and measured (this process only)
 
@@ -90,7 +92,13 @@ def _positive_int(name: str, value: Any, minimum: int) -> int:
 
 
 def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config entries, dataset entries) read from the loader: DataLoader arguments where it is one."""
+    """(config entries, dataset entries) read from the loader: DataLoader arguments where it is one, looking
+    through wrappers such as a progress bar (w(tqdm(loader)))."""
+    for _ in range(3):
+        inner = next((i for a in WRAPPER_ATTRIBUTES if (i := getattr(loader, a, None)) is not None), None)
+        if isinstance(loader, torch.utils.data.DataLoader) or inner is None:
+            break
+        loader = inner
     dataset = getattr(loader, "dataset", loader)
     data: dict[str, Any] = {"name": type(dataset).__name__, "synthetic": bool(getattr(dataset, "synthetic", False)),
                             "source": SOURCE}
@@ -333,7 +341,10 @@ class Watch:
         self._window_images = self._window_count = 0
         self._windows: list[list[float]] = []  # [images, seconds] of each closed window
         self._batch_sizes: list[int] = []
-        self._losses: list[tuple[int, Any]] = []
+        self._losses: list[tuple[int, Any]] = []  # (step, loss) every log_every steps
+        self._last_loss: tuple[int, Any] | None = None  # the last step's: read at the end too
+        self._last_step: Step | None = None
+        self._divergence = DivergenceWatch(self.res)
         self._meter: MemoryMeter | None = None
         self._memory_steps: list[int] = []  # the step (0-based) of each memory sample
         self._t_memory = 0.0
@@ -344,6 +355,7 @@ class Watch:
         self._epochs: list[int] = []  # batches fetched in each epoch of w(loader)
         self._epoch_end: float | None = None  # when the last epoch's batches ran out
         self._excluded = 0.0  # seconds between epochs and in paused(): not the loop's step time
+        self._fetch_wall = self._fetch_cpu = 0.0  # wall and process CPU seconds inside the loader
         self._last_batch: Any = None
         self._batch_bytes = 0
         self._notes: dict[str, str] = {}  # misuse seen, one line each (shown by fastlab.advise)
@@ -374,35 +386,46 @@ class Watch:
         if self._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
             self._exclude(time.perf_counter() - self._epoch_end)
             self._epoch_end = None
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         with self._data_range():
             it = iter(loader)  # an epoch's start (DataLoader workers starting) is data wait too
-        self._wait += time.perf_counter() - t
+        self._fetched_since(t, cpu)
         self._epochs.append(0)
-        while True:
-            t = time.perf_counter()
-            try:
-                with self._data_range():
-                    batch = next(it)
-            except StopIteration:
-                self._epoch_ended(loader, it)
-                return
-            self._wait += time.perf_counter() - t
-            self._fetched += 1
-            self._epochs[-1] += 1
-            self._last_batch = batch
-            if not self._batch_bytes:
-                self._batch_bytes = _batch_bytes(batch)
-            yield batch
+        try:
+            while True:
+                t, cpu = time.perf_counter(), time.process_time()
+                try:
+                    with self._data_range():
+                        batch = next(it)
+                except StopIteration:
+                    return
+                self._fetched_since(t, cpu)
+                self._fetched += 1
+                self._epochs[-1] += 1
+                self._last_batch = batch
+                if not self._batch_bytes:
+                    self._batch_bytes = _batch_bytes(batch)
+                yield batch
+        finally:  # the loader ran out, or the loop left it (break, an error): the epoch ends here
+            self._epoch_ended(loader, it)
+
+    def _fetched_since(self, t: float, cpu: float) -> None:
+        """A fetch that began at t (perf_counter) and cpu (process_time): its wall time is data wait. The process's
+        CPU time, not the thread's, so loading work done by torch's intra-op threads counts as on the CPU."""
+        wall = time.perf_counter() - t
+        self._wait += wall
+        self._fetch_wall += wall
+        self._fetch_cpu += time.process_time() - cpu
 
     def _epoch_ended(self, loader: Iterable, it: Iterator) -> None:
+        if self._finished:
+            return  # an iterator left unfinished and closed after result(): nothing left to book
         self._sync()  # the last step's queued work belongs to the epoch, not to the time between epochs
         self._epoch_end = time.perf_counter()
-        if self._epochs[-1] == 0 and len(self._epochs) > 1 and it is loader:
+        if self._epochs[-1] == 0 and len(self._epochs) > 1 and it is loader and "empty_epoch" not in self._notes:
             note = (f"epoch {len(self._epochs)} got no batches: the loader is an iterator (a generator?) that an "
                     "earlier epoch used up; pass a DataLoader or a list, or make a new generator each epoch")
-            if "empty_epoch" not in self._notes:
-                warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=3)
+            warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=3)
             self._notes["empty_epoch"] = note
 
     def _exclude(self, seconds: float) -> None:
@@ -436,6 +459,8 @@ class Watch:
         `with w.step(len(x)) as s: ...; s.loss = loss` records the step's loss too (the loss of this step does not
         exist yet when the block starts, so set it inside; `loss=` here is kept for a value known beforehand)."""
         s = Step(_images(batch_size), loss)
+        self._check_open()  # before the body: a finished watch does not run (and then refuse) a training step
+        self._last_step = s
         try:
             yield s
         except BaseException as e:
@@ -450,8 +475,11 @@ class Watch:
         self._start()
         self._steps += 1
         k = self._steps
-        if loss is not None and k % self.log_every == 0:
-            self._losses.append((k - 1, loss.detach() if isinstance(loss, torch.Tensor) else float(loss)))
+        if loss is not None:  # kept, not read: reading a tensor here would be a host-device sync every step
+            self._last_loss = (k - 1, loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+            self._divergence.first_loss(self._last_loss[1])
+            if k % self.log_every == 0:
+                self._losses.append(self._last_loss)
         timed = k > self.untimed
         boundary = k == self.warmup_steps or k == self.untimed or (
             timed and (self._window_count + 1) % self.window_steps == 0)
@@ -616,7 +644,8 @@ class Watch:
                                       "source": SOURCE}
         res.extras["watched"] = True
         watch_extras.update(images=sum(self._batch_sizes), memory_steps=self._memory_steps,
-                            epochs=self._epochs, excluded_seconds=self._excluded, batch_bytes=self._batch_bytes)
+                            epochs=self._epochs, excluded_seconds=self._excluded, batch_bytes=self._batch_bytes,
+                            data_cpu_share=self._fetch_cpu / self._fetch_wall if self._fetch_wall else None)
         self._read_losses()
         self._check_use()
         watch_extras["notes"] = list(self._notes.values())
@@ -625,19 +654,29 @@ class Watch:
         return res
 
     def _check_use(self) -> None:
-        """Misuse that only the end can see: no step marked, or steps with no batch fetched through the watch."""
+        """Misuse that only the end can see: no step marked, a loader with no batches, steps with no batch fetched
+        through the watch, no loss handed over."""
         res = self.res
         if self._steps == 0 and res.status == "ok":
-            got = (f"the loader gave {self._fetched} batches through the watch" if self._fetched else
-                   "no batch came through the watch either")
             res.status = "failed"
-            res.error = (f"no step was marked ({got}): put each step in `with w.step(len(x)) as s:` or call "
-                         "w.step_done(len(x)) after it")
+            if self._epochs and not self._fetched:
+                res.error = (f"the loader gave no batches in {len(self._epochs)} epoch(s) (empty, or drop_last with "
+                             "fewer images than one batch): nothing was measured")
+            else:
+                got = (f"the loader gave {self._fetched} batches through the watch" if self._fetched else
+                       "no batch came through the watch either")
+                res.error = (f"no step was marked ({got}): put each step in `with w.step(len(x)) as s:` or call "
+                             "w.step_done(len(x)) after it")
         elif self._steps and not (self._fetched or self._ready):
             res.data_wait_seconds = [float("nan")] * len(res.data_wait_seconds)
             self._notes["loader_not_wrapped"] = ("data wait not measured: the loader was not wrapped; iterate "
                                                  "`for x, y in w(loader)` (or call w.batch_ready() when a batch "
                                                  "arrives)")
+        if self._steps and self._last_loss is None:
+            late = self._last_step is not None and self._last_step.loss is not None
+            self._notes["no_loss"] = "no loss given: divergence not checked; " + (
+                "s.loss was set after its `with w.step(...) as s:` block ended: set it inside the block" if late else
+                "set s.loss = loss inside `with w.step(...) as s:` (or step_done(n, loss=loss))")
 
     def _close_partial_window(self) -> None:
         """The steps after the last full window. On a CPU the end of the last step is exact: they make a window of
@@ -653,31 +692,17 @@ class Watch:
         self._window_count = self._window_images = 0
 
     def _read_losses(self) -> None:
-        """The kept losses, read once (one sync); the first non-finite or blown-up one marks the run diverged."""
-        if not self._losses:
+        """The kept losses and the last step's, read once (one sync), judged by the rule fastlab.run uses."""
+        if self._last_loss is None:
             return
-        tensors = [v.float().mean() for _, v in self._losses if isinstance(v, torch.Tensor)]
+        last_logged = bool(self._losses) and self._losses[-1][0] == self._last_loss[0]
+        kept = self._losses + ([] if last_logged else [self._last_loss])
+        tensors = [v.float().mean() for _, v in kept if isinstance(v, torch.Tensor)]
         read = iter(torch.stack(tensors).tolist() if tensors else [])
-        values = [next(read) if isinstance(v, torch.Tensor) else v for _, v in self._losses]
-        res = self.res
-        res.losses = [(step, value) for (step, _), value in zip(self._losses, values)]
-        first = abs(values[0]) if math.isfinite(values[0]) else float("nan")
-        for step, value in res.losses:
-            if not math.isfinite(value):
-                self._diverged(step, f"the training loss became {value} at step {step} (read every "
-                                     f"{self.log_every} steps)")
+        self.res.losses = [(step, next(read) if isinstance(v, torch.Tensor) else v) for step, v in kept]
+        for step, value in self.res.losses:
+            if self._divergence.loss(step, value):
                 break
-            if first > 0 and abs(value) >= BLOWUP_FACTOR * first:
-                self._diverged(step, f"the training loss blew up: {value:.3g} at step {step}, {abs(value) / first:,.0f}x "
-                                     f"its first logged value {values[0]:.3g} (>= {BLOWUP_FACTOR:,.0f}x counts as "
-                                     "diverged)")
-                res.last_finite_loss = value
-                break
-            res.last_finite_loss = value
-
-    def _diverged(self, step: int, why: str) -> None:
-        if self.res.status == "ok":
-            self.res.status, self.res.diverged_step, self.res.error = "diverged", step, why
 
 
 def _remember(res: RunResult) -> None:
