@@ -120,6 +120,46 @@ def test_ddp_epoch_runs_in_a_group_of_one_and_leaves_the_environment_as_it_was()
     assert {k: os.environ.get(k) for k in before} == before
 
 
+def test_ddp_epoch_on_a_simulated_gpu_drives_its_local_rank_and_reshuffles_each_epoch(monkeypatch, capsys):
+    """torch.cuda.is_available() says True (this torch has no CUDA): every CUDA-only call is recorded instead."""
+    import torch.distributed as dist
+
+    seen: dict[str, list] = {"set_device": [], "backend": [], "to": [], "epochs": []}
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: seen["backend"].append(backend))
+    monkeypatch.setattr(dist, "get_backend", lambda: seen["backend"][-1])
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device, *a, **k: seen["to"].append(torch.device(device)) or t)
+
+    class FakeDDP(torch.nn.Module):
+        def __init__(self, module, device_ids=None):
+            super().__init__()
+            self.module, self.device_ids = module, device_ids
+
+        def forward(self, x):
+            return self.module(x)
+
+    class Sampler(tc.DistributedSampler):
+        def set_epoch(self, epoch):
+            seen["epochs"].append(epoch)
+            super().set_epoch(epoch)
+
+    made = []
+    monkeypatch.setattr(tc, "DistributedDataParallel", lambda m, device_ids=None: made.append(FakeDDP(m, device_ids))
+                        or made[-1])
+    monkeypatch.setattr(tc, "DistributedSampler", Sampler)
+    tc.train_epoch_ddp(lambda: build_model("tiny"), tc.tiny_dataset(32), 8, epochs=2)
+    assert seen["set_device"] == [1] and seen["backend"] == ["nccl"]
+    assert made[0].device_ids == [1]
+    assert seen["to"] and set(seen["to"]) == {torch.device("cuda", 1)}, "the model and every batch go to cuda:1"
+    assert seen["epochs"] == [0, 1], "set_epoch once per epoch, inside the epoch loop"
+    assert "backend nccl" in capsys.readouterr().out, "the backend printed is the one the group started with"
+
+
 def test_exported_snippet_writes_a_program_that_matches_eager(tmp_path):
     import contextlib
     import io

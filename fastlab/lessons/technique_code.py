@@ -150,34 +150,51 @@ def save_model_exported(model: nn.Module, example: torch.Tensor, folder: str | P
 # ------------------------------------------------------------------ 11: DistributedDataParallel
 
 
-def train_epoch(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int) -> float:
-    """One epoch of a plain single-process loop."""
+def train_epoch(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int,
+                epochs: int = 1) -> float:
+    """A plain single-process loop, on the GPU when there is one."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = DataLoader(data, batch_size=batch_size, shuffle=True)
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    for _ in range(epochs):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     return loss.item()
 
 
-def train_epoch_ddp(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int) -> float:
-    """The same epoch in each of torchrun's processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from it)."""
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+def train_epoch_ddp(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int,
+                    epochs: int = 1) -> float:
+    """The same loop in each of torchrun's processes (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT come from it)."""
+    local_rank = int(os.environ["LOCAL_RANK"])  # this process's GPU on this machine
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)  # before the group starts: NCCL uses the current device
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.get_rank() == 0:
+        print(f"{dist.get_world_size()} process(es), backend {dist.get_backend()}, rank 0 on {device}")
     torch.manual_seed(0)
-    model = DistributedDataParallel(make_model())  # all-reduces (averages) the gradients during backward
+    model = make_model().to(device)
+    # all-reduces (averages) the gradients during backward; device_ids: the one GPU this process drives
+    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = DistributedSampler(data, shuffle=True)  # each rank reads its own shard of the data
-    sampler.set_epoch(0)  # reshuffle per epoch: without it every epoch gets the same order
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)  # reshuffle per epoch: without it every epoch gets the same order
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     dist.destroy_process_group()
     return loss.item()
 
