@@ -48,6 +48,7 @@ def test_compile_diff_adds_torch_compile_and_calls_it():
 
 
 SNIPPET_PAIRS = [
+    (tc.fp16_step, tc.fp16_step_clipped, ["scaler.unscale_(opt)", "clip_grad_norm_("]),
     (tc.train_steps, tc.train_steps_profiled, ["torch.profiler.profile(", "schedule=", "on_trace_ready=", "prof.step()"]),
     (tc.train_steps_profiled, tc.train_steps_profiled_unstepped, []),
     (tc.train_steps, tc.train_steps_watched, ["for x, y in w(batches):", "with w.step(len(x)) as s:", "s.loss = loss"]),
@@ -98,6 +99,25 @@ def test_checkpointed_step_gives_the_plain_gradients_and_reentrant_loses_them():
         warnings.simplefilter("ignore")
         tc.train_step_reentrant(reentrant, x, y, torch.optim.SGD(reentrant.parameters(), lr=0.0))
     assert tc.params_without_grad(reentrant) == len(list(reentrant.features.parameters())) > 0
+
+
+def test_clipping_under_grad_scaler_unscales_first_so_max_norm_is_in_the_gradients_own_units():
+    x, y = tc.tiny_batches(1, 8)[0]
+    norms = []
+    for step in (tc.fp16_step, tc.fp16_step_clipped):
+        torch.manual_seed(0)
+        net = build_model("tiny")
+        opt = torch.optim.SGD(net.parameters(), lr=0.0)
+        scaler = torch.amp.GradScaler("cpu")
+        kwargs = {"max_norm": 1e-3} if step is tc.fp16_step_clipped else {}
+        step(net, x, y, opt, scaler, **kwargs)
+        norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in net.parameters()])).item())
+        assert scaler.get_scale() > 1.0  # the loss was scaled (a clip of those would land far below max_norm)
+    plain, clipped = norms
+    assert plain > 1e-3 and clipped == pytest.approx(1e-3, rel=1e-3)
+    added = snippet_diff(tc.fp16_step, tc.fp16_step_clipped).added
+    assert [i for i, line in enumerate(added) if "unscale_" in line] < [i for i, line in enumerate(added)
+                                                                         if "clip_grad_norm_" in line]
 
 
 def test_profiled_loop_records_and_writes_a_trace_and_the_unstepped_one_does_not(tmp_path):

@@ -1,4 +1,4 @@
-"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 07, 08, 10, 11, 12 run.
+"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 02, 07, 08, 10, 11, 12 show.
 
 Each pair is one plain function and the same function with the technique's lines added; a notebook calls both
 on a tiny model and shows `fastlab.code.snippet_diff(plain, with_technique)`, so the lines shown are lines that
@@ -33,6 +33,35 @@ def tiny_dataset(images: int = 64, seed: int = 0) -> TensorDataset:
     """The same kind of data as a Dataset (for the DataLoader snippets)."""
     x, y = zip(*tiny_batches(1, images, seed))
     return TensorDataset(x[0], y[0])
+
+
+# ------------------------------------------------------------------ 02: gradient clipping under GradScaler
+
+
+def fp16_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+              scaler: torch.amp.GradScaler) -> float:
+    """One fp16 autocast step with GradScaler, as 02's script takes it."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(opt)  # unscales, checks for inf/NaN (a host-device sync), then steps or skips
+    scaler.update()
+    return loss.item()
+
+
+def fp16_step_clipped(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+                      scaler: torch.amp.GradScaler, max_norm: float = 1.0) -> float:
+    """The same step with gradient clipping: the gradients are unscaled first, so max_norm is in their own units."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)  # the true gradients: clipping the scaled ones would cut them to max_norm / scale
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)  # already unscaled: still checks for inf/NaN (a sync) and skips such a step
+    scaler.update()
+    return loss.item()
 
 
 # ------------------------------------------------------------------ 08: the profiler
