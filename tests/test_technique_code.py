@@ -54,6 +54,8 @@ SNIPPET_PAIRS = [
     (tc.train_steps, tc.train_steps_watched, ["for x, y in w(batches):", "with w.step(len(x)) as s:", "s.loss = loss"]),
     (tc.train_step, tc.train_step_checkpointed, ["checkpoint(block, h, use_reentrant=False)"]),
     (tc.train_step_checkpointed, tc.train_step_reentrant, ["use_reentrant=True"]),
+    (tc.train_compiled, tc.train_compiled_drop_last, ["drop_last=True"]),
+    (tc.train_compiled, tc.train_compiled_dynamic, ["torch._dynamo.mark_dynamic(x, 0)"]),
     (tc.save_model, tc.save_model_exported, ["torch.export.export(", "torch.onnx.export(", "torch.export.Dim("]),
     (tc.train_epoch, tc.train_epoch_ddp, ["init_process_group(", "DistributedDataParallel(", "DistributedSampler(",
                                          "set_epoch(", "destroy_process_group()"]),
@@ -118,6 +120,22 @@ def test_clipping_under_grad_scaler_unscales_first_so_max_norm_is_in_the_gradien
     added = snippet_diff(tc.fp16_step, tc.fp16_step_clipped).added
     assert [i for i, line in enumerate(added) if "unscale_" in line] < [i for i, line in enumerate(added)
                                                                          if "clip_grad_norm_" in line]
+
+
+def test_the_ragged_last_batch_compiles_a_second_graph_and_each_fix_keeps_one(monkeypatch):
+    from fastlab.lessons.compile_export import graphs_compiled
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: real(model, backend="eager"))  # dynamo's guards, no codegen
+    data = tc.tiny_dataset(20)  # batches of 8: 8, 8 and a ragged 4
+    graphs = {}
+    for loop in (tc.train_compiled, tc.train_compiled_drop_last, tc.train_compiled_dynamic):
+        torch._dynamo.reset()
+        before = graphs_compiled()
+        loop(build_model("tiny"), data, 8)
+        graphs[loop.__name__] = graphs_compiled() - before
+    torch._dynamo.reset()
+    assert graphs == {"train_compiled": 2, "train_compiled_drop_last": 1, "train_compiled_dynamic": 1}
 
 
 def test_profiled_loop_records_and_writes_a_trace_and_the_unstepped_one_does_not(tmp_path):

@@ -157,6 +157,49 @@ def params_without_grad(net: nn.Module) -> int:
 # ------------------------------------------------------------------ 07: torch.export and ONNX
 
 
+def train_compiled(model: nn.Module, data: TensorDataset, batch_size: int, epochs: int = 2) -> float:
+    """The pitfall: a compiled model fed a DataLoader whose last batch is smaller, so dynamo compiles again."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True)  # len(data) % batch_size left: a ragged batch
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(compiled(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return loss.item()
+
+
+def train_compiled_drop_last(model: nn.Module, data: TensorDataset, batch_size: int, epochs: int = 2) -> float:
+    """Fix one: drop the ragged batch, so every batch has one shape (its images are seen in other epochs)."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True)  # every batch full: one shape
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(compiled(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return loss.item()
+
+
+def train_compiled_dynamic(model: nn.Module, data: TensorDataset, batch_size: int, epochs: int = 2) -> float:
+    """Fix two: mark the batch dimension dynamic, so the first compile serves every batch size."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True)  # len(data) % batch_size left: a ragged batch
+    for _ in range(epochs):
+        for x, y in loader:
+            torch._dynamo.mark_dynamic(x, 0)  # dimension 0 may vary: one graph for any batch size
+            loss = F.cross_entropy(compiled(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return loss.item()
+
+
 def save_model(model: nn.Module, example: torch.Tensor, folder: str | Path) -> Path:
     """The plain way to keep a model: its weights, which need Python and the model's class to load again."""
     model.eval()
