@@ -141,10 +141,18 @@ def test_the_ragged_last_batch_compiles_a_second_graph_and_each_fix_keeps_one(mo
 def test_profiled_loop_records_and_writes_a_trace_and_the_unstepped_one_does_not(tmp_path):
     net = build_model("tiny")
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    stepped = tc.train_steps_profiled(net, tc.tiny_batches(5, 4), opt, tmp_path / "stepped")
-    unstepped = tc.train_steps_profiled_unstepped(net, tc.tiny_batches(5, 4), opt, tmp_path / "unstepped")
-    assert tc.recorded_ops(stepped) > 0 and list((tmp_path / "stepped").glob("*.pt.trace.json"))
-    assert tc.recorded_ops(unstepped) == 0 and not (tmp_path / "unstepped").exists()
+    stepped = tc.train_steps_profiled(net, tc.tiny_batches(5, 4), opt, tmp_path)
+    assert tc.recorded_ops(stepped) > 0 and "traceEvents" in json.loads((tmp_path / "trace.json").read_text())
+    (tmp_path / "trace.json").unlink()
+    unstepped = tc.train_steps_profiled_unstepped(net, tc.tiny_batches(5, 4), opt, tmp_path)
+    assert tc.recorded_ops(unstepped) == 0 and not list(tmp_path.iterdir())
+
+
+def test_no_profiler_snippet_or_08_cell_uses_the_deprecated_tensorboard_plugin():
+    import inspect
+
+    assert "tensorboard_trace_handler" not in inspect.getsource(tc)
+    assert not [i for i, c in enumerate(cells("08_profiling")) if "tensorboard_trace_handler" in source(c)]
 
 
 def test_ddp_epoch_runs_in_a_group_of_one_and_leaves_the_environment_as_it_was():

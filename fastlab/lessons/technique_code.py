@@ -80,12 +80,13 @@ def train_steps(model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> 
 
 def train_steps_profiled(model: nn.Module, batches: list, opt: torch.optim.Optimizer,
                          trace_dir: str | Path) -> torch.profiler.profile:
-    """The same loop under torch.profiler: skip a step, warm up on one, record three, write a trace."""
+    """The same loop under torch.profiler: skip a step, warm up on one, record three, write a Chrome trace."""
     model.train()
+    trace = Path(trace_dir) / "trace.json"  # open it in https://ui.perfetto.dev
     prof = torch.profiler.profile(
         activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)))  # the recorded steps, as a Chrome trace
     prof.start()
     for x, y in batches:
         loss = F.cross_entropy(model(x), y)
@@ -304,10 +305,11 @@ def train_steps_profiled_unstepped(model: nn.Module, batches: list, opt: torch.o
                                    trace_dir: str | Path) -> torch.profiler.profile:
     """The pitfall: the profiled loop without prof.step(), so the schedule never leaves its first `wait` step."""
     model.train()
+    trace = Path(trace_dir) / "trace.json"  # open it in https://ui.perfetto.dev
     prof = torch.profiler.profile(
         activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)))  # the recorded steps, as a Chrome trace
     prof.start()
     for x, y in batches:
         loss = F.cross_entropy(model(x), y)
