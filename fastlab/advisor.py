@@ -553,7 +553,7 @@ def _optimizer_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | 
                 Evidence("optimizer, opt_impl", f"{cfg.get('optimizer')}, {impl}"))
     alternatives = ({"opt_impl": "foreach"},) if impl in ("default", "for-loop") else ()
     return Finding("optimizer_bound", "optimiser-bound: the parameter update is a large share of each step",
-                   evidence, "the fused optimiser (one kernel for the whole update; foreach: one per op over all "
+                   evidence, "the fused optimiser (the whole update in a few kernels; foreach: one per op over all "
                    "tensors)", (NOTEBOOKS["optimizer"],), {"opt_impl": "fused"},
                    f"a for-loop update runs a dozen small ops per parameter tensor; at most "
                    f"{1 / (1 - min(share, 0.99)):.2f}x if the update cost nothing", alternatives)

@@ -3,8 +3,7 @@
 The profiled run is fastlab.run itself (every TrainConfig knob applies): the profiler is stepped from
 run()'s on_step callback, skips the warm-up steps and records the next `steps` steps. What comes back:
 the top operators as rows of data, the Chrome trace file (open it in https://ui.perfetto.dev or
-chrome://tracing; TensorBoard's profiler plugin reads *.pt.trace.json too), and the per-step split into
-waiting for data and compute.
+chrome://tracing), and the per-step split into waiting for data and compute.
 
 Profiling slows every step (each op is recorded), so a profiled run's throughput is not compared with
 unprofiled runs; its *shares* (which ops, how much data wait) are what it is for.

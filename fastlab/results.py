@@ -233,14 +233,19 @@ def reference_for(comparison: str) -> dict[str, list[RunResult]]:
     return out
 
 
-def reference_summary(comparison: str) -> str:
-    """Lines describing the bundled reference results of a comparison, or says there are none."""
-    found = reference_for(comparison)
-    if not found:
-        return (f"No reference results from a real GPU are bundled for '{comparison}' yet; "
-                f"only this machine's numbers are shown.")
-    lines = []
-    for device, results in found.items():
-        lines.append(f"Reference, measured on {device} ({results[0].env.get('date', '?')}):")
-        lines += [f"  {r.summary()}" for r in results]
+def reference_summary(*comparisons: str) -> str:
+    """Lines describing the bundled reference results of these comparisons; one notice for all that have none.
+
+    A notebook passes all its comparisons at once, so the notice that nothing is bundled prints once.
+    """
+    lines, missing = [], []
+    for comparison in comparisons:
+        found = reference_for(comparison)
+        missing += [] if found else [f"'{comparison}'"]
+        for device, results in found.items():
+            lines.append(f"Reference, measured on {device} ({results[0].env.get('date', '?')}):")
+            lines += [f"  {r.summary()}" for r in results]
+    if missing:
+        lines.append(f"No reference results from fastlab's harness on a real GPU are bundled yet for "
+                     f"{', '.join(missing)}.")
     return "\n".join(lines)

@@ -176,7 +176,7 @@ def test_top_of_the_ladder_skips_dropped_rungs_and_summary_is_computed():
 def test_beside_reference_with_and_without_bundled_results():
     mine = ladder_results()
     none = at.beside_reference(mine, reference={})
-    assert "3.00x the naive rung" in none[0] and "No reference results" in none[1]
+    assert len(none) == 1 and "3.00x the naive rung" in none[0]  # the notebook's reference_summary says the rest
     ref = [rung("naive", [1000] * 3, model="resnet18"), rung("channels_last", [12000] * 3, model="resnet18")]
     for r in ref:
         r.env["date"] = "2026-01-01"

@@ -28,7 +28,7 @@ def code_cells(path):
 def test_the_cell_reads_the_teachers_source_and_builds_in_no_address():
     source = install.install_cell_source()
     compile(source, "install-cell", "exec")
-    assert source.startswith(install.CELL_MARK) and install.SOURCE_ENV in source and install.SOURCE_FILE in source
+    assert source.startswith(install.CELL_TITLE) and install.CELL_MARK in source and install.SOURCE_ENV in source and install.SOURCE_FILE in source
     assert "://" not in source and "git+" not in source
 
 
@@ -38,6 +38,7 @@ def test_ensure_notebooks_inserts_the_cell_once_as_the_first_code_cell(tmp_path,
     assert install.main(["--ensure-notebooks", str(tmp_path)]) == 0
     after = code_cells(nb)
     assert "".join(after[0]["source"]) == install.install_cell_source() and after[0]["outputs"] == []
+    assert after[0]["metadata"] == install.CELL_METADATA  # collapsed: out of the learner's path
     assert after[1:] == others  # the notebook's own cells, untouched and not executed
     text = Path(nb).read_text()
     assert install.main(["--ensure-notebooks", str(tmp_path)]) == 0  # idempotent: nothing to do

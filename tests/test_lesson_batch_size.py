@@ -146,3 +146,21 @@ def test_c8_counts_time_to_accuracy_as_well_as_images_per_second(smoke):
     assert B.large_batch(smoke, None) == smoke.batch_size * B.LR_DEMO_FACTOR
     (_, a), (label, b) = B.tta_configs(smoke, 128)
     assert b.batch_size == 128 and b.lr > a.lr and "sqrt rule" in label
+
+
+def test_09s_learning_rate_exercise_scales_adamw_by_the_square_root_of_the_batch_ratio():
+    """09's exercise 2 rescales the larger batch's lr by the optimiser's rule, as 04 and 11 do (not linearly for Adam)."""
+    import json
+    from pathlib import Path
+
+    import fastlab
+
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "09_all_together.ipynb"
+    cell = next("".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+                if c["cell_type"] == "code" and "scaled = cfg_big.replace(" in "".join(c["source"]))
+    lines = [line for line in cell.splitlines() if line.startswith(("from fastlab.lessons", "rule =", "scaled ="))]
+    for optimizer, factor in (("adamw", 2.0), ("sgd", 4.0)):
+        cfg_big = fastlab.config_for("smoke", optimizer=optimizer, batch_size=128, lr=0.01)
+        namespace = {"cfg_big": cfg_big, "naive_batch": 32}
+        exec("\n".join(lines), namespace)
+        assert namespace["scaled"].lr == pytest.approx(0.01 * factor), (optimizer, lines)

@@ -169,3 +169,16 @@ def test_c2_on_a_gpu_weighs_the_copy_and_training():
     copies = [dl.CopyTiming("pageable", Spread(2.0, 1.9, 2.1, 5)), dl.CopyTiming("pinned", Spread(0.5, 0.45, 0.55, 5))]
     assert dl.judge_pinning([before, pinned], copies).verdict == "holds only when measured on the copy alone"
     assert "copy time" in dl.judge_pinning([before, pinned], copies).evidence
+
+
+def test_no_notebook_says_non_blocking_overlaps_compute():
+    """On the default stream a non_blocking copy still queues behind the previous kernels: the host runs ahead."""
+    import json
+    import re
+    from pathlib import Path
+
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    claim = re.compile(r"non_blocking[^\n]{0,80}\boverlaps? compute|overlap compute[^\n]{0,40}non_blocking", re.I)
+    said = [p.name for p in sorted(notebooks.glob("*.ipynb"))
+            if claim.search(" ".join("".join(c["source"]).replace("\n", " ") for c in json.loads(p.read_text())["cells"]))]
+    assert said == []

@@ -88,3 +88,19 @@ def test_c6_verdict():
     verdict = k.judge_benchmark(_bench([150, 152, 154]), [fixed, slow, slower]).verdict
     assert verdict == "holds only when shapes are fixed"
     assert k.judge_benchmark(_bench([150, 152, 154])).verdict == "holds"
+
+
+def test_every_tf32_switch_notebook_03_names_exists_in_this_torch():
+    """03's pitfalls name the current fp32_precision switches beside the legacy allow_tf32 flags: all must exist."""
+    import json
+    import operator
+    import re
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "03_cudnn_benchmark_and_channels_last.ipynb"
+    prose = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+    names = set(re.findall(r"`torch\.(backends\.[\w.]+\.(?:fp32_precision|allow_tf32))`", prose))
+    assert {"backends.cuda.matmul.fp32_precision", "backends.cudnn.conv.fp32_precision"} <= names, names
+    for name in names:
+        operator.attrgetter(name)(torch)  # raises AttributeError for a switch this torch does not have
+    assert "before Ampere (sm_80" in prose

@@ -169,3 +169,17 @@ def test_c12_reached_before_the_schedule_acts_is_not_tested():
     for r in cosine.runs:  # reached late in the schedule: judged as before
         r.extras["tta"]["steps"] = 120
     assert O.judge_c12([_tta("Adam", [10.0, 11.0, 12.0], steps=[120] * 3), cosine]).verdict.startswith("does not")
+
+
+def test_no_notebook_or_module_calls_the_fused_step_one_kernel():
+    """The fused optimiser step runs the whole update in a few kernels (one per group of tensors), not one.
+
+    fastlab/code.py's own wording is checked with the script it writes (tests/test_code.py).
+    """
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("notebooks/*.ipynb"), *(p for p in root.glob("fastlab/**/*.py") if p.name != "code.py")]
+    one_kernel = re.compile(r"fused\b[^\n]{0,60}\bone kernel\b|\bone kernel for the whole update", re.I)
+    assert [p.name for p in files if one_kernel.search(p.read_text())] == []

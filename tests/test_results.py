@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,25 @@ def test_reference_summary_says_when_nothing_is_bundled(monkeypatch, tmp_path):
     save_results(tmp_path / "h200.json", [ref, make("other", extras={"comparison": "02:x"})])
     assert list(fastlab.reference_for("01_data_loading:num_workers")) == ["NVIDIA H200"]
     assert "measured on NVIDIA H200" in fastlab.reference_summary("01_data_loading:num_workers")
+
+
+def test_reference_summary_of_several_comparisons_says_none_is_bundled_once(monkeypatch, tmp_path):
+    import fastlab.results as results
+
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
+    text = fastlab.reference_summary("01:a", "01:b", "01:c")
+    assert text.count("No reference results") == 1 and all(f"'01:{x}'" in text for x in "abc")
+
+
+def test_no_notebook_prints_the_reference_notice_more_than_once():
+    import re
+
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    for path in sorted(notebooks.glob("*.ipynb")):
+        code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        calls = [src for src in code if "reference_summary(" in src]
+        assert len(calls) <= 1 and calls == [src for src in calls if src.count("reference_summary(") == 1], path.name
+        assert not any(re.search(r"^\s*for .*:\n\s+print\(fastlab\.reference_summary", src, re.M) for src in calls)
 
 
 def test_saved_results_follow_the_umask_like_any_other_file(tmp_path):

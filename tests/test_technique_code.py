@@ -48,11 +48,14 @@ def test_compile_diff_adds_torch_compile_and_calls_it():
 
 
 SNIPPET_PAIRS = [
+    (tc.fp16_step, tc.fp16_step_clipped, ["scaler.unscale_(opt)", "clip_grad_norm_("]),
     (tc.train_steps, tc.train_steps_profiled, ["torch.profiler.profile(", "schedule=", "on_trace_ready=", "prof.step()"]),
     (tc.train_steps_profiled, tc.train_steps_profiled_unstepped, []),
     (tc.train_steps, tc.train_steps_watched, ["for x, y in w(batches):", "with w.step(len(x)) as s:", "s.loss = loss"]),
     (tc.train_step, tc.train_step_checkpointed, ["checkpoint(block, h, use_reentrant=False)"]),
     (tc.train_step_checkpointed, tc.train_step_reentrant, ["use_reentrant=True"]),
+    (tc.train_compiled, tc.train_compiled_drop_last, ["drop_last=True"]),
+    (tc.train_compiled, tc.train_compiled_dynamic, ["torch._dynamo.mark_dynamic(x, 0)"]),
     (tc.save_model, tc.save_model_exported, ["torch.export.export(", "torch.onnx.export(", "torch.export.Dim("]),
     (tc.train_epoch, tc.train_epoch_ddp, ["init_process_group(", "DistributedDataParallel(", "DistributedSampler(",
                                          "set_epoch(", "destroy_process_group()"]),
@@ -100,13 +103,56 @@ def test_checkpointed_step_gives_the_plain_gradients_and_reentrant_loses_them():
     assert tc.params_without_grad(reentrant) == len(list(reentrant.features.parameters())) > 0
 
 
+def test_clipping_under_grad_scaler_unscales_first_so_max_norm_is_in_the_gradients_own_units():
+    x, y = tc.tiny_batches(1, 8)[0]
+    norms = []
+    for step in (tc.fp16_step, tc.fp16_step_clipped):
+        torch.manual_seed(0)
+        net = build_model("tiny")
+        opt = torch.optim.SGD(net.parameters(), lr=0.0)
+        scaler = torch.amp.GradScaler("cpu")
+        kwargs = {"max_norm": 1e-3} if step is tc.fp16_step_clipped else {}
+        step(net, x, y, opt, scaler, **kwargs)
+        norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in net.parameters()])).item())
+        assert scaler.get_scale() > 1.0  # the loss was scaled (a clip of those would land far below max_norm)
+    plain, clipped = norms
+    assert plain > 1e-3 and clipped == pytest.approx(1e-3, rel=1e-3)
+    added = snippet_diff(tc.fp16_step, tc.fp16_step_clipped).added
+    assert [i for i, line in enumerate(added) if "unscale_" in line] < [i for i, line in enumerate(added)
+                                                                         if "clip_grad_norm_" in line]
+
+
+def test_the_ragged_last_batch_compiles_a_second_graph_and_each_fix_keeps_one(monkeypatch):
+    from fastlab.lessons.compile_export import graphs_compiled
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: real(model, backend="eager"))  # dynamo's guards, no codegen
+    data = tc.tiny_dataset(20)  # batches of 8: 8, 8 and a ragged 4
+    graphs = {}
+    for loop in (tc.train_compiled, tc.train_compiled_drop_last, tc.train_compiled_dynamic):
+        torch._dynamo.reset()
+        before = graphs_compiled()
+        loop(build_model("tiny"), data, 8)
+        graphs[loop.__name__] = graphs_compiled() - before
+    torch._dynamo.reset()
+    assert graphs == {"train_compiled": 2, "train_compiled_drop_last": 1, "train_compiled_dynamic": 1}
+
+
 def test_profiled_loop_records_and_writes_a_trace_and_the_unstepped_one_does_not(tmp_path):
     net = build_model("tiny")
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    stepped = tc.train_steps_profiled(net, tc.tiny_batches(5, 4), opt, tmp_path / "stepped")
-    unstepped = tc.train_steps_profiled_unstepped(net, tc.tiny_batches(5, 4), opt, tmp_path / "unstepped")
-    assert tc.recorded_ops(stepped) > 0 and list((tmp_path / "stepped").glob("*.pt.trace.json"))
-    assert tc.recorded_ops(unstepped) == 0 and not (tmp_path / "unstepped").exists()
+    stepped = tc.train_steps_profiled(net, tc.tiny_batches(5, 4), opt, tmp_path)
+    assert tc.recorded_ops(stepped) > 0 and "traceEvents" in json.loads((tmp_path / "trace.json").read_text())
+    (tmp_path / "trace.json").unlink()
+    unstepped = tc.train_steps_profiled_unstepped(net, tc.tiny_batches(5, 4), opt, tmp_path)
+    assert tc.recorded_ops(unstepped) == 0 and not list(tmp_path.iterdir())
+
+
+def test_no_profiler_snippet_or_08_cell_uses_the_deprecated_tensorboard_plugin():
+    import inspect
+
+    assert "tensorboard_trace_handler" not in inspect.getsource(tc)
+    assert not [i for i, c in enumerate(cells("08_profiling")) if "tensorboard_trace_handler" in source(c)]
 
 
 def test_ddp_epoch_runs_in_a_group_of_one_and_leaves_the_environment_as_it_was():
@@ -118,6 +164,46 @@ def test_ddp_epoch_runs_in_a_group_of_one_and_leaves_the_environment_as_it_was()
     loss = tc.run_one_process_group(tc.train_epoch_ddp, lambda: build_model("tiny"), tc.tiny_dataset(32), 8)
     assert torch.isfinite(torch.tensor(loss)) and not dist.is_initialized()
     assert {k: os.environ.get(k) for k in before} == before
+
+
+def test_ddp_epoch_on_a_simulated_gpu_drives_its_local_rank_and_reshuffles_each_epoch(monkeypatch, capsys):
+    """torch.cuda.is_available() says True (this torch has no CUDA): every CUDA-only call is recorded instead."""
+    import torch.distributed as dist
+
+    seen: dict[str, list] = {"set_device": [], "backend": [], "to": [], "epochs": []}
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", seen["set_device"].append)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: seen["backend"].append(backend))
+    monkeypatch.setattr(dist, "get_backend", lambda: seen["backend"][-1])
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device, *a, **k: seen["to"].append(torch.device(device)) or t)
+
+    class FakeDDP(torch.nn.Module):
+        def __init__(self, module, device_ids=None):
+            super().__init__()
+            self.module, self.device_ids = module, device_ids
+
+        def forward(self, x):
+            return self.module(x)
+
+    class Sampler(tc.DistributedSampler):
+        def set_epoch(self, epoch):
+            seen["epochs"].append(epoch)
+            super().set_epoch(epoch)
+
+    made = []
+    monkeypatch.setattr(tc, "DistributedDataParallel", lambda m, device_ids=None: made.append(FakeDDP(m, device_ids))
+                        or made[-1])
+    monkeypatch.setattr(tc, "DistributedSampler", Sampler)
+    tc.train_epoch_ddp(lambda: build_model("tiny"), tc.tiny_dataset(32), 8, epochs=2)
+    assert seen["set_device"] == [1] and seen["backend"] == ["nccl"]
+    assert made[0].device_ids == [1]
+    assert seen["to"] and set(seen["to"]) == {torch.device("cuda", 1)}, "the model and every batch go to cuda:1"
+    assert seen["epochs"] == [0, 1], "set_epoch once per epoch, inside the epoch loop"
+    assert "backend nccl" in capsys.readouterr().out, "the backend printed is the one the group started with"
 
 
 def test_exported_snippet_writes_a_program_that_matches_eager(tmp_path):

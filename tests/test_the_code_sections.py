@@ -135,6 +135,22 @@ def test_the_code_section_computes_its_diff_and_names_the_calls(name, smoke):
     assert any(call.lower() in computed.lower() for call in CODE_CALLS[name]), f"{name}: no call in the computed diffs"
 
 
+@pytest.mark.parametrize("name", sorted(CODE_CALLS_01_06))
+def test_the_code_under_the_gpu_profile_shows_every_change(name, monkeypatch, tmp_path):
+    """The gpu profile's own settings (log_every=10, the device loader) must not hide a diff's change."""
+    monkeypatch.setenv("FASTLAB_PROFILE", "gpu")
+    monkeypatch.setenv("FASTLAB_RESULTS_DIR", str(tmp_path))
+    nb = cells(name)
+    namespace, shown = notebook_namespace(nb, name)
+    _, section = the_code_section(nb)
+    printed = "".join(run_cell(shown_last(text(c)), namespace, f"{name}:the_code:{i}")
+                      for i, c in enumerate(c for c in section if c["cell_type"] == "code"))
+    diffs = [d for d in shown if hasattr(d, "added")]
+    assert diffs and all(d.added or d.removed for d in diffs), [str(d) for d in diffs]
+    if name.startswith("03_"):  # the gpu profile's loader converts the batches: its line is shown, not only evaluate's
+        assert "x = x.contiguous(memory_format=torch.channels_last)" in printed, printed
+
+
 @pytest.mark.parametrize("name", sorted(CODE_CALLS))
 def test_write_it_yourself_runs_its_solution_through_compare_loops(name, smoke, monkeypatch):
     from fastlab import exercise

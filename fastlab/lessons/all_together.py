@@ -116,14 +116,14 @@ def reference_ladders() -> dict[str, list[RunResult]]:
 
 
 def beside_reference(results: list[RunResult], reference: dict[str, list[RunResult]] | None = None) -> list[str]:
-    """This machine's ladder beside each bundled reference ladder (reference_ladders() by default)."""
+    """This machine's ladder beside each bundled reference ladder (reference_ladders() by default).
+
+    With none bundled it is the one line for this machine: the notebook's reference_summary says so, once.
+    """
     reference = reference_ladders() if reference is None else reference
     here = results[0].env.get("device_name", "this machine")
     lines = [f"here ({here}): top of the ladder {total_speedup(results):.2f}x the naive rung, "
              f"{results[top_index(results)].throughput.median:,.0f} images/s"]
-    if not reference:
-        lines.append(f"No reference results from a real GPU are bundled for '{NAME}' yet; "
-                     "only this machine's numbers are shown.")
     for device, ref in reference.items():
         top = ref[top_index(ref)]
         lines.append(f"{device} ({ref[0].env.get('date', '?')}, model {ref[0].config.get('model')}): top of the "

@@ -168,7 +168,7 @@ def sync_free_config(base: TrainConfig) -> TrainConfig:
 
     The DataLoader's copy from pageable memory is synchronous: the device-resident loader has no copy. fp16's
     GradScaler reads found_inf every step: bf16 needs no scaler (where bf16 is not native, fp32 instead). The
-    fused optimiser step is one kernel launch per group of tensors, and reads nothing back.
+    fused optimiser step is a few kernel launches (a group of tensors each), and reads nothing back.
     """
     dev = resolve_device(base.device)
     amp = preferred_amp(dev)

@@ -1,4 +1,4 @@
-"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 07, 08, 10, 11, 12 run.
+"""The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 02, 07, 08, 10, 11, 12 show.
 
 Each pair is one plain function and the same function with the technique's lines added; a notebook calls both
 on a tiny model and shows `fastlab.code.snippet_diff(plain, with_technique)`, so the lines shown are lines that
@@ -35,6 +35,35 @@ def tiny_dataset(images: int = 64, seed: int = 0) -> TensorDataset:
     return TensorDataset(x[0], y[0])
 
 
+# ------------------------------------------------------------------ 02: gradient clipping under GradScaler
+
+
+def fp16_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+              scaler: torch.amp.GradScaler) -> float:
+    """One fp16 autocast step with GradScaler, as 02's script takes it."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(opt)  # unscales, checks for inf/NaN (a host-device sync), then steps or skips
+    scaler.update()
+    return loss.item()
+
+
+def fp16_step_clipped(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+                      scaler: torch.amp.GradScaler, max_norm: float = 1.0) -> float:
+    """The same step with gradient clipping: the gradients are unscaled first, so max_norm is in their own units."""
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)  # the true gradients: clipping the scaled ones would cut them to max_norm / scale
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)  # already unscaled: still checks for inf/NaN (a sync) and skips such a step
+    scaler.update()
+    return loss.item()
+
+
 # ------------------------------------------------------------------ 08: the profiler
 
 
@@ -51,12 +80,13 @@ def train_steps(model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> 
 
 def train_steps_profiled(model: nn.Module, batches: list, opt: torch.optim.Optimizer,
                          trace_dir: str | Path) -> torch.profiler.profile:
-    """The same loop under torch.profiler: skip a step, warm up on one, record three, write a trace."""
+    """The same loop under torch.profiler: skip a step, warm up on one, record three, write a Chrome trace."""
     model.train()
+    trace = Path(trace_dir) / "trace.json"  # open it in https://ui.perfetto.dev
     prof = torch.profiler.profile(
         activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)))  # the recorded steps, as a Chrome trace
     prof.start()
     for x, y in batches:
         loss = F.cross_entropy(model(x), y)
@@ -128,6 +158,49 @@ def params_without_grad(net: nn.Module) -> int:
 # ------------------------------------------------------------------ 07: torch.export and ONNX
 
 
+def train_compiled(model: nn.Module, data: TensorDataset, batch_size: int, epochs: int = 2) -> float:
+    """The pitfall: a compiled model fed a DataLoader whose last batch is smaller, so dynamo compiles again."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True)  # len(data) % batch_size left: a ragged batch
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(compiled(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return loss.item()
+
+
+def train_compiled_drop_last(model: nn.Module, data: TensorDataset, batch_size: int, epochs: int = 2) -> float:
+    """Fix one: drop the ragged batch, so every batch has one shape (its images are seen in other epochs)."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True)  # every batch full: one shape
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(compiled(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return loss.item()
+
+
+def train_compiled_dynamic(model: nn.Module, data: TensorDataset, batch_size: int, epochs: int = 2) -> float:
+    """Fix two: mark the batch dimension dynamic, so the first compile serves every batch size."""
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True)  # len(data) % batch_size left: a ragged batch
+    for _ in range(epochs):
+        for x, y in loader:
+            torch._dynamo.mark_dynamic(x, 0)  # dimension 0 may vary: one graph for any batch size
+            loss = F.cross_entropy(compiled(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return loss.item()
+
+
 def save_model(model: nn.Module, example: torch.Tensor, folder: str | Path) -> Path:
     """The plain way to keep a model: its weights, which need Python and the model's class to load again."""
     model.eval()
@@ -150,34 +223,51 @@ def save_model_exported(model: nn.Module, example: torch.Tensor, folder: str | P
 # ------------------------------------------------------------------ 11: DistributedDataParallel
 
 
-def train_epoch(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int) -> float:
-    """One epoch of a plain single-process loop."""
+def train_epoch(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int,
+                epochs: int = 1) -> float:
+    """A plain single-process loop, on the GPU when there is one."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = DataLoader(data, batch_size=batch_size, shuffle=True)
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    for _ in range(epochs):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     return loss.item()
 
 
-def train_epoch_ddp(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int) -> float:
-    """The same epoch in each of torchrun's processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT come from it)."""
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+def train_epoch_ddp(make_model: Callable[[], nn.Module], data: TensorDataset, batch_size: int,
+                    epochs: int = 1) -> float:
+    """The same loop in each of torchrun's processes (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT come from it)."""
+    local_rank = int(os.environ["LOCAL_RANK"])  # this process's GPU on this machine
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)  # before the group starts: NCCL uses the current device
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.get_rank() == 0:
+        print(f"{dist.get_world_size()} process(es), backend {dist.get_backend()}, rank 0 on {device}")
     torch.manual_seed(0)
-    model = DistributedDataParallel(make_model())  # all-reduces (averages) the gradients during backward
+    model = make_model().to(device)
+    # all-reduces (averages) the gradients during backward; device_ids: the one GPU this process drives
+    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = DistributedSampler(data, shuffle=True)  # each rank reads its own shard of the data
-    sampler.set_epoch(0)  # reshuffle per epoch: without it every epoch gets the same order
     loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
-    for x, y in loader:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)  # reshuffle per epoch: without it every epoch gets the same order
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     dist.destroy_process_group()
     return loss.item()
 
@@ -215,10 +305,11 @@ def train_steps_profiled_unstepped(model: nn.Module, batches: list, opt: torch.o
                                    trace_dir: str | Path) -> torch.profiler.profile:
     """The pitfall: the profiled loop without prof.step(), so the schedule never leaves its first `wait` step."""
     model.train()
+    trace = Path(trace_dir) / "trace.json"  # open it in https://ui.perfetto.dev
     prof = torch.profiler.profile(
         activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []),
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir)))
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)))  # the recorded steps, as a Chrome trace
     prof.start()
     for x, y in batches:
         loss = F.cross_entropy(model(x), y)

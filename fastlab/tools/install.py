@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import shutil
@@ -33,13 +34,17 @@ INSTALL_LINE = "pip install .   # in a clone of the repository (or: pip install 
 
 CELL_ID = "fastlab-install"  # the install cell's id in every notebook (nbformat 4.5 cell ids)
 CELL_MARK = "# fastlab install check"  # its first line: how the cell is found again
+# Out of the learner's path: JupyterLab collapses the cell's input, Colab shows it as a form (its title line).
+CELL_TITLE = "# @title Install check: imports fastlab, or says how to install it"
+CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 MANIFEST = ".fastlab-notebooks.json"  # in a copy's folder: the hash of each notebook as it was copied
 DEFAULT_DIR = "fastlab-notebooks"
 
 
 def install_cell_source() -> str:
     """The first code cell of every notebook: import fastlab, or install it from the teacher's source."""
-    return f'''{CELL_MARK} (written by `python -m fastlab.tools.install`; edit fastlab/tools/install.py, not this cell)
+    return f'''{CELL_TITLE}
+{CELL_MARK} (written by `python -m fastlab.tools.install`; edit fastlab/tools/install.py, not this cell)
 try:
     import fastlab
 except ImportError:
@@ -82,14 +87,15 @@ def _lines(text: str) -> list[str]:
 
 
 def _is_install_cell(cell: dict) -> bool:
-    return cell.get("cell_type") == "code" and (cell.get("id") == CELL_ID
-                                                or "".join(cell.get("source", [])).startswith(CELL_MARK))
+    source = "".join(cell.get("source", []))
+    return cell.get("cell_type") == "code" and (cell.get("id") == CELL_ID or source.startswith((CELL_MARK, CELL_TITLE)))
 
 
 def has_current_install_cell(nb: dict) -> bool:
-    """Whether the notebook's first code cell is the install cell with today's source."""
+    """Whether the notebook's first code cell is the install cell with today's source, collapsed."""
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    return bool(code) and _is_install_cell(code[0]) and "".join(code[0]["source"]) == install_cell_source()
+    return (bool(code) and _is_install_cell(code[0]) and "".join(code[0]["source"]) == install_cell_source()
+            and code[0].get("metadata") == CELL_METADATA)
 
 
 def ensure_install_cell(path: str | Path) -> bool:
@@ -99,7 +105,7 @@ def ensure_install_cell(path: str | Path) -> bool:
     if has_current_install_cell(nb):
         return False
     cells = [c for c in nb["cells"] if not _is_install_cell(c)]
-    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+    cell = {"cell_type": "code", "execution_count": None, "metadata": copy.deepcopy(CELL_METADATA), "outputs": [],
             "source": _lines(install_cell_source())}
     if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
         cell["id"] = CELL_ID
