@@ -16,6 +16,7 @@ FASTLAB_SOLUTION=0 measures the learner's loop even under smoke.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import textwrap
@@ -77,9 +78,17 @@ def solution_diff(given: LoopFn, solved: LoopFn) -> CodeDiff:
     return CodeDiff(_body(given), _body(solved), _name(given), _name(solved))
 
 
+def _statements(fn: LoopFn) -> str:
+    """The function's body as Python reads it: comments, blank lines and line breaks do not count."""
+    tree = ast.parse(loop_source(fn))
+    body = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))).body
+    return ast.dump(ast.Module(body=body, type_ignores=[]))
+
+
 def unchanged(given: LoopFn, mine: LoopFn) -> bool:
-    """True when the learner's loop is the given one, line for line (its name aside): nothing to measure yet."""
-    return _body(given).split() == _body(mine).split()
+    """True when the learner's loop runs the same code as the given one (its name, comments and layout aside):
+    an edit that changes no statement has nothing to measure."""
+    return _statements(given) == _statements(mine)
 
 
 def check(given: LoopFn, mine: LoopFn, *, repeats: int | None = None, labels: tuple[str, str] | None = None,
@@ -89,8 +98,8 @@ def check(given: LoopFn, mine: LoopFn, *, repeats: int | None = None, labels: tu
     repeats: 1 under smoke (a few steps, to keep the notebook short), else 2 (the pairs the noise rule compares; a
     run of the exercise stays within seconds on a laptop's CPU). options: as for fastlab.watch."""
     if unchanged(given, mine):
-        print(f"{_name(mine)} is still {_name(given)} line for line: edit it to add the technique, then run this "
-              f"cell again (nothing was measured)")
+        print(f"{_name(mine)} runs the same code as {_name(given)} (comments and layout aside): edit it to add the "
+              f"technique, then run this cell again (nothing was measured)")
         return None
     if repeats is None:
         repeats = 1 if active_profile() == "smoke" else 2

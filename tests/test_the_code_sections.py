@@ -226,6 +226,14 @@ def test_an_unedited_copy_is_not_measured_and_an_edit_is(monkeypatch, capsys):
             total += x
         return total
 
+    def commented(w):  # an edit of comments and layout only: the same code runs
+        total = 0  # the running total
+
+        for x in w([1,
+                    2]):
+            total += x  # add the technique here
+        return total
+
     def edited(w):
         total = 0
         for x in w([1, 2]):
@@ -240,6 +248,8 @@ def test_an_unedited_copy_is_not_measured_and_an_edit_is(monkeypatch, capsys):
     monkeypatch.setattr(exercise, "compare_loops", fake)
     assert exercise.check(given, copy) is None and not measured
     assert "nothing was measured" in capsys.readouterr().out
+    assert exercise.check(given, commented) is None and not measured
+    assert "comments and layout aside" in capsys.readouterr().out
     exercise.check(given, edited)
     assert measured == [(given, edited)]
     diff = exercise.solution_diff(given, edited)
