@@ -82,10 +82,18 @@ def test_store_appends_atomically_and_keeps_the_latest(store):
     doc = json.loads(store.read_text())
     assert doc["schema_version"] == claims.STORE_VERSION and len(doc["verdicts"]) == 2
     assert not list(store.parent.glob("*.tmp"))
-    store.write_text("{not json")
-    assert claims.load_verdicts() == []  # a broken store reads as empty, and the next record starts it again
+
+
+@pytest.mark.parametrize("unreadable", ["{not json", '{"schema_version": 99, "verdicts": [{"claim": "C1"}]}'])
+def test_an_unreadable_store_is_kept_aside_and_said_before_a_new_one_starts(store, unreadable, capsys):
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(unreadable)
+    assert claims.load_verdicts() == []  # a broken store reads as empty
     claims.record(claims.Verdict(claim="C2", verdict="no-op here (no GPU)", evidence="pin_memory on cpu"))
     assert [v.claim for v in claims.load_verdicts()] == ["C2"]
+    kept = list(store.parent.glob(f"{store.name}.unreadable-*"))
+    assert [k.read_text() for k in kept] == [unreadable]  # its content is not lost
+    assert f"kept as {kept[0].name}" in capsys.readouterr().out
 
 
 def test_claim_map_prefers_the_readers_verdict_then_the_reference(store, monkeypatch):
