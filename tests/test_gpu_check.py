@@ -334,3 +334,14 @@ def test_nvml_matches_the_gpu_by_uuid_without_cuda_visible_devices(monkeypatch):
                         lambda i: types.SimpleNamespace(uuid="58f9a3c1-0000-1111-2222-333344445555"))
     sampler = measure.GpuUtilSampler(torch.device("cuda", 1))
     assert sampler.available and opened == [("uuid", "GPU-58f9a3c1-0000-1111-2222-333344445555")]
+
+
+def test_gpu_check_ladders_train_on_the_synthetic_set(monkeypatch, tmp_path):
+    # a GPU machine is often offline: a CIFAR-10 download attempt would spend the ladders' budget on a timeout
+    import fastlab.bench as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "run_ladder", lambda base, rungs, **kw: seen.append(base.dataset))
+    monkeypatch.setattr(bench, "markdown_table", lambda done: "")
+    gpu_check.run_ladders(tmp_path, budget_s=1.0)
+    assert seen == ["synthetic", "synthetic"]
