@@ -131,7 +131,7 @@ def _evaluate_part(cfg: TrainConfig) -> str:
                  "autograd": "# no torch.no_grad(): autograd records every op of evaluation (the pitfall)"}[cfg.eval_mode]
     lines = ["", "", "", "def sync() -> None:",
              '    """Wait for queued GPU work: a clock read without it would time only the launches."""',
-             '    if DEVICE.type == "cuda":', "        torch.cuda.synchronize()", "", "", decorator,
+             '    if DEVICE.type == "cuda":', "        torch.cuda.synchronize(DEVICE)  # this device's queue, not the current device's", "", "", decorator,
              "def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray) -> float:",
              '    """Held-out accuracy: the images normalised on the device, no augmentation."""',
              "    model.eval()",
@@ -173,7 +173,7 @@ def _backend_lines(cfg: TrainConfig) -> list[str]:
                      f"(torch's default: True)")
     if cfg.matmul_precision != _STOCK.matmul_precision:
         lines.append(f'torch.set_float32_matmul_precision("{cfg.matmul_precision}")  # fp32 matmuls may use '
-                     f'{"TF32" if cfg.matmul_precision == "high" else "bf16"}')
+                     f'{"TF32" if cfg.matmul_precision == "high" else "TF32 on CUDA, bf16 where the backend offers it"}')
     return lines
 
 
@@ -259,10 +259,14 @@ def _step_lines(cfg: TrainConfig) -> list[str]:
     if accum:
         lines.append("    for micro in range(GRAD_ACCUM_STEPS):  # gradients add up over the micro-batches")
     lines.append(pad + "x, y = next(batches)")
-    if cfg.non_blocking:
-        why = ("# from pageable memory: still a synchronous copy (the pitfall: pin_memory is off)"
-               if cfg.loader == "dataloader" and not cfg.pin_memory else "# the copy overlaps compute")
-        lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  " + why)
+    if cfg.non_blocking and cfg.loader != "dataloader":  # what the run did: no copy, nothing to make asynchronous
+        lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)  # already on the device: no copy for non_blocking")
+    elif cfg.non_blocking and not cfg.pin_memory:  # the run copies blocking: pageable memory cannot be async
+        lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)  # non_blocking=True without pin_memory: still "
+                     "a synchronous copy (the pitfall), so the run makes a plain one")
+    elif cfg.non_blocking:
+        lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  # from pinned "
+                     "memory: the host queues the copy and runs ahead")
     else:
         lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)")
     if cfg.channels_last and cfg.loader == "dataloader":
@@ -316,8 +320,8 @@ def _loop_lines(cfg: TrainConfig) -> list[str]:
 
 _REPORT = [
     "",
-    'print(f"{statistics.median(throughputs):.0f} images/s: median of {len(throughputs)} timed windows "',
-    '      f"(min {min(throughputs):.0f}, max {max(throughputs):.0f}), warm-up excluded")',
+    'print(f"{statistics.median(throughputs):.1f} images/s: median of {len(throughputs)} timed windows "',
+    '      f"(min {min(throughputs):.1f}, max {max(throughputs):.1f}), warm-up excluded")',
     'print(f"first loss {losses[0]:.4f}, final loss {statistics.mean(losses[-3:]):.4f} (mean of the last 3 logged)")',
     'print(f"held-out accuracy {evaluate(model, eval_x, eval_y):.3f}")',
 ]
