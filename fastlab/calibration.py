@@ -31,7 +31,7 @@ from .config import TrainConfig, time_sizing
 from .measure import resolve_device
 
 CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
-CALIBRATION_STEPS = 4  # timed steps: the median of these is the step time
+CALIBRATION_STEPS = 4  # timed steps, each a window of its own: the median of their synchronised times
 # The fields of a config that set the cost of a step; a calibration is kept per machine and per these.
 WORKLOAD_FIELDS = ("model", "batch_size", "grad_accum_steps", "loader", "num_workers", "amp", "channels_last",
                    "compile", "device")
@@ -101,13 +101,15 @@ _KERNEL_CACHE: dict[str, Calibration] = {}  # this kernel's calibrations (the di
 
 
 def measure_step_seconds(config: TrainConfig) -> list[float]:
-    """Wall times of CALIBRATION_STEPS timed steps of `config` (after CALIBRATION_WARMUP), in a run of its own."""
+    """Wall times of CALIBRATION_STEPS timed steps of `config` (after CALIBRATION_WARMUP), in a run of its own.
+    Each step is a window, so each time is read after a synchronise: on CUDA a step between two syncs holds only
+    the time to launch its kernels."""
     from .train import run
 
-    short = config.replace(steps=CALIBRATION_STEPS, warmup_steps=CALIBRATION_WARMUP, windows=1, max_seconds=0.0,
-                           eval_images=min(config.eval_images, config.batch_size))
+    short = config.replace(steps=CALIBRATION_STEPS, warmup_steps=CALIBRATION_WARMUP, windows=CALIBRATION_STEPS,
+                           max_seconds=0.0, eval_images=min(config.eval_images, config.batch_size))
     result = run(short, label="calibration", progress=False)
-    return result.step_seconds[CALIBRATION_WARMUP:]
+    return result.extras.get("window_seconds", [])
 
 
 def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibration:

@@ -345,3 +345,36 @@ def test_gpu_check_ladders_train_on_the_synthetic_set(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "markdown_table", lambda done: "")
     gpu_check.run_ladders(tmp_path, budget_s=1.0)
     assert seen == ["synthetic", "synthetic"]
+# ---------------------------------------------------------------- issue 36, the third review
+
+
+def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_hog_here(monkeypatch, tmp_path,
+                                                                                          capsys):
+    import runpy
+    import warnings
+
+    from fastlab import isolation
+
+    isolation_of: dict[str, str] = {}
+
+    def fake_run(cfg, model=None, label="run", progress=True, **kw):
+        why, _ = isolation.why_in_process(types.SimpleNamespace(parallel=None, model_arg=model, dataset_arg=None))
+        if isinstance(model, type):
+            isolation_of[model.__name__] = why or "process"
+        return RunResult(config=cfg.to_dict(), label=label, window_throughput=[1.0], extras={"isolation": why or "process"})
+
+    # `make gpu-check` is `python -m fastlab.tools.gpu_check`: the module runs as __main__, on a pretend GPU
+    monkeypatch.setattr(sys, "argv", ["gpu_check", "--out", str(tmp_path), "--no-ladder"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fastlab, "run", fake_run)
+    monkeypatch.setattr(measure, "device_name", lambda device: "a pretend GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**30))
+    monkeypatch.setattr(importlib.import_module("fastlab.distributed"), "run_ddp", lambda *a, **k: 1 / 0)
+    with warnings.catch_warnings(), pytest.raises(SystemExit):
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by this test)
+        runpy.run_module("fastlab.tools.gpu_check", run_name="__main__", alter_sys=True)
+    assert "PASS" in capsys.readouterr().out  # the compared runs' checks ran (the fake runs pass some)
+    assert isolation_of["UntunedForward"] == "process"  # cuDNN's plans of the off run cannot reach the on run
+    assert isolation_of["_Hog"].startswith("FASTLAB_ISOLATION=thread")  # the OOM check reads this process's allocator

@@ -312,3 +312,34 @@ def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke
     lines = all_together.summary_lines(results)
     assert lines[1].startswith("+cudnn: no_op (every change is a no-op here")
     assert "3.00x (faster)" in lines[2] and "nan" not in " ".join(lines)
+
+
+def test_calibration_on_a_cuda_clock_times_synchronised_steps_not_launches(monkeypatch):
+    from types import SimpleNamespace
+
+    from fastlab import clocks
+    from fastlab.results import RunResult
+
+    host, gpu = [0.0], [0.0]  # a pretend CUDA device: a step launches in 1 ms, its kernels run 30 ms
+
+    def sync(device) -> None:
+        host[0] = max(host[0], gpu[0])
+
+    monkeypatch.setattr(clocks, "synchronize", sync)
+    monkeypatch.setattr(clocks, "now", lambda device: sync(device) or host[0])
+    monkeypatch.setattr(clocks, "time", SimpleNamespace(perf_counter=lambda: host[0]))
+
+    def fake_run(cfg, label="run", progress=True):  # the loop's clock, on the pretend device
+        res = RunResult(config=cfg.to_dict(), label=label, images_per_step=cfg.batch_size)
+        clock = clocks.WindowClock(res, torch.device("cuda"), cfg)
+        clock.start()
+        for done in range(1, cfg.warmup_steps + cfg.steps + 1):
+            t0 = host[0]
+            gpu[0] = max(gpu[0], host[0]) + 0.030
+            host[0] += 0.001
+            clock.step_done(done, t0, 0.0, 0.0)
+        return res
+
+    monkeypatch.setattr(fastlab.train, "run", fake_run)
+    seconds = calibration.measure_step_seconds(config_for("gpu", device="cpu"))
+    assert seconds == pytest.approx([0.030] * calibration.CALIBRATION_STEPS)

@@ -24,12 +24,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -123,6 +125,11 @@ OOM_PROBE_STEPS = 2
 
 @check("an out-of-memory run returns memory to its starting level; find_max_batch is exact")
 def _oom() -> str:
+    with mock.patch.dict(os.environ, FASTLAB_ISOLATION="thread"):  # the hog's runs in this process: its allocator
+        return _oom_in_process()
+
+
+def _oom_in_process() -> str:
     import fastlab
     from fastlab.lessons.batch_size import find_max_batch, probe_config
 
@@ -211,6 +218,7 @@ def _cudnn() -> str:
     runs = [fastlab.run(cfg.replace(cudnn_benchmark=on), progress=False) for on in (False, True, False, True)]
     off, on = runs[2].warmup_seconds, runs[3].warmup_seconds
     assert all(r.ok for r in runs), [r.summary() for r in runs]
+    assert all(r.extras.get("isolation") == "process" for r in runs), [r.extras.get("isolation") for r in runs]
     assert on > off * 1.2, f"warm-up with benchmark {on:.3f} s vs without {off:.3f} s"
     return f"warm-up {off:.2f} s off, {on:.2f} s on (autotuning); second pair of an off/on/off/on sequence"
 
@@ -243,6 +251,7 @@ def _cudnn_backward() -> str:
     cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=1)
     off, on = (fastlab.run(cfg.replace(cudnn_benchmark=b), model=UntunedForward, progress=False) for b in (False, True))
     assert off.ok and on.ok, (off.summary(), on.summary())
+    assert off.extras.get("isolation") == on.extras.get("isolation") == "process", off.extras.get("isolation")
     # backward plans cached by the off run (autograd's thread outlives a run) would leave nothing to tune
     assert on.warmup_seconds > off.warmup_seconds * 1.1, (f"first step {on.warmup_seconds:.3f} s with benchmark vs "
                                                           f"{off.warmup_seconds:.3f} s without (forward untuned in both)")
@@ -358,4 +367,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m` runs this file as __main__, where a class it defines (UntunedForward) cannot be built in a run's
+    # fresh process: the checks run from the module imported under its own name
+    from fastlab.tools.gpu_check import main as importable_main
+
+    sys.exit(importable_main())
