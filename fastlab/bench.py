@@ -399,7 +399,7 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
     png = results_path.parent / "bench.png"
     md = results_path.parent / "bench.md"
     if doc.get("meta", {}).get("metric") == "time-to-accuracy":
-        png.write_bytes(figure_png(plot_tta_ladder(tta_groups(results), not_run=doc["meta"].get("not_run")), dpi=110))
+        png.write_bytes(figure_png(plot_tta_ladder(tta_groups(results), not_run=doc.get("meta", {}).get("not_run")), dpi=110))
     else:
         png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
     md.write_text(report_markdown(doc))
@@ -510,8 +510,9 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
             lo, hi = s.interval
             ax.bar(i, s.median, color=face, hatch=kind_hatch(kind, dropped), edgecolor="black", linewidth=0.6)
             ax.errorbar(i, s.median, yerr=[[s.median - lo], [hi - s.median]], color="black", capsize=4)
-            words = {"noise": "noise", "diverged": "DIVERGED"}.get(kind, "")
             ratio = f"{v.seconds.gain:.2f}x" if v is not None and v.seconds is not None else ""
+            words = {"noise": "noise", "diverged": "DIVERGED"}.get(kind) or (
+                "fewer seeds reached" if kind == "worse" and not ratio else "")
             text = "\n".join(x for x in (f"{t.reached}/{len(t.runs)}", ratio, words) if x)
             ax.text(i, hi, text, ha="center", va="bottom", fontsize=8)
         else:

@@ -58,7 +58,7 @@ KINDS = {
 }
 # Marks over a bar's colour: hatch and the legend's words.
 MARKS = {"dropped": ("//", "dropped: not carried up the ladder"),
-         "time_limited": ("-", "time-limited: stopped at its time budget, judged by the windows it finished")}
+         "time_limited": ("--", "time-limited: stopped at its time budget, judged by the windows it finished")}
 INTERVAL_WORDS = "whiskers: the interval of the median the noise rule compares (about 95%)"
 REPEATS_WORDS = "dots: each interleaved repeat's median (noise unless every repeat differs the same way)"
 PAIRED_MARK = "baseline measured beside it (paired)"
