@@ -22,10 +22,12 @@ from .outcomes import (
     DEFAULT_SEEDS,
     TimeToAccuracy,
     TrapLimits,
+    TtaVerdict,
     seconds_per_image,
     stopped_by_harness_budget,
     time_to_accuracy,
     tta_groups,
+    tta_verdict,
 )
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run
@@ -397,7 +399,7 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
     png = results_path.parent / "bench.png"
     md = results_path.parent / "bench.md"
     if doc.get("meta", {}).get("metric") == "time-to-accuracy":
-        png.write_bytes(figure_png(plot_tta_ladder(tta_groups(results)), dpi=110))
+        png.write_bytes(figure_png(plot_tta_ladder(tta_groups(results), not_run=doc.get("meta", {}).get("not_run")), dpi=110))
     else:
         png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
     md.write_text(report_markdown(doc))
@@ -471,30 +473,72 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
     return "\n".join(lines) + "\n"
 
 
-def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy"):
-    """Bars of training seconds to target per rung (median, min-max whiskers); not reached and diverged marked."""
-    from .plots import new_figure
+def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
+    """A time-to-accuracy rung's kind (plots.KINDS) as outcomes.tta_verdict judges it against the rung it builds on
+    (v None: the first rung): a gain the verdict does not credit is no difference detected."""
+    if any(r.status == "diverged" for r in t.runs):
+        return "diverged"
+    if not t.reached:
+        return "not_comparable"
+    if v is None:
+        return "base"
+    if v.faster:
+        return "better"
+    return "worse" if v.seconds is None or v.seconds.direction == "worse" else "noise"
 
-    fig, (ax,) = new_figure(1, width=8.0, height=4.8)
-    names = [t.label for t in ttas]
+
+def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy", not_run: dict[str, str] | None = None):
+    """Bars of training seconds to target per rung, each drawn as outcomes.tta_verdict judges it against the rung it
+    builds on (colour and legend from plots.KINDS; whiskers: the interval of the median it compares); not reached,
+    diverged and dropped rungs marked; the rungs not run (every knob a no-op here, not_run) last, with their why."""
+    from .plots import KINDS, ShownFigure, _short_label, kind_hatch, legend_handles
+
+    fig = ShownFigure(figsize=(8.0, 5.6), layout="constrained")
+    ax = fig.subplots()
+    names = [t.label for t in ttas] + list(not_run or {})
+    below: TimeToAccuracy | None = None  # the last rung carried up
+    kinds, marks, markers = [], [], {"no-op"}  # markers: the kinds drawn as a marker (no bar)
     for i, t in enumerate(ttas):
+        v = tta_verdict(below, t) if below is not None else None
+        kind = tta_kind(t, v)
+        kinds.append(kind)
+        dropped = ["dropped"] if t.runs and t.runs[0].extras.get("dropped") else []
+        marks += dropped
+        face = KINDS[kind][0]
         if t.reached:
-            s = t.seconds
-            ax.bar(i, s.median, color="tab:blue" if not t.runs[0].extras.get("dropped") else "tab:gray")
-            ax.errorbar(i, s.median, yerr=[[s.median - s.low], [s.high - s.median]], color="black", capsize=4)
-            ax.text(i, s.high, f"{t.reached}/{len(t.runs)}", ha="center", va="bottom", fontsize=8)
+            s = v.seconds.other if v is not None and v.seconds is not None else t.seconds
+            lo, hi = s.interval
+            ax.bar(i, s.median, color=face, hatch=kind_hatch(kind, dropped), edgecolor="black", linewidth=0.6)
+            ax.errorbar(i, s.median, yerr=[[s.median - lo], [hi - s.median]], color="black", capsize=4)
+            ratio = f"{v.seconds.gain:.2f}x" if v is not None and v.seconds is not None else ""
+            words = {"noise": "noise", "diverged": "DIVERGED"}.get(kind) or (
+                "fewer seeds reached" if kind == "worse" and not ratio else "")
+            text = "\n".join(x for x in (f"{t.reached}/{len(t.runs)}", ratio, words) if x)
+            ax.text(i, hi, text, ha="center", va="bottom", fontsize=8)
         else:
-            why = "diverged" if any(r.status == "diverged" for r in t.runs) else "not reached"
-            ax.text(i, 0, why, ha="center", va="bottom", rotation=90, color="tab:red", fontsize=9)
+            why = "diverged" if kind == "diverged" else "not reached"
+            markers.add(kind)
+            ax.plot(i, 0, marker=KINDS[kind][2], color="black", markerfacecolor=face, ms=10, clip_on=False)
+            ax.annotate(why, (i, 0), textcoords="offset points", xytext=(0, 9), ha="center", va="bottom",
+                        rotation=90, color="tab:red", fontsize=9)
+        if not dropped:
+            below = t
+    for j, why in enumerate((not_run or {}).values(), start=len(ttas)):
+        kinds.append("no-op")
+        ax.plot(j, 0, marker=KINDS["no-op"][2], color="black", markerfacecolor="white", ms=10, clip_on=False)
+        ax.annotate("no-op, not trained:\n" + _short_label(why, 18, 4), (j, 0), textcoords="offset points",
+                    xytext=(0, 9), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_xlim(-0.6, len(names) - 0.4)  # a last rung with no bar keeps its "not reached" inside the axes
+    ax.margins(y=0.2)
     ax.set_ylabel("training seconds to target (lower is better)")
     first = ttas[0].runs[0] if ttas and ttas[0].runs else None
     if first is not None:
         data = "SYNTHETIC data" if first.synthetic else first.dataset.get("name", "?")
         title = f"{title}: {ttas[0].target:.0%} held-out accuracy, {first.env.get('device_name')}, {data}"
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
+    fig.legend(handles=legend_handles(kinds, marks, than="the rung it builds on", markers=markers), fontsize=7,
+               loc="outside lower center")
     return fig
 
 

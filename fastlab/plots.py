@@ -1,8 +1,9 @@
 """Plots of results: before/after bars with spread, step-time split, timelines, losses, waterfall.
 
-Every figure says in its title when the data was synthetic. Bars show the median; whiskers the
-min and max over the timed windows; a bar whose difference from the first is inside the spread
-is labelled "noise".
+Every figure says in its title when the data was synthetic. The comparison figures (plot_comparison, the
+waterfall, the time-to-accuracy ladder) draw each bar as the one comparison (fastlab.verdicts) judges it: one
+table (KINDS, MARKS) holds each kind's colour and legend words; whiskers are the interval of the median that
+comparison compares.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .measure import is_noise
+from .measure import Spread
 from .results import RunResult
+from .verdicts import Comparison, pooled_throughput, runs_verdict, uncredited
 
 
 class ShownFigure(Figure):
@@ -42,35 +44,87 @@ def new_figure(ncols: int, width: float = 5.0, height: float = 3.6):
     return fig, list(axes[0])
 
 
-# Marks for runs whose speed is not credited: (hatch, word shown beside the bar).
-_STATUS_MARKS = {"interrupted": ("//", "stopped early, not credited"), "diverged": ("xx", "DIVERGED, not credited"),
-                 "time_limited": ("..", "time limit, not credited"), "failed": ("", "failed")}
+# How each bar is drawn, by what the one comparison (fastlab.verdicts) says of it or by what its run did:
+# kind -> (face colour, hatch, marker where no bar can be drawn, the legend's words). "{than}" names what a bar is
+# compared with in that figure.
+KINDS = {
+    "base": ("tab:gray", "", "s", "the first: what the others are compared with"),
+    "better": ("tab:green", "", "^", "better than {than}: outside the noise rule's spread"),
+    "worse": ("tab:red", "", "v", "worse than {than}: outside the noise rule's spread"),
+    "noise": ("gainsboro", "", "o", "noise: no difference from {than} detected (inside the noise rule's spread)"),
+    "not_comparable": ("white", "", "X", "not comparable: nothing credited to compare (why: above it)"),
+    "diverged": ("tab:orange", "xx", "X", "diverged: the loss went non-finite; speed shown, never credited"),
+    "no-op": ("white", "..", "o", "no-op: not trained, every change does nothing here (why: above it)"),
+}
+# Marks over a bar's colour: hatch and the legend's words.
+MARKS = {"dropped": ("//", "dropped: not carried up the ladder"),
+         "time_limited": ("--", "time-limited: stopped at its time budget, judged by the windows it finished")}
+INTERVAL_WORDS = "whiskers: the interval of the median the noise rule compares (about 95%)"
+REPEATS_WORDS = "dots: each interleaved repeat's median (noise unless every repeat differs the same way)"
 PAIRED_MARK = "baseline measured beside it (paired)"
 
 
-def _ratio_labels(results: list[RunResult]) -> list[str]:
-    """Per bar: the ratio to the baseline measured beside it (a panel's paired runs), else to the first result;
-    a run whose speed is not credited (stopped early, diverged, failed) says so instead of a ratio."""
-    if not results:
-        return []
-    base = results[0].throughput
-    out = []
-    for r in results:
-        t = r.throughput
-        paired = r.extras.get("paired")
-        if r.status in _STATUS_MARKS:
-            text = _STATUS_MARKS[r.status][1]
-        elif not r.window_throughput:
-            text = ""
-        elif paired and paired.get("ratios"):
-            text = f"{paired['label']} (paired)"
-        elif r is results[0] or math.isnan(t.median) or math.isnan(base.median):
-            text = ""
-        elif is_noise(base, t):
-            text = "noise"
-        else:
-            text = f"{t.median / base.median:.2f}x"
-        out.append(text)
+def judged_kind(r: RunResult, c: Comparison | None) -> str:
+    """A bar's kind (a key of KINDS): its run's own state where that rules its speed out, else the comparison's
+    direction (c None: the first bar, compared with nothing)."""
+    if r.status == "no_op":
+        return "no-op"
+    if uncredited([r]) is not None:
+        return "diverged" if r.status == "diverged" else "not_comparable"
+    if c is None:
+        return "base"
+    return c.direction if c.comparable else "not_comparable"
+
+
+def judged_spread(r: RunResult, c: Comparison | None) -> Spread:
+    """The spread a bar and its whiskers show: the comparison's own (c.other) where it made one, else the run's
+    pooled windows as the comparison reads them (the first bar; a diverged run's speed, shown, never credited)."""
+    return c.other if c is not None and c.comparable else pooled_throughput(r)
+
+
+def kind_words(kind: str, r: RunResult, c: Comparison | None) -> str:
+    """What is written beside a bar of this kind: the ratio, "noise", or why it has none."""
+    if kind in ("better", "worse"):
+        return f"{c.ratio:.2f}x" if c is not None else ""
+    if kind == "noise":
+        return "noise"
+    if kind == "diverged":
+        return "DIVERGED, not credited"
+    if kind == "no-op":
+        return f"no-op, not trained: {r.extras.get('not_trained') or r.error or 'every change is a no-op here'}"
+    if kind == "not_comparable":
+        side = "its baseline " if c is not None and c.side == "base" else ""
+        return f"not comparable: {side}{(c.status if c is not None and c.status else r.status).replace('_', '-')}"
+    return ""
+
+
+def marks_of(r: RunResult) -> list[str]:
+    """The MARKS a run carries: dropped from the ladder, stopped at its time budget."""
+    return [m for m, on in (("dropped", r.extras.get("dropped")), ("time_limited", r.status == "time_limited")) if on]
+
+
+def kind_hatch(kind: str, marks: list[str]) -> str:
+    return KINDS[kind][1] + "".join(MARKS[m][0] for m in marks)
+
+
+def legend_handles(kinds: list[str], marks: list[str], than: str, markers: set[str] = frozenset(),
+                   repeats: bool = False) -> list[Any]:
+    """One legend entry per kind and mark drawn (in KINDS' order), each saying what it means; then the whiskers.
+    markers: the kinds drawn as a marker (no bar) rather than a bar."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    out: list[Any] = []
+    for k, (face, hatch, marker, words) in KINDS.items():
+        if k in kinds:
+            label = words.format(than=than)
+            out.append(Line2D([], [], marker=marker, color="black", markerfacecolor=face, linestyle="none",
+                              label=label) if k in markers else
+                       Patch(facecolor=face, hatch=hatch, edgecolor="black", label=label))
+    out += [Patch(facecolor="white", hatch=h, edgecolor="black", label=w) for m, (h, w) in MARKS.items() if m in marks]
+    out.append(Line2D([], [], color="black", marker="_", markersize=8, label=INTERVAL_WORDS))
+    if repeats:
+        out.append(Line2D([], [], color="black", marker=".", linestyle="none", label=REPEATS_WORDS))
     return out
 
 
@@ -85,46 +139,63 @@ def _short_label(label: str, width: int = 30, lines: int = 2) -> str:
     return "\n".join(wrapped)
 
 
-def plot_comparison(results: list[RunResult], title: str = "", reference: list[RunResult] | None = None):
-    """Throughput (median, min-max whiskers) and peak memory per run, one row per run; returns the Figure.
+def _row_comparison(results: list[RunResult], r: RunResult) -> Comparison:
+    """A row against the baseline measured beside it (a panel's paired runs: the comparison the panel made), else
+    against the first row."""
+    c = (r.extras.get("paired") or {}).get("comparison")
+    return c if isinstance(c, Comparison) else runs_verdict(results[0], r)
 
-    Rows keep long labels readable however many runs there are. A run measured beside its own baseline (a
-    panel's paired runs) shows that baseline as a dashed mark and its ratio to it; runs that stopped early,
-    diverged or failed are hatched and say so.
+
+def plot_comparison(results: list[RunResult], title: str = "", reference: list[RunResult] | None = None):
+    """Throughput and peak memory per run, one row per run; returns the Figure.
+
+    Each row is drawn as the one comparison (fastlab.verdicts) judges it against the first row, or against the
+    baseline measured beside it (a panel's paired runs, shown as a dashed mark): its colour (KINDS), its words and
+    its whiskers, the interval of the median the comparison compares. Rows keep long labels readable however many
+    runs there are.
     """
     n = len(results)
-    fig = ShownFigure(figsize=(10, max(2.6, 0.5 * n + 1.4)), layout="constrained")
+    fig = ShownFigure(figsize=(10, max(2.6, 0.5 * n + 1.8)), layout="constrained")
     ax_t, ax_m = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 1]})
-    med = [r.throughput.median if r.window_throughput else 0 for r in results]
-    err = [[m - r.throughput.low if r.window_throughput else 0 for m, r in zip(med, results)],
-           [r.throughput.high - m if r.window_throughput else 0 for m, r in zip(med, results)]]
-    colors = ["tab:gray"] + ["tab:blue"] * (n - 1)
-    colors = ["tab:red" if r.status in ("failed", "diverged") else c for r, c in zip(results, colors)]
-    hatches = [_STATUS_MARKS.get(r.status, ("",))[0] for r in results]
+    cs: list[Comparison | None] = [None] + [_row_comparison(results, r) for r in results[1:]]
+    kinds = [judged_kind(r, c) for r, c in zip(results, cs)]
+    spreads = [judged_spread(r, c) for r, c in zip(results, cs)]
+    med = [s.median if s.n else 0 for s in spreads]
+    bounds = [s.interval if s.n else (0, 0) for s in spreads]
+    err = [[m - lo for m, (lo, _) in zip(med, bounds)], [hi - m for m, (_, hi) in zip(med, bounds)]]
+    marks = [marks_of(r) for r in results]
     y = list(range(n))
-    ax_t.barh(y, med, xerr=err, capsize=3, color=colors, hatch=hatches, edgecolor="white")
-    ax_m.barh(y, [r.peak_memory_mb for r in results], color=colors, hatch=hatches, edgecolor="white")
+    ax_t.barh(y, med, xerr=err, capsize=3, color=[KINDS[k][0] for k in kinds], edgecolor="black", linewidth=0.6,
+              hatch=[kind_hatch(k, m) for k, m in zip(kinds, marks)])
+    ax_m.barh(y, [r.peak_memory_mb for r in results], color="tab:purple")
     ends = [m + e for m, e in zip(med, err[1])]  # where each row's text may start: right of whisker and mark
+    handles = legend_handles(kinds, [m for ms in marks for m in ms], than="its baseline")
     for i, r in enumerate(results):
         paired = r.extras.get("paired")
         if paired and paired.get("ratios"):
-            ax_t.plot([paired["baseline"]] * 2, [i - 0.42, i + 0.42], color="black", ls="--", lw=1.2,
-                      label=None if i and PAIRED_MARK in ax_t.get_legend_handles_labels()[1] else PAIRED_MARK)
+            ax_t.plot([paired["baseline"]] * 2, [i - 0.42, i + 0.42], color="black", ls="--", lw=1.2)
             ends[i] = max(ends[i], paired["baseline"])
+    if any((r.extras.get("paired") or {}).get("ratios") for r in results):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="black", ls="--", lw=1.2, label=PAIRED_MARK))
     right = max(ends + [1.0])
-    for i, text in enumerate(_ratio_labels(results)):
-        if text:
-            ax_t.text(ends[i] + 0.02 * right, i, text, va="center", fontsize=8)
+    for i, r in enumerate(results):
+        paired = r.extras.get("paired") or {}
+        text = kind_words(kinds[i], r, cs[i])
+        if kinds[i] in ("better", "worse", "noise") and isinstance(paired.get("comparison"), Comparison):
+            text = f"{paired['label']} (paired)"  # the panel's words: the median of its pairs' ratios
+        text += "".join(f", {m.replace('_', '-')}" for m in marks[i])
+        ax_t.text(ends[i] + 0.02 * right, i, text, va="center", fontsize=8)
     ax_t.set_xlim(0, right * 1.5)  # room for the text right of the whiskers
     ax_t.set_yticks(y)
     ax_t.set_yticklabels([_short_label(r.label) for r in results], fontsize=8)
     ax_t.invert_yaxis()  # the first result on top
-    ax_t.set_xlabel("images/s (median, min-max over timed windows)")
+    ax_t.set_xlabel("images/s (median; whiskers: the interval of the median the noise rule compares)")
     ax_t.set_title("training throughput", fontsize=10)
     ax_m.set_xlabel(f"MiB ({results[0].memory_kind.replace('_', ' ')})" if results else "MiB")
     ax_m.set_title("peak memory", fontsize=10)
-    if ax_t.get_legend_handles_labels()[1]:
-        fig.legend(fontsize=8, loc="outside lower left")  # below the axes: never over a bar
+    fig.legend(handles=handles, fontsize=7.5, loc="outside lower left", ncols=2)  # below the axes: never over a bar
     note = f"\nreference: {data_note(reference)}" if reference else ""
     fig.suptitle(f"{title + ' - ' if title else ''}{data_note(results)}{note}", fontsize=10)
     return fig
@@ -216,92 +287,71 @@ def plot_memory_trace(results: list[RunResult], title: str = ""):
     return fig
 
 
-# Waterfall marks: face colour, hatch and legend text for each kind of rung (drawn only for kinds present).
-WATERFALL_STYLES = {
-    "base": ("tab:gray", None, "the first rung (1.00x)"),
-    "faster": ("tab:green", None, "faster than the rung it builds on"),
-    "slower": ("tab:red", None, "slower than the rung it builds on"),
-    "no-op": ("lightgray", "..", "no-op: its change does nothing here"),
-    "dropped": ("white", "//", "dropped: not carried up the ladder"),
-    "diverged": ("tab:orange", "xx", "diverged: speed not credited"),
-    "time_limited": ("khaki", "--", "time-limited: hit its time budget"),
-}
-
-
-def _rung_noop(r: RunResult, below: RunResult | None) -> tuple[list[str], bool]:
-    """The knobs this rung changed (against the rung it builds on) that did nothing here, and whether that
-    is every knob it changed."""
-    if below is None or not r.no_ops:
-        return [], False
-    changed = [k for k, v in r.config.items() if below.config.get(k) != v]
-    noop = [k for k in changed if k in r.no_ops]
-    return noop, bool(noop) and len(noop) == len(changed)
-
-
-def _waterfall_kind(r: RunResult, i: int, speed: float, prev: float, all_noop: bool) -> str:
-    """What a bar's colour says; a dropped rung is also hatched, whatever its kind."""
-    if r.status in ("diverged", "time_limited"):
-        return r.status
-    if i == 0:
-        return "base"
-    if all_noop:
-        return "no-op"
-    return "faster" if speed >= prev else "slower"
+def own_knobs(r: RunResult, built_on: RunResult | None) -> list[str]:
+    """The knobs this rung changed: those in which its config differs from the rung it was built from (the last
+    rung carried up, trained or not), not from the last one that trained."""
+    if built_on is None:
+        return []
+    return [k for k, v in r.config.items() if built_on.config.get(k) != v and k not in ("max_seconds", "seed")]
 
 
 def plot_waterfall(results: list[RunResult], title: str = ""):
-    """The ladder: cumulative speed-up of each rung over the first (bar from the rung it builds on, whiskers
-    min-max over the timed windows), with dropped, diverged, time-limited, failed and no-op rungs marked; and
-    peak memory below. The title names the device and the data (SYNTHETIC or real)."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
+    """The ladder: cumulative speed-up of each rung over the first, each bar drawn from the rung it builds on (the
+    last trained rung carried up) as the one comparison (fastlab.verdicts.runs_verdict) judges it against that
+    rung: its colour (KINDS), its words and its whiskers (the interval of the median the comparison compares); the
+    rungs not trained, dropped, diverged or time-limited marked; each rung's own no-op knobs named; and peak memory
+    below. The title names the device and the data (SYNTHETIC or real)."""
     n = len(results)
     width = min(14.0, max(8.0, 0.85 * n + 3.0))
     fig = ShownFigure(figsize=(width, 7.5), layout="constrained")
     ax, ax_m = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.2])
-    base = results[0].throughput.median if results and results[0].window_throughput else float("nan")
-    prev, kept = 1.0, (results[0] if results else None)  # the last rung carried up the ladder
-    seen: dict[str, Any] = {}
+    first = pooled_throughput(results[0]) if results else Spread.of([])
+    base = first.median if first.n and first.median > 0 else math.nan
+    prev, below, built_on = 1.0, None, None  # the last trained rung carried up (its speed); the last carried up
+    kinds, marks, markers, repeats = [], [], set(), False
     for i, r in enumerate(results):
-        speed = r.throughput.median / base if r.window_throughput and base == base else float("nan")
-        if math.isnan(speed):  # failed, interrupted or time-limited before a window finished: nothing to plot
-            ax.plot(i, prev, marker="X", color="tab:red", markersize=11, linestyle="none")
-            ax.annotate(r.status.replace("_", "-").upper(), (i, prev), textcoords="offset points", xytext=(0, 9),
-                        ha="center", fontsize=8, color="tab:red", fontweight="bold")
-            seen["stopped"] = Line2D([], [], marker="X", color="tab:red", linestyle="none",
-                                     label="stopped: no timed window finished")
-            continue
-        noop, all_noop = _rung_noop(r, kept) if i else ([], False)
-        kind = _waterfall_kind(r, i, speed, prev, all_noop)
-        dropped = bool(r.extras.get("dropped"))
-        face, hatch, legend = WATERFALL_STYLES[kind]
-        bottom = 0.0 if i == 0 else prev
-        ax.bar(i, speed - bottom, bottom=bottom, color=face, hatch=hatch or ("//" if dropped else None),
-               edgecolor="black", linewidth=0.6, alpha=0.5 if dropped else 1.0)
-        seen[kind] = Patch(facecolor=face, hatch=hatch, edgecolor="black", label=legend)
-        if dropped:
-            seen["dropped"] = Patch(facecolor="white", hatch="//", edgecolor="black",
-                                    label=WATERFALL_STYLES["dropped"][2])
-        t = r.throughput
-        ax.errorbar(i, speed, yerr=[[speed - t.low / base], [t.high / base - speed]], color="black", capsize=3,
-                    linewidth=1)
-        noise = i > 0 and kept is not None and kept.window_throughput and is_noise(kept.throughput, r.throughput)
-        notes = [{"diverged": "DIVERGED", "time_limited": "time-limited"}.get(kind, "")]
-        notes += ["dropped" if dropped else "", "noise" if noise and r.ok and kind != "no-op" else ""]
+        c = runs_verdict(below, r) if below is not None else None
+        kind = judged_kind(r, c)
+        s = judged_spread(r, c)
+        speed = s.median / base if s.n else math.nan
+        own = marks_of(r)
+        kinds.append(kind)
+        marks += own
+        notes = [f"{speed:.2f}x"] if speed == speed else []
+        notes += [_short_label(kind_words(kind, r, c) if kind not in ("better", "worse", "base") else "", 18, 5)]
+        notes += [m.replace("_", "-") for m in own]
+        noop = [k for k in own_knobs(r, built_on) if k in r.no_ops] if r.status != "no_op" else []
         notes += [f"no-op:\n{', '.join(noop)}" if noop else ""]
-        text = "\n".join([f"{speed:.2f}x"] + [x for x in notes if x])
-        ax.annotate(text, (i, max(speed, prev, t.high / base)), textcoords="offset points", xytext=(0, 3),
-                    ha="center", va="bottom", fontsize=7.5, color="tab:orange" if kind == "diverged" else "black")
-        if not dropped:
-            prev, kept = speed, r
-    seen["spread"] = Line2D([], [], color="black", marker="_", markersize=8, label="whiskers: min-max over windows")
+        text = "\n".join(x for x in notes if x)
+        face, hatch, marker, _ = KINDS[kind]
+        if speed != speed:  # nothing timed that can be drawn: a marker at the level it would build on
+            markers.add(kind)
+            ax.plot(i, prev, marker=marker, color="black", markerfacecolor=face, markersize=10, linestyle="none")
+            top = prev
+        else:
+            bottom = 0.0 if i == 0 else prev
+            lo, hi = s.interval
+            ax.bar(i, speed - bottom, bottom=bottom, color=face, hatch=kind_hatch(kind, own), edgecolor="black",
+                   linewidth=0.6, alpha=0.5 if "dropped" in own else 1.0)
+            ax.errorbar(i, speed, yerr=[[speed - lo / base], [hi / base - speed]], color="black", capsize=3,
+                        linewidth=1)
+            if len(s.repeats) >= 2:
+                repeats = True
+                ax.plot([i] * len(s.repeats), [x.median / base for x in s.repeats], ".", color="black", ms=4)
+            top = max(speed, prev, hi / base)
+        ax.annotate(text, (i, top), textcoords="offset points", xytext=(0, 3), ha="center", va="bottom",
+                    fontsize=7.5, color="tab:orange" if kind == "diverged" else "black")
+        if not r.extras.get("dropped"):
+            built_on = r
+            if r.status != "no_op":
+                below = r
+                prev = speed if speed == speed else prev
     ax.axhline(1.0, color="black", lw=0.5)
     ax.margins(y=0.22)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("speed-up over the first rung\n(median images/s)")
-    fig.legend(handles=list(seen.values()), fontsize=7.5, loc="outside lower center",
-               ncols=min(len(seen), 3 if width >= 10 else 2))
+    handles = legend_handles(kinds, marks, than="the rung it builds on", markers=markers, repeats=repeats)
+    fig.legend(handles=handles, fontsize=7.5, loc="outside lower center", ncols=2 if width >= 12 else 1)
     ax_m.bar(range(n), [r.peak_memory_mb for r in results], color="tab:purple")
     kind_mem = (results[0].memory_kind or "?").replace("_", " ") if results else "?"
     ax_m.set_ylabel(f"peak memory, MiB\n({kind_mem})")

@@ -36,6 +36,7 @@ from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
 from .results import RunResult
 from .train import describe_changes, run
+from .verdicts import verdict
 
 PlotFn = Callable[[list[RunResult]], Any]
 # ipywidgets reads a Dropdown value of None as "nothing selected" and shows it blank, so None travels as this.
@@ -84,7 +85,8 @@ def busy_elsewhere(panel: Panel | None = None) -> str | None:
 
 def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, Any]:
     """The variant against the baselines measured beside it: one ratio per pair, their median and range, and the
-    one noise rule (measure.is_noise) with each baseline paired with the variant it brackets."""
+    one comparison (fastlab.verdicts.verdict) with each baseline paired with the variant it brackets: the plot
+    draws the variant's row as that comparison judges it."""
     ratios = [variant.throughput.median / b.throughput.median for b in base_runs
               if b.window_throughput and variant.window_throughput]
     measured = [b for b in base_runs if b.window_throughput]
@@ -92,11 +94,10 @@ def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, An
     if not ratios:
         return {"ratios": [], "baseline": base.median, "noise": False, "label": "n/a"}
     ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
-    paired = Spread.of(variant.window_throughput, [variant.window_throughput] * len(measured))
-    noise = is_noise(base, paired)
-    return {"ratios": ratios, "ratio": ratio, "low": low, "high": high, "noise": noise,
+    c = verdict(base, Spread.of(variant.window_throughput, [variant.window_throughput] * len(measured)))
+    return {"ratios": ratios, "ratio": ratio, "low": low, "high": high, "noise": c.noise, "comparison": c,
             "baseline": base.median, "baseline_low": base.low, "baseline_high": base.high,
-            "label": "noise" if noise else f"{ratio:.2f}x"}
+            "label": "noise" if c.noise else f"{ratio:.2f}x"}
 
 
 def _trap_note(plan: ArmPlan) -> str:

@@ -11,7 +11,7 @@ pytest.importorskip("ipywidgets")
 
 import fastlab  # noqa: E402
 from fastlab import widgets  # noqa: E402
-from fastlab.plots import _ratio_labels  # noqa: E402
+from fastlab.plots import plot_comparison  # noqa: E402
 from fastlab.results import RunResult  # noqa: E402
 from fastlab.widgets import Panel  # noqa: E402
 
@@ -333,5 +333,5 @@ def test_the_plot_keeps_the_last_runs_and_clear_empties_them(quick):
 def test_runs_not_credited_are_marked_in_the_plot(quick):
     results = [fake_result(quick, "baseline", 1000), fake_result(quick, "stopped", 900, "interrupted"),
                fake_result(quick, "nan loss", 1200, "diverged"), fake_result(quick, "fine", 1500)]
-    labels = _ratio_labels(results)
-    assert labels[1].startswith("stopped early") and labels[2].startswith("DIVERGED") and labels[3] == "1.50x"
+    labels = [t.get_text() for t in plot_comparison(results).axes[0].texts]
+    assert labels[1] == "not comparable: interrupted" and labels[2].startswith("DIVERGED") and labels[3] == "1.50x"
