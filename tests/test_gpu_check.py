@@ -345,6 +345,8 @@ def test_gpu_check_ladders_train_on_the_synthetic_set(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "markdown_table", lambda done: "")
     gpu_check.run_ladders(tmp_path, budget_s=1.0)
     assert seen == ["synthetic", "synthetic"]
+
+
 # ---------------------------------------------------------------- issue 36, the third review
 
 
