@@ -231,11 +231,11 @@ def test_the_with_form_and_the_step_done_form_record_the_same_things():
     assert a.ok and b.ok and math.isfinite(a.last_finite_loss)
 
 
-def test_a_finite_blow_up_is_divergence_and_its_advice_names_only_what_is_in_use():
-    # Adadelta at lr=1e4 (as in the issue): the loss leaps from 2.7 to thousands, never NaN
-    model, data = linear(), DataLoader(cifar_like(16 * 12), batch_size=16)
-    opt = torch.optim.Adadelta(model.parameters(), lr=1e4)
-    w = fastlab.watch("adadelta 1e4", warmup_steps=1, window_steps=3, log_every=1, config={"lr": 1e4})
+def adadelta(lr: float, batches: int, **options) -> RunResult:
+    """A linear net trained by Adadelta at `lr` on `batches` batches of 16 under a watch, the loss handed over."""
+    model, data = linear(), DataLoader(cifar_like(16 * batches), batch_size=16)
+    opt = torch.optim.Adadelta(model.parameters(), lr=lr)
+    w = fastlab.watch(f"adadelta {lr:.0e}", config={"lr": lr}, **options)
     for x, y in w(data):
         with w.step(len(x)) as s:
             loss = nn.functional.cross_entropy(model(x), y)
@@ -243,7 +243,12 @@ def test_a_finite_blow_up_is_divergence_and_its_advice_names_only_what_is_in_use
             loss.backward()
             opt.step()
             s.loss = loss
-    r = w.result()
+    return w.result()
+
+
+def test_a_finite_blow_up_is_divergence_and_its_advice_names_only_what_is_in_use():
+    # Adadelta at lr=1e4 (as in the issue): the loss leaps from 2.7 to thousands, never NaN
+    r = adadelta(1e4, 12, warmup_steps=1, window_steps=3, log_every=1)
     assert all(math.isfinite(v) for _, v in r.losses)
     assert r.status == "diverged" and "blew up" in r.error and not r.ok
     f = findings_for(r)[0]
@@ -323,17 +328,7 @@ def test_a_nan_after_the_last_logged_step_is_divergence():
 
 def test_a_blow_up_at_the_first_update_is_divergence():
     # Adadelta at lr=1e8: the loss leaps from about 3 to about 1e7 at the first update and stays there, finite
-    model, data = linear(), DataLoader(cifar_like(16 * 20), batch_size=16)
-    opt = torch.optim.Adadelta(model.parameters(), lr=1e8)
-    w = fastlab.watch("adadelta 1e8", warmup_steps=1, window_steps=5, log_every=10, config={"lr": 1e8})
-    for x, y in w(data):
-        with w.step(len(x)) as s:
-            loss = nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            s.loss = loss
-    r = w.result()
+    r = adadelta(1e8, 20, warmup_steps=1, window_steps=5, log_every=10)
     assert all(math.isfinite(v) for _, v in r.losses) and r.losses[0][0] == 9  # the first logged value: blown up
     assert r.status == "diverged" and r.diverged_step == 9 and "blew up" in r.error and "first loss" in r.error
     assert findings_for(r)[0].key == "diverged" and "No bottleneck" not in fastlab.advise(r).text()
