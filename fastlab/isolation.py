@@ -311,21 +311,22 @@ def _setup() -> tuple[dict[str, str], list[str], str, int, str]:
 
 
 _LAYOUT: list[Any] = []  # the child's random padding, kept for the whole run
+_RESERVE = 64 << 20  # bytes
 
 
 def _shift_layout() -> tuple[int, int]:
-    """Move where the run's arrays land, at random, before it allocates: map a random number of pages (never
-    touched, so they cost no memory), which every later mapping (large arrays, worker threads' stacks and arenas)
-    lands below, changing its place against 2 MB huge-page boundaries; and take heap blocks of random sizes, which
-    moves a smaller allocation when it would have used a free chunk they take (not every one: a chunk already
+    """Move where the run's arrays land, at random, before it allocates: reserve address space, a random number
+    of pages more than 64 MB (no access, so no memory), which every later mapping (large arrays, worker threads'
+    stacks and arenas) lands below, changing its place against 2 MB huge-page boundaries; and take heap blocks of
+    random sizes, which moves a smaller allocation when it would have used a free chunk they take (not every one: a chunk already
     free and large enough stays where it was). Children forked from one server otherwise lay out alike: two arms
     whose specs differed only by a label's length leaned 0.78x to 1.26x for a whole session, the same way in every
     repeat (tests/benchmark_panel_vs_cell.py). Random per run, that bias becomes spread between runs, which repeats
     and the noise rule see. Returns (pages, heap bytes)."""
     rng = random.Random(os.urandom(8))  # never the training seed's generator
     pages, heap = rng.randrange(0, 512), rng.randrange(0, 1 << 16, 64)
-    if pages:
-        _LAYOUT.append(mmap.mmap(-1, pages * mmap.PAGESIZE))
+    # 64 MB: more than a gap between the server's libraries, where padding would move nothing
+    _LAYOUT.append(mmap.mmap(-1, _RESERVE + pages * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=0))
     left = heap
     while left:  # past Python's small-object pool (512 bytes), from the C heap the run's tensors use
         block = min(left, rng.randrange(576, 16384, 64))
