@@ -190,12 +190,15 @@ def test_gpu_check_ladders_use_a_fixed_rung_budget(monkeypatch, tmp_path):
 
     def fake_ladder(base, rungs, progress, on_result, max_seconds, budget_s, not_run, repeats):
         calls.append((max_seconds, budget_s, repeats))
+        datasets.append(base.dataset)
         on_result(RunResult(config=base.to_dict(), label="naive", window_throughput=[1.0]))
         return []
 
     monkeypatch.setattr(bench, "run_ladder", fake_ladder)
+    datasets: list[str] = []
     gpu_check.run_ladders(tmp_path, budget_s=120.0)
     assert calls == [(gpu_check.LADDER_RUNG_SECONDS, 60.0, 1)] * 2
+    assert datasets == ["synthetic"] * 2  # no CIFAR-10 download (a 15 s socket timeout offline) from the budget
     assert "estimate" in gpu_check.__doc__ and "minutes" in gpu_check.__doc__
 
 

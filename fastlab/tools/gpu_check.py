@@ -302,7 +302,7 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
 
     lines = []
     for model in ("resnet18", "compact"):
-        base = config_for("gpu", model=model)
+        base = config_for("gpu", model=model, dataset="synthetic")  # offline: no CIFAR-10 download from the budget
         done: list = []
         not_run: dict[str, str] = {}
         path = out / f"ladder-{model}.json"
