@@ -39,7 +39,7 @@ def script_throughput(cfg: fastlab.TrainConfig, folder: Path) -> float:
     path = folder / "run.py"
     path.write_text(fastlab.code(cfg))
     out = subprocess.run([sys.executable, "-I", str(path)], cwd=folder, capture_output=True, text=True, timeout=1800)
-    found = re.search(r"^(\d+) images/s: median", out.stdout, re.M)
+    found = re.search(r"^([\d.]+) images/s: median", out.stdout, re.M)
     if out.returncode or not found:
         raise RuntimeError(f"the script failed (exit {out.returncode}): {out.stderr[-2000:]}")
     return float(found.group(1))

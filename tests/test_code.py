@@ -332,3 +332,35 @@ def test_cli_prints_the_script_and_the_diff(capsys):
 def test_cli_code_rejects_a_bad_knob(capsys):
     assert cli_main(["code", "--profile", "smoke", "--batch-size", "0"]) == 2
     assert "TrainConfig.batch_size=0" in capsys.readouterr().err
+
+
+def test_the_script_on_a_gpu_synchronises_its_device_and_evaluates_in_the_layout_it_trains_in():
+    import numpy as np
+    import torch
+
+    base = smoke_base()
+    script = code(base)
+    assert "torch.cuda.synchronize(DEVICE)" in script  # on cuda:1, a bare synchronize() waits for cuda:0
+    layouts: list[bool] = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            layouts.append(x.is_contiguous())
+            return torch.zeros(len(x), 10)
+
+    for cfg in (base, base.replace(channels_last=True)):
+        namespace: dict = {}
+        exec(compile(code(cfg), "script", "exec"), namespace)  # the definitions; main() is not called
+        namespace["evaluate"](Recorder(), np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, np.int64))
+    assert layouts == [True, False]  # NCHW unless channels_last is on, as fastlab's evaluation
+    assert namespace["per_second"](0.5) == "0.5" and namespace["per_second"](4410.4) == "4410"  # never "0 images/s"
+
+
+def test_the_script_copies_as_the_run_copies_and_names_precision_for_cuda():
+    base = smoke_base()
+    unpinned = code(base.replace(non_blocking=True))
+    assert "non_blocking=True" not in unpinned.split("def main")[1] and "the copy blocks, as in the run" in unpinned
+    on_device = code(base.replace(loader="device", non_blocking=True))
+    assert "overlaps" not in on_device and "on the device already: no copy" in on_device
+    assert "non_blocking=True" in code(base.replace(pin_memory=True, non_blocking=True))
+    assert "TF32 on CUDA" in code(base.replace(matmul_precision="medium"))
