@@ -281,3 +281,15 @@ def test_the_workshop_guide_prints_the_timings_file():
     assert timings.with_timings_table(guide, timings.timings_table()) == guide
     with pytest.raises(ValueError, match="no timings table block"):
         timings.with_timings_table("no markers", "x")
+
+
+@pytest.mark.parametrize("unreadable", ["{not json", '{"schema_version": 99, "verdicts": [{"claim": "C1"}]}', "\xff"])
+def test_an_unreadable_store_is_kept_aside_and_said_before_a_new_one_is_written(store, capsys, unreadable):
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_bytes(unreadable.encode("latin-1"))
+    claims.record(claims.Verdict(claim="C2", verdict="no-op here (no GPU)", evidence="pin_memory on cpu"))
+    assert [v.claim for v in claims.load_verdicts()] == ["C2"]
+    kept = list(store.parent.glob(f"{store.name}.unreadable-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == unreadable.encode("latin-1")
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and kept[0].name in said[0] and "started a new one" in said[0]
