@@ -61,7 +61,7 @@ class TrainConfig:
     tf32: bool = True  # cuDNN convolutions may use TensorFloat-32 on Ampere+ GPUs (torch.backends.cudnn.allow_tf32):
     #   torch's own default is True, so the baseline keeps it; False is the stricter fp32, a named choice
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: "highest" (torch's default: full fp32
-    #   matmuls), "high" (TF32 matmuls on Ampere+), "medium" (bf16 inside fp32 matmuls)
+    #   matmuls), "high" (TF32 matmuls on Ampere+), "medium" (TF32 on CUDA too; bf16 on a CPU with it)
     # --- kernels ---
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms per input shape and keep the fastest
     channels_last: bool = False  # NHWC memory format for model and inputs (tensor cores prefer it)

@@ -372,3 +372,30 @@ def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_
     assert "PASS" in capsys.readouterr().out  # the compared runs' checks ran (the fake runs pass some)
     assert isolation_of["UntunedForward"] == "process"  # cuDNN's plans of the off run cannot reach the on run
     assert isolation_of["_Hog"].startswith("FASTLAB_ISOLATION=thread")  # the OOM check reads this process's allocator
+
+
+def test_the_gpu_profile_without_cuda_says_its_estimate_and_waits_for_the_flag(monkeypatch, capsys):
+    from fastlab import calibration, isolation
+
+    started: list = []
+    estimated: list = []
+    monkeypatch.setattr(train, "_STEP_ESTIMATES", {}, raising=False)
+    monkeypatch.setattr(train, "_SAID", set(), raising=False)
+    monkeypatch.setattr(isolation, "call", lambda fn, *args: estimated.append(args) or 29.0)  # 29 s a step (pretend)
+    monkeypatch.setattr(isolation, "execute", lambda training, cold=False: started.append(training.cfg) or
+                        training.result)
+    monkeypatch.delenv("FASTLAB_CONFIRM_SLOW", raising=False)
+    gpu = config_for("gpu", device="cpu", dataset="synthetic")
+    with pytest.raises(ValueError, match=r"sized for a CUDA GPU .* 230 steps is estimated at 111\.2 min .* "
+                                         r"Fix: set FASTLAB_CONFIRM_SLOW=1"):
+        fastlab.run(gpu, progress=False)
+    with pytest.raises(ValueError, match="80 steps is estimated"):  # before a calibration: the shortest sized run
+        calibration.sized(gpu, arms=2, measure=lambda cfg: started.append(cfg) or [29.0])
+    assert started == [] and estimated == [("resnet18", 512, "cpu")]  # measured once, then kept
+    short = gpu.replace(steps=10, warmup_steps=2)  # 5.8 min: under ten, it goes ahead, said in one line
+    fastlab.run(short, progress=False)
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and "a run of 12 steps is estimated at 5.8 min" in said[0]
+    monkeypatch.setenv("FASTLAB_CONFIRM_SLOW", "1")
+    fastlab.run(gpu, progress=False)
+    assert started == [short, gpu] and capsys.readouterr().out == ""  # said once
