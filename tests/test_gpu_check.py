@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import types
 import weakref
@@ -399,3 +400,35 @@ def test_the_gpu_profile_without_cuda_says_its_estimate_and_waits_for_the_flag(m
     monkeypatch.setenv("FASTLAB_CONFIRM_SLOW", "1")
     fastlab.run(gpu, progress=False)
     assert started == [short, gpu] and capsys.readouterr().out == ""  # said once
+
+
+def test_each_gpu_check_check_has_a_deadline_and_a_fail_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "missing_packages", lambda: [])
+    monkeypatch.setattr(measure, "device_name", lambda device: "a pretend GPU")
+    monkeypatch.setattr(gpu_check, "CHECK_DEADLINE_S", 0.5, raising=False)
+    monkeypatch.setattr(gpu_check, "CHECKS", [("hangs", lambda: time.sleep(60) or "woke"), ("next", lambda: "fine")])
+    assert gpu_check.main(["--out", str(tmp_path), "--no-ladder"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("FAIL") and "hangs: not done within its deadline of 0.5 s" in lines[1]
+    assert lines[2].startswith("PASS") and lines[-1] == "1 of 2 checks passed; failed: ['hangs']"
+
+
+def test_a_gpu_check_stuck_past_its_deadline_and_the_grace_ends_with_every_threads_traceback(tmp_path):
+    stuck = textwrap.dedent(f"""
+        import signal, sys, time, torch
+        from fastlab import isolation, measure
+        from fastlab.tools import gpu_check
+        torch.cuda.is_available = lambda: True
+        gpu_check.missing_packages = lambda: []
+        measure.device_name = lambda device: "a pretend GPU"
+        isolation.STOP_GRACE_SECONDS, gpu_check.CHECK_DEADLINE_S = 0.5, 0.5
+        def deaf():  # as a CUDA call that never returns: no Ctrl-C reaches it
+            signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}})
+            time.sleep(60)
+        gpu_check.CHECKS = [("stuck", deaf)]
+        sys.exit(gpu_check.main(["--out", {str(tmp_path)!r}, "--no-ladder"]))
+    """)
+    p = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode == 1 and "Timeout" in p.stderr and "in deaf" in p.stderr, p.stderr
