@@ -12,8 +12,8 @@ CUDA. Each run is a child forked from it (about 0.1 s from start to its first op
 caller, who drives the progress bar and `on_step`; Ctrl-C or a Stop in the caller asks the child to stop at its
 next step, keeping its steps (`interrupted`); a second Ctrl-C, or STOP_GRACE_SECONDS after a stop without a word
 from the child (stuck in a CUDA call or a DataLoader deadlock), kills it; a child that dies (killed, crashed) is
-a `failed` result with the reason, and the next run starts a new child. An exception in the child (a clear ValueError, say) is raised again
-in the caller.
+a `failed` result with the reason, and the next run starts a new child. An exception in the child (a clear
+ValueError, say) is raised again in the caller.
 
 A model or dataset that a child cannot import (a class or function defined in a notebook cell or a script's
 `__main__`, a lambda) runs in-process, in a fresh thread, and the result says so and why (`extras["isolation"]`).
