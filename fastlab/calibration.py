@@ -165,6 +165,10 @@ def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple
     seconds = seconds_per_run(base.profile, arms)
     if seconds is None:
         return base, None
+    from .train import check_gpu_profile_here
+
+    fewest = time_sizing(base.profile)["min_steps"]  # before calibrating: the shortest run it can size
+    check_gpu_profile_here(base.replace(steps=max(base.windows, fewest)), resolve_device(base.device))
     cal = calibrate(base, measure)
     steps = steps_for(cal, seconds, base.profile, base.windows)
     record = {**cal.to_dict(), "seconds_per_run": seconds, "arms": arms, "steps": steps,

@@ -337,23 +337,24 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _read_store(path: Path) -> dict | None:
-    """The store's document; {} when there is no file; None when the file is not a store of this version."""
+def _entries(path: Path) -> list | None:
+    """The store's verdict entries: [] when there is no store, None when the file is not one this version reads
+    (corrupt, or another version's)."""
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return []
+    except ValueError:  # not JSON, or not text
         return None
-    return doc if isinstance(doc, dict) and doc.get("schema_version") == STORE_VERSION else None
+    if not isinstance(doc, dict) or doc.get("schema_version") != STORE_VERSION:
+        return None
+    return doc.get("verdicts", [])
 
 
 def load_verdicts(path: str | os.PathLike | None = None) -> list[Verdict]:
     """Every verdict in the store, oldest first; [] when there is none (or the file is not a verdict store)."""
-    path = Path(path) if path is not None else store_path()
-    doc = _read_store(path) or {}
     out = []
-    for item in doc.get("verdicts", []):
+    for item in _entries(Path(path) if path is not None else store_path()) or []:
         try:
             out.append(Verdict(**item))
         except (TypeError, ValueError):  # a verdict written by another version: skipped, not fatal
@@ -379,11 +380,11 @@ def record(verdict: Verdict) -> Verdict:
     """Append a verdict to the store (atomically: a reader never sees half a file). Returns it."""
     path = store_path()
     with _locked(path):
-        if _read_store(path) is None:  # corrupt, or another version's: kept aside, never overwritten
-            aside = path.with_name(f"{path.name}.unreadable-{_dt.datetime.now():%Y%m%d-%H%M%S}")
-            path.replace(aside)
-            print(f"fastlab: {path} could not be read as a verdict store (version {STORE_VERSION}); "
-                  f"kept as {aside.name}, and a new store started")
+        if _entries(path) is None:  # never overwritten: kept beside the new store, and said
+            aside = path.with_name(f"{path.name}.unreadable-{_now().replace(':', '')}")
+            os.replace(path, aside)
+            print(f"fastlab: {path} is not a verdict store this version reads (corrupt, or another version's); "
+                  f"kept it as {aside.name} and started a new one")
         _write(path, load_verdicts(path) + [verdict])
     return verdict
 

@@ -131,7 +131,10 @@ def _evaluate_part(cfg: TrainConfig) -> str:
                  "autograd": "# no torch.no_grad(): autograd records every op of evaluation (the pitfall)"}[cfg.eval_mode]
     lines = ["", "", "", "def sync() -> None:",
              '    """Wait for queued GPU work: a clock read without it would time only the launches."""',
-             '    if DEVICE.type == "cuda":', "        torch.cuda.synchronize(DEVICE)  # this device's queue, not the current device's", "", "", decorator,
+             '    if DEVICE.type == "cuda":', "        torch.cuda.synchronize(DEVICE)", "", "",
+             "def per_second(rate: float) -> str:",
+             '    """A rate to print: whole numbers from 100 up, three significant digits below (never "0")."""',
+             '    return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"', "", "", decorator,
              "def evaluate(model: nn.Module, images: np.ndarray, labels: np.ndarray) -> float:",
              '    """Held-out accuracy: the images normalised on the device, no augmentation."""',
              "    model.eval()",
@@ -139,7 +142,7 @@ def _evaluate_part(cfg: TrainConfig) -> str:
              "    std = torch.tensor(CIFAR_STD, device=DEVICE).view(1, 3, 1, 1) * 255",
              "    correct = 0",
              "    for i in range(0, len(labels), BATCH_SIZE):",
-             "        x = torch.from_numpy(images[i : i + BATCH_SIZE]).to(DEVICE).permute(0, 3, 1, 2)",
+             "        x = torch.from_numpy(images[i : i + BATCH_SIZE]).to(DEVICE).permute(0, 3, 1, 2).contiguous()",
              "        x = (x.float() - mean) / std",
              "        y = torch.from_numpy(labels[i : i + BATCH_SIZE]).to(DEVICE)"]
     if cfg.channels_last:
@@ -173,7 +176,7 @@ def _backend_lines(cfg: TrainConfig) -> list[str]:
                      f"(torch's default: True)")
     if cfg.matmul_precision != _STOCK.matmul_precision:
         lines.append(f'torch.set_float32_matmul_precision("{cfg.matmul_precision}")  # fp32 matmuls may use '
-                     f'{"TF32" if cfg.matmul_precision == "high" else "TF32 on CUDA, bf16 where the backend offers it"}')
+                     f'{"TF32" if cfg.matmul_precision == "high" else "TF32 on CUDA, bf16 on a CPU with it"}')
     return lines
 
 
@@ -259,14 +262,13 @@ def _step_lines(cfg: TrainConfig) -> list[str]:
     if accum:
         lines.append("    for micro in range(GRAD_ACCUM_STEPS):  # gradients add up over the micro-batches")
     lines.append(pad + "x, y = next(batches)")
-    if cfg.non_blocking and cfg.loader != "dataloader":  # what the run did: no copy, nothing to make asynchronous
-        lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)  # already on the device: no copy for non_blocking")
-    elif cfg.non_blocking and not cfg.pin_memory:  # the run copies blocking: pageable memory cannot be async
-        lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)  # non_blocking=True without pin_memory: still "
-                     "a synchronous copy (the pitfall), so the run makes a plain one")
-    elif cfg.non_blocking:
+    if cfg.non_blocking and cfg.pin_memory and cfg.loader == "dataloader":  # as the run copies (copies_async)
         lines.append(pad + "x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  # from pinned "
-                     "memory: the host queues the copy and runs ahead")
+                           "memory: the host queues the copy and runs on")
+    elif cfg.non_blocking:
+        why = ("the device loader's batches are on the device already: no copy" if cfg.loader == "device" else
+               "non_blocking only from pinned memory (pin_memory is off): the copy blocks, as in the run")
+        lines.append(pad + f"x, y = x.to(DEVICE), y.to(DEVICE)  # {why}")
     else:
         lines.append(pad + "x, y = x.to(DEVICE), y.to(DEVICE)")
     if cfg.channels_last and cfg.loader == "dataloader":
@@ -320,8 +322,8 @@ def _loop_lines(cfg: TrainConfig) -> list[str]:
 
 _REPORT = [
     "",
-    'print(f"{statistics.median(throughputs):.1f} images/s: median of {len(throughputs)} timed windows "',
-    '      f"(min {min(throughputs):.1f}, max {max(throughputs):.1f}), warm-up excluded")',
+    'print(f"{per_second(statistics.median(throughputs))} images/s: median of {len(throughputs)} timed windows "',
+    '      f"(min {per_second(min(throughputs))}, max {per_second(max(throughputs))}), warm-up excluded")',
     'print(f"first loss {losses[0]:.4f}, final loss {statistics.mean(losses[-3:]):.4f} (mean of the last 3 logged)")',
     'print(f"held-out accuracy {evaluate(model, eval_x, eval_y):.3f}")',
 ]

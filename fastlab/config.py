@@ -29,6 +29,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("auto", "cifar10", "synthetic"),
 }
 
+# Compile modes that capture CUDA graphs on a GPU; elsewhere torch.compile runs without them.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 # Integer fields and their smallest allowed value.
 MINIMUMS: dict[str, int] = {
     "num_workers": 0,
@@ -58,7 +61,7 @@ class TrainConfig:
     tf32: bool = True  # cuDNN convolutions may use TensorFloat-32 on Ampere+ GPUs (torch.backends.cudnn.allow_tf32):
     #   torch's own default is True, so the baseline keeps it; False is the stricter fp32, a named choice
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: "highest" (torch's default: full fp32
-    #   matmuls), "high" (TF32 matmuls on Ampere+), "medium" (bf16 inside fp32 matmuls)
+    #   matmuls), "high" (TF32 matmuls on Ampere+), "medium" (TF32 on CUDA too; bf16 on a CPU with it)
     # --- kernels ---
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms per input shape and keep the fastest
     channels_last: bool = False  # NHWC memory format for model and inputs (tensor cores prefer it)
@@ -169,6 +172,21 @@ def _validate(c: TrainConfig) -> None:
         _fail("device", dev, "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
     if c.profile not in PROFILES + ("custom",):
         _fail("profile", c.profile, "one of " + ", ".join(repr(p) for p in PROFILES + ("custom",)))
+    if c.compile in CUDA_GRAPH_MODES and (c.grad_accum_steps > 1 or not c.set_to_none) and _on_cuda(dev):
+        kept = f"grad_accum_steps={c.grad_accum_steps}" if c.grad_accum_steps > 1 else "set_to_none=False"
+        _fail("compile", c.compile, f"a mode without CUDA graphs ('default' or 'max-autotune-no-cudagraphs') with "
+                                    f"{kept} on a CUDA GPU: CUDA graphs hand the backward's outputs over as the "
+                                    f"gradients and the next replay writes over them, so gradients kept across "
+                                    f"replays (summed over micro-batches, or zeroed in place) would be lost")
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether a run of `device` trains on a CUDA GPU ("auto" does where one is available)."""
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 # Presets as plain data: each is a set of overrides on the TrainConfig defaults.

@@ -12,14 +12,11 @@ from typing import Any
 
 import torch
 
-from .config import TrainConfig
+from .config import CUDA_GRAPH_MODES, TrainConfig
 from .measure import bf16_is_trap
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
                              if f.default is not dataclasses.MISSING}
-
-# Compile modes that capture CUDA graphs on a GPU; elsewhere torch.compile runs without them.
-_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def _changed(config: TrainConfig, name: str) -> bool:
@@ -64,7 +61,7 @@ def no_op_reasons(config: TrainConfig, device: torch.device | str,
         out["tf32"] = f"TF32 is a mode of NVIDIA Ampere-or-newer GPUs; this run is on {where}"
     if config.opt_impl == "fused" and kind not in fused_optimizer_devices():
         out["opt_impl"] = f"this torch has no fused optimiser kernels for {where}; torch's default is used"
-    if config.compile in _CUDA_GRAPH_MODES:
+    if config.compile in CUDA_GRAPH_MODES:
         out["compile"] = (f"compile='{config.compile}' adds CUDA graphs, which need a CUDA GPU; on {where} it "
                           f"compiles without them")
     return out

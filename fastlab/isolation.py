@@ -10,9 +10,10 @@ How: a `multiprocessing` forkserver whose server imports torch and fastlab once 
 CUDA. Each run is a child forked from it (about 0.1 s from start to its first op, instead of the 3-5 s of
 `import torch`); it is not daemonic, so it can start DataLoader workers. The child streams its progress to the
 caller, who drives the progress bar and `on_step`; Ctrl-C or a Stop in the caller asks the child to stop at its
-next step, keeping its steps (`interrupted`); a child that dies (killed, crashed) is a `failed` result with the
-reason, and the next run starts a new child. An exception in the child (a clear ValueError, say) is raised again
-in the caller.
+next step, keeping its steps (`interrupted`); a second Ctrl-C, or STOP_GRACE_SECONDS after a stop without a word
+from the child (stuck in a CUDA call or a DataLoader deadlock), kills it; a child that dies (killed, crashed) is
+a `failed` result with the reason, and the next run starts a new child. An exception in the child (a clear
+ValueError, say) is raised again in the caller.
 
 A model or dataset that a child cannot import (a class or function defined in a notebook cell or a script's
 `__main__`, a lambda) runs in-process, in a fresh thread, and the result says so and why (`extras["isolation"]`).
@@ -34,6 +35,7 @@ import random
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from .harness import progress_bar, run_in_fresh_thread
 PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.loop"]  # imported once, by the server
 _context: Any = None
 T = TypeVar("T")
+STOP_GRACE_SECONDS = 30.0  # after a stop, a run's process that sends nothing for this long is killed
 
 
 def start_method() -> str:
@@ -147,14 +150,18 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
         child.start()
     there.close()
     bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
-    done, outcome = 0, None
+    done, outcome, killed = 0, None, None
+    heard = None  # when the child was last heard from, once a stop was asked
     try:
         while outcome is None:
             try:
-                if any(e.is_set() for e in training.stops):
+                if heard is None and any(e.is_set() for e in training.stops):
                     stop.set()
+                    heard = time.monotonic()
                 if here.poll(0.05):
                     message = _receive(here)
+                    if heard is not None:
+                        heard = time.monotonic()
                     if message[0] == "step":
                         _, step, total = message
                         bar = bar or _bar(training)
@@ -166,19 +173,26 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                         outcome = message
                 elif not child.is_alive() and not here.poll(0):
                     break
+                elif heard is not None and time.monotonic() - heard > STOP_GRACE_SECONDS:
+                    killed = f"as it sent nothing for {STOP_GRACE_SECONDS:g} s after a stop"
+                    break
             except KeyboardInterrupt:  # the caller's Ctrl-C: the child stops at its next step and reports
+                if heard is not None:
+                    killed = "on a second Ctrl-C"
+                    break
                 stop.set()
+                heard = time.monotonic()
             except EOFError:  # the child closed its end without a result: it died
                 break
     finally:
         if bar is not None:
             bar.close()
         here.close()
-        child.join(timeout=30)
+        child.join(timeout=0 if killed else 30)
         if child.is_alive():
             child.kill()
             child.join()
-    return _outcome(training, outcome, child.exitcode, done)
+    return _outcome(training, outcome, child.exitcode, done, killed)
 
 
 @contextlib.contextmanager
@@ -203,12 +217,14 @@ def _without_main() -> Any:
         spawn.get_preparation_data = original
 
 
-def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int) -> Any:
+def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int, killed: str | None = None) -> Any:
     if outcome is None:  # the child died: what it streamed is what we know
         result = training.result
         result.status = "failed"
         result.steps_done = done
         result.error = f"the run's process ended without a result ({describe_exit(exitcode)}) after {done} steps"
+        if killed:
+            result.error += f"; killed here {killed}"
         result.extras["isolation"] = "process"
         return result
     if outcome[0] == "error":

@@ -9,9 +9,13 @@ caches reset, and says so. Compared arms run interleaved (A B, then B A), so dri
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from . import isolation
 from .builders import Data, ModelArg
@@ -47,11 +51,57 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
 def _run(training: TrainingRun, comparison: str | None = None, cold_compile_caches: bool = False) -> RunResult:
     """One run, alone in this process's queue, in a fresh process (fastlab.isolation) or, where it cannot go to
     one, a fresh thread."""
+    check_gpu_profile_here(training.cfg, training.device)
     with exclusive_run(training.result.label):
         result = isolation.execute(training, cold_compile_caches)
     if comparison:
         result.extras["comparison"] = comparison
     return result
+
+
+SLOW_RUN_MINUTES = 10  # a gpu-profile run estimated longer than this without CUDA waits for FASTLAB_CONFIRM_SLOW=1
+_STEP_ESTIMATES: dict[tuple[str, int, str], float] = {}  # (model, images a step, device) -> seconds, this process
+_SAID: set[tuple[str, int, str]] = set()  # the estimates said already (once each)
+
+
+def estimate_step_seconds(model: str, images: int, device: str) -> float:
+    """Seconds a training step of `model` over `images` images is estimated to take on `device`: the faster of two
+    forward and backward passes at a batch of 8 (after one that pays for set-up), scaled to the step's images."""
+    from .measure import synchronize
+    from .models import build_model
+
+    dev = torch.device(device)
+    net = build_model(model).to(dev)
+    x, y = torch.randn(8, 3, 32, 32, device=dev), torch.zeros(8, dtype=torch.long, device=dev)
+    seconds = []
+    for _ in range(3):
+        t = time.perf_counter()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        synchronize(dev)
+        seconds.append(time.perf_counter() - t)
+    return min(seconds[1:]) * images / 8
+
+
+def check_gpu_profile_here(cfg: TrainConfig, device: torch.device) -> None:
+    """The gpu profile on a machine without CUDA: says once, in one line, what the profile is for and how long a
+    run of `cfg` is estimated to take here; a run estimated over SLOW_RUN_MINUTES is refused (ValueError) unless
+    FASTLAB_CONFIRM_SLOW=1 asks for it."""
+    if cfg.profile != "gpu" or device.type == "cuda":
+        return
+    key = (cfg.model, cfg.batch_size * cfg.grad_accum_steps, str(device))
+    if key not in _STEP_ESTIMATES:  # in a fresh process, as a run: nothing of it stays in this one
+        _STEP_ESTIMATES[key] = isolation.call(estimate_step_seconds, *key)
+    steps = cfg.warmup_steps + cfg.steps
+    minutes = _STEP_ESTIMATES[key] * steps / 60
+    said = (f"the gpu profile is sized for a CUDA GPU ({cfg.model}, batch {cfg.batch_size}, {cfg.warmup_steps} "
+            f"warm-up steps) and this machine has none: a run of {steps} steps is estimated at {minutes:.1f} min on "
+            f"its {device.type} (from one step at batch 8, scaled); FASTLAB_PROFILE=cpu sizes runs for this machine")
+    if minutes > SLOW_RUN_MINUTES and os.environ.get("FASTLAB_CONFIRM_SLOW", "").strip() != "1":
+        raise ValueError(f"{said}. Fix: set FASTLAB_CONFIRM_SLOW=1 to run it anyway (estimated over "
+                         f"{SLOW_RUN_MINUTES} min), or use FASTLAB_PROFILE=cpu")
+    if key not in _SAID:
+        _SAID.add(key)
+        print(f"fastlab: {said}", flush=True)
 
 
 def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None = None, repeats: int | None = None,

@@ -99,3 +99,18 @@ def slow_net() -> nn.Module:
 def where_a_large_array_lands() -> int:
     """The address of a 4 MB array (mapped pages, as a run's activations and images are)."""
     return torch.empty(1 << 20).data_ptr()
+
+
+class HangsAtForward(TinyNet):
+    """Reports, then hangs for a minute at its first training forward pass, deaf to any stop: a child stuck in a
+    CUDA call or a DataLoader deadlock."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            _report(hanging=True)
+            time.sleep(60)
+        return super().forward(x)
+
+
+def hangs_at_forward() -> nn.Module:
+    return HangsAtForward()

@@ -84,18 +84,6 @@ def test_store_appends_atomically_and_keeps_the_latest(store):
     assert not list(store.parent.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("unreadable", ["{not json", '{"schema_version": 99, "verdicts": [{"claim": "C1"}]}'])
-def test_an_unreadable_store_is_kept_aside_and_said_before_a_new_one_starts(store, unreadable, capsys):
-    store.parent.mkdir(parents=True, exist_ok=True)
-    store.write_text(unreadable)
-    assert claims.load_verdicts() == []  # a broken store reads as empty
-    claims.record(claims.Verdict(claim="C2", verdict="no-op here (no GPU)", evidence="pin_memory on cpu"))
-    assert [v.claim for v in claims.load_verdicts()] == ["C2"]
-    kept = list(store.parent.glob(f"{store.name}.unreadable-*"))
-    assert [k.read_text() for k in kept] == [unreadable]  # its content is not lost
-    assert f"kept as {kept[0].name}" in capsys.readouterr().out
-
-
 def test_claim_map_prefers_the_readers_verdict_then_the_reference(store, monkeypatch):
     mine = {"C3": claims.Verdict(claim="C3", verdict="holds only when at batch 256", device="CPU", profile="cpu",
                                  date="2026-01-03T00:00:00+00:00")}
@@ -289,3 +277,16 @@ def test_the_workshop_guide_prints_the_timings_file():
     assert timings.with_timings_table(guide, timings.timings_table()) == guide
     with pytest.raises(ValueError, match="no timings table block"):
         timings.with_timings_table("no markers", "x")
+
+
+@pytest.mark.parametrize("unreadable", ["{not json", '{"schema_version": 99, "verdicts": [{"claim": "C1"}]}', "\xff"])
+def test_an_unreadable_store_is_kept_aside_and_said_before_a_new_one_is_written(store, capsys, unreadable):
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_bytes(unreadable.encode("latin-1"))
+    assert claims.load_verdicts() == []  # a broken store reads as empty
+    claims.record(claims.Verdict(claim="C2", verdict="no-op here (no GPU)", evidence="pin_memory on cpu"))
+    assert [v.claim for v in claims.load_verdicts()] == ["C2"]
+    kept = list(store.parent.glob(f"{store.name}.unreadable-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == unreadable.encode("latin-1")
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and kept[0].name in said[0] and "started a new one" in said[0]

@@ -102,3 +102,24 @@ def test_every_field_is_a_cli_flag():
     assert (args.amp, args.batch_size, args.pin_memory, args.prefetch_factor) == ("bf16", 8, True, None)
     with pytest.raises(SystemExit):
         parser.parse_args(["--amp", "fp8"])
+
+
+@pytest.mark.parametrize("changes, named", [(dict(grad_accum_steps=4), "grad_accum_steps=4"),
+                                            (dict(set_to_none=False), "set_to_none=False")])
+def test_cuda_graphs_with_gradients_kept_across_replays_are_refused_on_cuda(monkeypatch, changes, named):
+    import torch
+
+    from fastlab.code import code
+
+    for mode in ("reduce-overhead", "max-autotune"):
+        TrainConfig(compile=mode, **changes)  # no CUDA here: torch.compile adds no CUDA graphs, nothing to refuse
+        TrainConfig(compile=mode, device="cpu", **changes)
+        with pytest.raises(ValueError, match=f"TrainConfig.compile='{mode}' is not allowed: a mode without CUDA "
+                                             f"graphs .* with {named} on a CUDA GPU"):
+            TrainConfig(compile=mode, device="cuda:1", **changes)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    base = TrainConfig(compile="reduce-overhead")
+    for refused in (lambda: base.replace(**changes), lambda: code(TrainConfig(compile="max-autotune").replace(**changes))):
+        with pytest.raises(ValueError, match="without CUDA graphs"):  # the run and the printed script alike
+            refused()
+    assert TrainConfig(compile="max-autotune-no-cudagraphs", **changes).compile == "max-autotune-no-cudagraphs"

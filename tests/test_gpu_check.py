@@ -6,6 +6,7 @@ import importlib
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import types
 import weakref
@@ -190,12 +191,15 @@ def test_gpu_check_ladders_use_a_fixed_rung_budget(monkeypatch, tmp_path):
 
     def fake_ladder(base, rungs, progress, on_result, max_seconds, budget_s, not_run, repeats):
         calls.append((max_seconds, budget_s, repeats))
+        datasets.append(base.dataset)
         on_result(RunResult(config=base.to_dict(), label="naive", window_throughput=[1.0]))
         return []
 
     monkeypatch.setattr(bench, "run_ladder", fake_ladder)
+    datasets: list[str] = []
     gpu_check.run_ladders(tmp_path, budget_s=120.0)
     assert calls == [(gpu_check.LADDER_RUNG_SECONDS, 60.0, 1)] * 2
+    assert datasets == ["synthetic"] * 2  # no CIFAR-10 download (a 15 s socket timeout offline) from the budget
     assert "estimate" in gpu_check.__doc__ and "minutes" in gpu_check.__doc__
 
 
@@ -336,17 +340,6 @@ def test_nvml_matches_the_gpu_by_uuid_without_cuda_visible_devices(monkeypatch):
     assert sampler.available and opened == [("uuid", "GPU-58f9a3c1-0000-1111-2222-333344445555")]
 
 
-def test_gpu_check_ladders_train_on_the_synthetic_set(monkeypatch, tmp_path):
-    # a GPU machine is often offline: a CIFAR-10 download attempt would spend the ladders' budget on a timeout
-    import fastlab.bench as bench
-
-    seen = []
-    monkeypatch.setattr(bench, "run_ladder", lambda base, rungs, **kw: seen.append(base.dataset))
-    monkeypatch.setattr(bench, "markdown_table", lambda done: "")
-    gpu_check.run_ladders(tmp_path, budget_s=1.0)
-    assert seen == ["synthetic", "synthetic"]
-
-
 # ---------------------------------------------------------------- issue 36, the third review
 
 
@@ -380,3 +373,62 @@ def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_
     assert "PASS" in capsys.readouterr().out  # the compared runs' checks ran (the fake runs pass some)
     assert isolation_of["UntunedForward"] == "process"  # cuDNN's plans of the off run cannot reach the on run
     assert isolation_of["_Hog"].startswith("FASTLAB_ISOLATION=thread")  # the OOM check reads this process's allocator
+
+
+def test_the_gpu_profile_without_cuda_says_its_estimate_and_waits_for_the_flag(monkeypatch, capsys):
+    from fastlab import calibration, isolation
+
+    started: list = []
+    estimated: list = []
+    monkeypatch.setattr(train, "_STEP_ESTIMATES", {}, raising=False)
+    monkeypatch.setattr(train, "_SAID", set(), raising=False)
+    monkeypatch.setattr(isolation, "call", lambda fn, *args: estimated.append(args) or 29.0)  # 29 s a step (pretend)
+    monkeypatch.setattr(isolation, "execute", lambda training, cold=False: started.append(training.cfg) or
+                        training.result)
+    monkeypatch.delenv("FASTLAB_CONFIRM_SLOW", raising=False)
+    gpu = config_for("gpu", device="cpu", dataset="synthetic")
+    with pytest.raises(ValueError, match=r"sized for a CUDA GPU .* 230 steps is estimated at 111\.2 min .* "
+                                         r"Fix: set FASTLAB_CONFIRM_SLOW=1"):
+        fastlab.run(gpu, progress=False)
+    with pytest.raises(ValueError, match="80 steps is estimated"):  # before a calibration: the shortest sized run
+        calibration.sized(gpu, arms=2, measure=lambda cfg: started.append(cfg) or [29.0])
+    assert started == [] and estimated == [("resnet18", 512, "cpu")]  # measured once, then kept
+    short = gpu.replace(steps=10, warmup_steps=2)  # 5.8 min: under ten, it goes ahead, said in one line
+    fastlab.run(short, progress=False)
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and "a run of 12 steps is estimated at 5.8 min" in said[0]
+    monkeypatch.setenv("FASTLAB_CONFIRM_SLOW", "1")
+    fastlab.run(gpu, progress=False)
+    assert started == [short, gpu] and capsys.readouterr().out == ""  # said once
+
+
+def test_each_gpu_check_check_has_a_deadline_and_a_fail_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "missing_packages", lambda: [])
+    monkeypatch.setattr(measure, "device_name", lambda device: "a pretend GPU")
+    monkeypatch.setattr(gpu_check, "CHECK_DEADLINE_S", 0.5, raising=False)
+    monkeypatch.setattr(gpu_check, "CHECKS", [("hangs", lambda: time.sleep(60) or "woke"), ("next", lambda: "fine")])
+    assert gpu_check.main(["--out", str(tmp_path), "--no-ladder"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("FAIL") and "hangs: not done within its deadline of 0.5 s" in lines[1]
+    assert lines[2].startswith("PASS") and lines[-1] == "1 of 2 checks passed; failed: ['hangs']"
+
+
+def test_a_gpu_check_stuck_past_its_deadline_and_the_grace_ends_with_every_threads_traceback(tmp_path):
+    stuck = textwrap.dedent(f"""
+        import signal, sys, time, torch
+        from fastlab import isolation, measure
+        from fastlab.tools import gpu_check
+        torch.cuda.is_available = lambda: True
+        gpu_check.missing_packages = lambda: []
+        measure.device_name = lambda device: "a pretend GPU"
+        isolation.STOP_GRACE_SECONDS, gpu_check.CHECK_DEADLINE_S = 0.5, 0.5
+        def deaf():  # as a CUDA call that never returns: no Ctrl-C reaches it
+            signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}})
+            time.sleep(60)
+        gpu_check.CHECKS = [("stuck", deaf)]
+        sys.exit(gpu_check.main(["--out", {str(tmp_path)!r}, "--no-ladder"]))
+    """)
+    p = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode == 1 and "Timeout" in p.stderr and "in deaf" in p.stderr, p.stderr

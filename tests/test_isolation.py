@@ -183,3 +183,45 @@ def test_the_interval_of_the_median_is_the_order_statistics_of_the_sign_test():
 def test_the_isolation_module_refuses_nothing_silently():
     assert isolation.describe_exit(-9) == "killed by SIGKILL"
     assert isolation.describe_exit(3) == "exit code 3"
+
+
+def _when_hanging(probe, then) -> threading.Thread:
+    """A thread that calls `then` once the child reports it hangs (within a minute)."""
+
+    def wait() -> None:
+        for _ in range(600):
+            if probe_lines(probe):
+                return then()
+            threading.Event().wait(0.1)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_child_deaf_to_its_stop_is_killed_after_the_stated_grace(quick, tmp_path, monkeypatch):
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("FASTLAB_PROBE_FILE", str(probe))
+    monkeypatch.setattr(isolation, "STOP_GRACE_SECONDS", 1.0)
+    stop = threading.Event()
+    _when_hanging(probe, stop.set)
+    r = fastlab.run(quick, model=isolation_probe.hangs_at_forward, progress=False, stop=stop)
+    assert r.status == "failed" and "killed here as it sent nothing for 1 s after a stop" in r.error
+    assert fastlab.run(quick, progress=False).ok  # the next run starts a new child
+
+
+def test_a_second_ctrl_c_kills_the_child(quick, tmp_path, monkeypatch):
+    import _thread
+
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("FASTLAB_PROBE_FILE", str(probe))
+    monkeypatch.setattr(isolation, "STOP_GRACE_SECONDS", 600.0)  # only the second Ctrl-C can end it
+
+    def twice() -> None:
+        _thread.interrupt_main()  # a Ctrl-C: the child is asked to stop
+        threading.Event().wait(0.5)
+        _thread.interrupt_main()
+
+    _when_hanging(probe, twice)
+    r = fastlab.run(quick, model=isolation_probe.hangs_at_forward, progress=False)
+    assert r.status == "failed" and "killed here on a second Ctrl-C" in r.error

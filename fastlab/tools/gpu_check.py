@@ -4,7 +4,9 @@ Checks, with assertions and at small sizes, every CUDA-only path of fastlab, the
 gpu-profile sizes and saves their results. Needs torch 2.11 or newer with the torchvision of the same release,
 numpy, Pillow and nvidia-ml-py (see PACKAGES; nothing from Jupyter): before starting, it names in one line every
 one that is missing. On a machine without CUDA it says so in one line and exits 0. Exit status 1 when any check
-failed; each check's outcome is printed as it finishes and written to <out>/checks.json.
+failed; each check's outcome is printed as it finishes and written to <out>/checks.json. Each check has a deadline
+(CHECK_DEADLINE_S; the ladders their budget and LADDER_OVERRUN_S): past it the check is stopped as a Ctrl-C would
+stop it and fails (within_deadline).
 
 How long, on one H200 (an estimate, not a measurement: no GPU has run it yet). Basis: DESIGN.md's H200 figures
 (ResNet-18 4.4k images/s naive to 52k at batch 512; the compact net 4.8k to 286k), every run in a fresh process
@@ -22,10 +24,13 @@ How long, on one H200 (an estimate, not a measurement: no GPU has run it yet). B
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -44,6 +49,8 @@ PACKAGES: tuple[tuple[str, str, str], ...] = (
     ("pynvml", "nvidia-ml-py", "GPU utilisation"),
 )
 LADDER_RUNG_SECONDS = 3.0  # each rung's budget on its timed steps: a few windows at every rung's speed
+CHECK_DEADLINE_S = 180.0  # a check not done by then fails: four times the longest one's estimate (above)
+LADDER_OVERRUN_S = 240.0  # the ladders' deadline past their budget: the rungs started before it, compiled ones too
 
 
 def missing_packages() -> list[str]:
@@ -57,6 +64,37 @@ def missing_packages() -> list[str]:
             why = "" if isinstance(e, ModuleNotFoundError) else f": {type(e).__name__}: {str(e).splitlines()[0]}"
             missing.append(f"{package} (for {used_for}{why})")
     return missing
+
+
+def within_deadline(fn: Callable[[], str], seconds: float) -> tuple[str, bool]:
+    """(fn()'s detail, True), or (why, False) when it raised or was not done within `seconds`. At the deadline the
+    main thread gets a Ctrl-C (SIGINT): the run in progress stops, and its process is killed if it then says
+    nothing for isolation.STOP_GRACE_SECONDS. Should this process itself hang (a CUDA call that never returns, which
+    no Python code can interrupt), faulthandler prints every thread's traceback and exits with status 1 after that."""
+    from .. import isolation
+
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    faulthandler.dump_traceback_later(seconds + 2 * isolation.STOP_GRACE_SECONDS, exit=True, file=sys.__stderr__)
+    timer.start()
+    try:
+        return fn(), True
+    except KeyboardInterrupt:
+        if not expired.is_set():  # the reader's own Ctrl-C ends gpu-check
+            raise
+        return f"not done within its deadline of {seconds:g} s: stopped", False
+    except Exception as e:  # every check reports; one failure must not hide the others
+        late = f"past its deadline of {seconds:g} s, stopped: " if expired.is_set() else ""
+        return f"{late}{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}", False
+    finally:
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 CHECKS: list[tuple[str, Callable[[], str]]] = []
@@ -302,7 +340,7 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
 
     lines = []
     for model in ("resnet18", "compact"):
-        base = config_for("gpu", model=model, dataset="synthetic")  # an offline GPU machine: no download wait
+        base = config_for("gpu", model=model, dataset="synthetic")  # offline: no CIFAR-10 download from the budget
         done: list = []
         not_run: dict[str, str] = {}
         path = out / f"ladder-{model}.json"
@@ -347,20 +385,17 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     for name, fn in CHECKS:
         t0 = time.perf_counter()
-        try:
-            detail, ok = fn(), True
-        except Exception as e:  # every check reports; one failure must not hide the others
-            detail, ok = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}", False
+        detail, ok = within_deadline(fn, CHECK_DEADLINE_S)
         seconds = time.perf_counter() - t0
         outcomes.append({"check": name, "ok": ok, "seconds": round(seconds, 1), "detail": detail})
         print(f"{'PASS' if ok else 'FAIL'} [{seconds:5.1f} s] {name}: {detail}", flush=True)
         (out / "checks.json").write_text(json.dumps(outcomes, indent=1))
     if not args.no_ladder:
-        try:
-            print(run_ladders(out, args.ladder_budget_s), flush=True)
-        except Exception as e:
-            outcomes.append({"check": "ladders", "ok": False, "detail": f"{type(e).__name__}: {e}"})
-            print(f"FAIL ladders: {type(e).__name__}: {e}", flush=True)
+        tables, ok = within_deadline(lambda: run_ladders(out, args.ladder_budget_s),
+                                     args.ladder_budget_s + LADDER_OVERRUN_S)
+        if not ok:
+            outcomes.append({"check": "ladders", "ok": False, "detail": tables})
+        print(tables if ok else f"FAIL ladders: {tables}", flush=True)
     failed = [o["check"] for o in outcomes if not o["ok"]]
     print(f"{len(outcomes) - len(failed)} of {len(outcomes)} checks passed" + (f"; failed: {failed}" if failed else ""))
     return 1 if failed else 0
