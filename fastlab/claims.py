@@ -8,10 +8,17 @@ typed. A verdict reads as one of:
 
     holds                     the measurement supports the claim, figures included
     holds only when ...       it holds under some of the conditions measured, not the others
-    does not hold here        no gain outside the spread, the opposite, or well short of the claimed figure
+    does not hold here        no gain outside the spread where the claimed one would have been seen, the
+                              opposite, or well short of the claimed figure
+    could not tell here (...) the test could not have seen the claimed effect (or MIN_GAIN where the claim gives
+                              no figure): the smallest difference it could detect, and what would tell
     no-op here (why)          the technique cannot act on this machine (a knob that does nothing here)
     not testable here: ...    the claim is about a device this machine does not have (pinned copies to a GPU on
                               a CPU), or the test could not come out otherwise (a schedule that never acted)
+
+A finding that rests on a single pair (a side that is one run, not interleaved with the other: a trap's one
+demonstration, FASTLAB_REPEATS=1; fastlab.measure.single_pair) is printed, never recorded: it cannot tell the
+machine's drift from an effect.
 
 Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with
 the date, device and profile, so that notebook 00's claim map can show the reader's own latest verdicts. Where
@@ -34,7 +41,7 @@ from typing import NamedTuple
 
 from .measure import Spread
 from .results import RunResult
-from .verdicts import CREDITED, runs_verdict, verdict
+from .verdicts import CREDITED, Comparison, runs_verdict, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
 ATTRIBUTION = "the common advice"
@@ -135,15 +142,19 @@ def quote(claim_id: str, width: int = 112) -> str:
 
 # ---------------------------------------------------------------- verdicts, computed from measurements
 
-VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "no-op here", "not testable here")
+VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "could not tell here", "no-op here",
+                 "not testable here")
+COULD_NOT_TELL = "could not tell here"
 NOT_TESTABLE = "not testable here"
 
 
 class Finding(NamedTuple):
-    """What a verdict function concludes: the verdict words, and the measurement they rest on."""
+    """What a verdict function concludes: the verdict words, the measurement they rest on, and whether it may be
+    recorded as the claim's verdict (False: it rests on a single pair). Rewrap one with ._replace(...)."""
 
     verdict: str
     evidence: str
+    recorded: bool = True
 
 
 def check_verdict(words: str) -> str:
@@ -202,6 +213,8 @@ def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, 
         return Finding(f"does not hold here ({c.reason})", c.words)
     ratio = c.ratio
     evidence = f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}"
+    if c.single_pair:
+        return _single_pair(c, evidence)
     if c.noise:
         return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x)", evidence)
     if c.direction == "worse":
@@ -227,6 +240,8 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     saving = 1 - c.ratio
     change = f"{saving:.0%} less" if saving >= 0 else f"{-saving:.0%} more"
     evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}"
+    if c.single_pair:
+        return _single_pair(c, evidence)
     if c.noise or abs(saving) < tolerance:
         return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
     if c.direction == "worse":
@@ -237,12 +252,24 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     return Finding(f"holds ({saving:.0%} less {what})", evidence)
 
 
+def _single_pair(c: Comparison, evidence: str) -> Finding:
+    return Finding(f"{COULD_NOT_TELL} (a single pair, {c.ratio:.2f}x: one side is one run, not interleaved with the "
+                   f"other, so the machine's drift between them cannot be told from an effect; not recorded)",
+                   evidence, recorded=False)
+
+
 def verdict_conditions(findings: dict[str, Finding]) -> Finding:
-    """Combine one finding per condition ("at batch 8", "at batch 32"): holds, holds only when ..., or not."""
+    """Combine one finding per condition ("at batch 8", "at batch 32"): holds, holds only when ..., or not. A
+    condition that may not be recorded (a single pair) is shown in the evidence and does not vote; with no other
+    condition, the combination is not recorded either."""
     if not findings:
         raise ValueError("verdict_conditions needs at least one condition")
-    holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
     evidence = "; ".join(f"{c}: {f.verdict}" + (f" [{f.evidence}]" if f.evidence else "") for c, f in findings.items())
+    voting = {c: f for c, f in findings.items() if f.recorded}
+    if not voting:
+        return Finding(next(iter(findings.values())).verdict, evidence, recorded=False)
+    findings = voting
+    holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
     if all(f.verdict.startswith("no-op here") for f in findings.values()):
         return Finding(next(iter(findings.values())).verdict, evidence)
     if len(holding) == len(findings):
@@ -388,8 +415,9 @@ def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]
 
 def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *, save: bool = True,
              result_summary: str | None = None) -> Verdict:
-    """The notebook's one call per claim: build the verdict from the finding, record it, return it to print."""
+    """The notebook's one call per claim: build the verdict from the finding, record it (unless the finding may
+    not be: a single pair), return it to print."""
     v = verdict_for(claim_id, finding, results, result_summary=result_summary)
-    if save:
+    if save and finding.recorded:
         record(v)
     return v

@@ -49,6 +49,7 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
     one, a fresh thread."""
     with exclusive_run(training.result.label):
         result = isolation.execute(training, cold_compile_caches)
+    result.extras["repeats"] = 1  # one run, alone: merge_repeats counts the interleaved ones
     if comparison:
         result.extras["comparison"] = comparison
     return result

@@ -4,7 +4,7 @@ import pytest
 
 from fastlab import TrainConfig, active_profile, config_for
 from fastlab.__main__ import add_config_flags
-from fastlab.config import field_names
+from fastlab.config import PROFILES, comparison_repeats, field_names
 
 
 @pytest.mark.parametrize("field, value, allowed", [
@@ -102,3 +102,10 @@ def test_every_field_is_a_cli_flag():
     assert (args.amp, args.batch_size, args.pin_memory, args.prefetch_factor) == ("bf16", 8, True, None)
     with pytest.raises(SystemExit):
         parser.parse_args(["--amp", "fp8"])
+
+
+@pytest.mark.parametrize("profile", list(PROFILES) + ["custom"])
+def test_every_profile_judges_on_at_least_two_interleaved_repeats(profile, monkeypatch):
+    monkeypatch.delenv("FASTLAB_REPEATS", raising=False)
+    cfg = config_for(profile) if profile != "custom" else TrainConfig()
+    assert comparison_repeats(cfg) >= 2

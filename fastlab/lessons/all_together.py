@@ -477,7 +477,7 @@ def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
     combined = verdict_conditions(findings)
     stack_as_run = c15_stack_notes(results, top)
     words = combined.verdict + (f", for the stack as run: {'; '.join(stack_as_run)}" if stack_as_run else "")
-    return Finding(words, head + combined.evidence)
+    return combined._replace(verdict=words, evidence=head + combined.evidence)
 
 
 def stack_top(results: list[RunResult]) -> RunResult:

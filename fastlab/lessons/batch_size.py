@@ -435,7 +435,7 @@ def judge_largest(results: list[RunResult]) -> Finding:
         tta = claims.verdict_less(small.seconds, big.seconds, what="time to accuracy", unit="s")
     findings["counted in time to accuracy"] = tta
     combined = claims.verdict_conditions(findings)
-    return Finding(combined.verdict, combined.evidence + f"; {small.summary()}; {big.summary()}")
+    return combined._replace(evidence=combined.evidence + f"; {small.summary()}; {big.summary()}")
 
 
 def plot_tta(results: list[RunResult], title: str = ""):

@@ -351,7 +351,7 @@ def judge_workers(results: list[RunResult]) -> Finding:
     finding = _judge_sweep(results, reading, zero, advised, evidence)
     if results[0].env.get("device_type", "cpu") == "cpu":  # the advice feeds a GPU; here loading and training share
         v = finding.verdict
-        return Finding(v[:-1] + f"; {ON_A_CPU})" if v.endswith(")") else f"{v} ({ON_A_CPU})", finding.evidence)
+        return finding._replace(verdict=v[:-1] + f"; {ON_A_CPU})" if v.endswith(")") else f"{v} ({ON_A_CPU})")
     return finding
 
 

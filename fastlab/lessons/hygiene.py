@@ -384,9 +384,9 @@ def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str
         findings["counted in memory"] = f
         combined = claims.verdict_conditions(findings)
         where = evals[0].env.get("device_type", "cpu")
-        return Finding(f"{combined.verdict} (the memory half is true by construction on {where}: under no_grad "
-                       f"autograd saves no activations, so their count from tensor sizes is zero by definition; "
-                       f"a GPU's allocator measures it)", combined.evidence)
+        return combined._replace(verdict=f"{combined.verdict} (the memory half is true by construction on {where}: "
+                                         f"under no_grad autograd saves no activations, so their count from tensor "
+                                         f"sizes is zero by definition; a GPU's allocator measures it)")
     return claims.verdict_conditions(findings)
 
 
