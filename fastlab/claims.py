@@ -142,6 +142,11 @@ def quote(claim_id: str, width: int = 112) -> str:
 
 # ---------------------------------------------------------------- verdicts, computed from measurements
 
+# The smallest gain that matters where a claim gives no figure of its own: a test that could not have seen it says
+# "could not tell here", never "does not hold here".
+MIN_GAIN = 1.2
+TO_TELL = "to tell: a quieter machine, the thorough version (FASTLAB_THOROUGH=1) or a GPU"
+
 VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "could not tell here", "no-op here",
                  "not testable here")
 COULD_NOT_TELL = "could not tell here"
@@ -173,6 +178,13 @@ def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
     if knob and runs and all(knob in r.no_ops for r in runs):
         return runs[0].no_ops[knob]
     return None
+
+
+def unseen(c: Comparison, what: str = "no difference detected") -> str:
+    """Why a test that lacked the power could not tell: what it saw, the smallest change it could have seen, and
+    what would tell (the words inside "could not tell here (...)")."""
+    return (f"{what}, {c.gain:.2f}x, but on this machine now a change under {c.detectable:.2f}x could not have "
+            f"been seen: measurements varied ±{c.variation:.0%}; {TO_TELL}")
 
 
 def _range(s: Spread, fmt: str = ",.0f") -> str:
@@ -215,8 +227,12 @@ def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, 
     evidence = f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}"
     if c.single_pair:
         return _single_pair(c, evidence)
+    matters = claimed_ratio or MIN_GAIN
+    if c.noise and c.detectable > matters:
+        return Finding(f"{COULD_NOT_TELL} ({unseen(c)})", evidence)
     if c.noise:
-        return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x)", evidence)
+        return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x, where a {matters:g}x "
+                       f"gain would have been seen: under {c.detectable:.2f}x could not)", evidence)
     if c.direction == "worse":
         return Finding(f"does not hold here (slower: {ratio:.2f}x)", evidence)
     if claimed_ratio is not None and ratio < claimed_ratio:
@@ -242,6 +258,9 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}"
     if c.single_pair:
         return _single_pair(c, evidence)
+    matters = 1 / (1 - claimed_saving) if claimed_saving is not None and claimed_saving < 1 else MIN_GAIN
+    if c.noise and c.detectable > matters:
+        return Finding(f"{COULD_NOT_TELL} ({unseen(c, f'no {what} saving detected')})", evidence)
     if c.noise or abs(saving) < tolerance:
         return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
     if c.direction == "worse":
@@ -270,6 +289,12 @@ def verdict_conditions(findings: dict[str, Finding]) -> Finding:
         return Finding(next(iter(findings.values())).verdict, evidence, recorded=False)
     findings = voting
     holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
+    untold = [c for c, f in findings.items() if f.verdict.startswith(COULD_NOT_TELL)]
+    if untold and len(holding) + len(untold) == len(findings):  # nothing measured against it
+        if not holding:
+            return Finding(f"{COULD_NOT_TELL} (" + "; ".join(f"{c}: {findings[c].verdict[len(COULD_NOT_TELL):].strip(' ()')}"
+                                                      for c in untold) + ")", evidence)
+        return Finding(f"holds when {' and '.join(holding)}; {COULD_NOT_TELL} when {' and '.join(untold)}", evidence)
     if all(f.verdict.startswith("no-op here") for f in findings.values()):
         return Finding(next(iter(findings.values())).verdict, evidence)
     if len(holding) == len(findings):

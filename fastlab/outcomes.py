@@ -19,7 +19,7 @@ from typing import Any
 
 from . import builders
 from .builders import Data, ModelArg
-from .claims import Finding
+from .claims import COULD_NOT_TELL, MIN_GAIN, Finding, unseen
 from .config import TrainConfig, target_accuracy, tta_settings
 from .measure import Spread
 from .results import RunResult
@@ -257,23 +257,26 @@ def _why_not(t: TimeToAccuracy) -> str:
 
 @dataclass(frozen=True)
 class TtaVerdict:
-    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), and the
-    comparison of training seconds to target it rests on (None when a side diverged or never reached it)."""
+    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), the comparison
+    of training seconds to target it rests on (None when a side diverged or never reached it), and whether the test
+    could tell (told False: not faster, but it could not have seen the gain either)."""
 
     faster: bool
     why: str
     evidence: str
     seconds: Comparison | None = None
+    told: bool = True
 
     @property
     def finding(self) -> Finding:
-        """In a claim's words: 'holds (...)' or 'does not hold here (...)'."""
-        return Finding(f"{'holds' if self.faster else 'does not hold here'} ({self.why})", self.evidence)
+        """In a claim's words: 'holds (...)', 'does not hold here (...)' or 'could not tell here (...)'."""
+        head = "holds" if self.faster else "does not hold here" if self.told else COULD_NOT_TELL
+        return Finding(f"{head} ({self.why})", self.evidence)
 
     @property
     def plain(self) -> str:
-        """As a step's effect: 'faster (...)' or 'not faster (...)'."""
-        return f"{'faster' if self.faster else 'not faster'} ({self.why})"
+        """As a step's effect: 'faster (...)', 'not faster (...)' or 'could not tell (...)'."""
+        return f"{'faster' if self.faster else 'not faster' if self.told else 'could not tell'} ({self.why})"
 
 
 def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
@@ -295,6 +298,8 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     c = verdict(base.seconds, other.seconds, "s", higher_is_better=False, quantity="training seconds to target",
                 fmt=".1f")
     ratio = c.gain  # how many times faster to the target
+    if c.noise and c.detectable > MIN_GAIN:
+        return TtaVerdict(False, unseen(c), evidence, c, told=False)
     if c.noise:
         return TtaVerdict(False, f"no difference outside the seeds' spread: {ratio:.2f}x", evidence, c)
     steps = verdict(base.steps, other.steps, "steps", higher_is_better=False, quantity="steps to target", fmt=".0f")

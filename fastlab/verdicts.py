@@ -66,6 +66,11 @@ class Comparison:
         return self.base.median / self.other.median if self.other.median else math.nan
 
     @property
+    def variation(self) -> float:
+        """How far the intervals of the median reach from their medians (0.3: ±30%): the spread behind detectable."""
+        return _varied(self.base, self.other)
+
+    @property
     def words(self) -> str:
         """The plain sentence: ratio, its direction (or "noise"), the medians and ranges it rests on."""
         if not self.comparable:
@@ -84,7 +89,7 @@ class Comparison:
                     f"2 repeats or more: fastlab.compare); {head}")
         if self.noise:
             return (f"{lead}: noise (no difference detected: on this machine now, a change under {self.detectable:.2f}x "
-                    f"could not have been seen; measurements varied ±{_varied(b, o):.0%} about their medians"
+                    f"could not have been seen; measurements varied ±{self.variation:.0%} about their medians"
                     f"{_dissent(b, o)}); {head}")
         up, down = ("faster", "slower") if rate else ("higher", "lower")
         return f"{lead} ({up if self.ratio > 1 else down}); {head}"

@@ -305,3 +305,25 @@ def test_the_workshop_guide_prints_the_timings_file():
     assert timings.with_timings_table(guide, timings.timings_table()) == guide
     with pytest.raises(ValueError, match="no timings table block"):
         timings.with_timings_table("no markers", "x")
+
+
+def test_a_claim_is_judged_only_where_its_test_could_have_seen_it():
+    base, other = arm("base", [60, 100, 150]), arm("x", [65, 110, 160])  # each ±50%: under 2.5x is unseen
+    wide = claims.verdict_speedup(base, other, 2.0)
+    assert wide.verdict.startswith("could not tell here (no difference detected, 1.10x, but on this machine now a "
+                                   "change under 2.54x could not have been seen")
+    assert "does not hold" not in wide.verdict and wide.recorded
+    assert claims.verdict_speedup(base, other).verdict.startswith("could not tell here")  # MIN_GAIN, no figure
+    # tight windows: a clear gain holds, and no gain where 2x would have been seen does not hold
+    tight = arm("base", [100, 101, 102])
+    assert claims.verdict_speedup(tight, arm("x", [200, 202, 204]), 2.0).verdict.startswith("holds (2.00x")
+    same = claims.verdict_speedup(tight, arm("x", [100, 102, 103]), 2.0).verdict
+    assert same.startswith("does not hold here (no difference outside the spread: 1.01x, where a 2x gain would")
+    # memory: a claimed 50% saving measured by spreads that could not see it
+    m = claims.verdict_less(Spread.of([400.0, 1000.0, 1600.0]), Spread.of([380.0, 950.0, 1500.0]), 0.5)
+    assert m.verdict.startswith("could not tell here (no memory saving detected")
+    # conditions: could-not-tell beside holds is not a "holds only when"; alone it is a could-not-tell
+    yes = claims.Finding("holds (2x)", "")
+    assert claims.verdict_conditions({"at batch 256": yes, "at batch 8": wide}).verdict == (
+        "holds when at batch 256; could not tell here when at batch 8")
+    assert claims.verdict_conditions({"at batch 8": wide}).verdict.startswith("could not tell here (at batch 8: no")
