@@ -24,7 +24,7 @@ from .config import TrainConfig, target_accuracy, tta_settings
 from .measure import Spread
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
-from .verdicts import Comparison, verdict
+from .verdicts import Comparison, pooled_throughput, verdict
 
 DEFAULT_SEEDS = (0, 1, 2)
 
@@ -312,7 +312,22 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     if steps_too and steps.direction == "worse":
         return TtaVerdict(False, f"more steps to target: median {other.steps.median:.0f} vs "
                                  f"{base.steps.median:.0f}; {per_step}", evidence, c)
+    # the one rule of every time-to-accuracy gain: seconds alone can be the machine's load changing between the
+    # runs, so the gain is credited only when fewer steps or a faster step (its images/s: not for steps_too) show it
+    speed = verdict(pooled_throughput(base.runs), pooled_throughput(other.runs))
+    if not (steps.better or (speed.better and not steps_too)):
+        return TtaVerdict(False, f"{ratio:.2f}x in seconds to {other.target:.0%}, but neither the steps to target "
+                                 f"(median {other.steps.median:.0f} vs {base.steps.median:.0f}: {steps.direction}) nor "
+                                 f"the speed per step ({_speed_words(speed)}) shows it: the seconds alone cannot "
+                                 f"tell the change from the machine's load changing between runs", evidence, c,
+                          told=False)
     return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
+
+
+def _speed_words(c: Comparison) -> str:
+    if not c.comparable:
+        return "images/s not measured"
+    return f"images/s {c.ratio:.2f}x: {c.direction}" + (", a single pair" if c.single_pair else "")
 
 
 def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
@@ -320,8 +335,9 @@ def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
     the seeds' spread is none.
 
-    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
-    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
-    spread measured the machine's load, not the change.
+    Seconds to target alone do not credit a gain: fewer steps to the target or a faster step (the runs' images/s)
+    must show it too, else "could not tell". steps_too: the change does not alter a step's cost (an optimiser's
+    arithmetic, a schedule), so only the steps to target can show it; seconds that differ while the steps agree
+    within the seeds' spread measured the machine's load, not the change.
     """
     return tta_verdict(base, other, steps_too=steps_too).finding

@@ -65,6 +65,23 @@ def test_tta_finding_rules():
     assert O.tta_finding(missed, base).verdict.startswith("holds (Adam reached 50% in 3 of 3 seeds, never in none")
 
 
+def test_a_time_to_accuracy_gain_is_credited_only_when_steps_or_step_speed_show_it():
+    base = _tta("naive", [10.0, 11.0, 12.0], steps=[45, 48, 50], windows=[100, 130, 160])
+    # 2x in seconds, but the same steps to target and images/s that read noise: the machine's load, not the change
+    load = _tta("stack", [5.0, 5.5, 6.0], steps=[44, 46, 49], windows=[110, 140, 170])
+    v = O.tta_verdict(base, load)
+    assert not v.faster and not v.told and v.seconds.better
+    f = O.tta_finding(base, load).verdict
+    assert f.startswith("could not tell here (2.00x in seconds to 50%, but neither the steps to target") and \
+        "images/s 1.08x: noise" in f
+    # a faster step (images/s outside the spread) shows it: credited; so do fewer steps
+    quick = _tta("stack", [5.0, 5.5, 6.0], steps=[44, 46, 49], windows=[250, 260, 270])
+    assert O.tta_finding(base, quick).verdict.startswith("holds (2.00x faster")
+    assert not O.tta_verdict(base, quick, steps_too=True).faster  # an optimiser's change: its steps must show it
+    fewer = _tta("stack", [5.0, 5.5, 6.0], steps=[20, 22, 24])
+    assert O.tta_finding(base, fewer).verdict.startswith("holds (2.00x faster")
+
+
 def test_judge_c12_and_describe_changes():
     ttas = [_tta("Adam", [10.0, 11.0, 12.0], steps=[60, 65, 70]),
             _tta("AdamW", [5.0, 6.0, 7.0], steps=[30, 35, 40])]

@@ -344,7 +344,7 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
         if base is None:
             continue
         to_target = tta_verdict(base, t)
-        if to_target.faster or (to_target.seconds is not None and to_target.seconds.noise):
+        if to_target.faster or not to_target.told or (to_target.seconds is not None and to_target.seconds.noise):
             continue
         out.append((r.label, f"{speed:.2f}x images/s over the rung it built on, but to the target: "
                               f"{to_target.plain}"))
