@@ -224,7 +224,8 @@ def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, 
     if not c.comparable:
         return Finding(f"does not hold here ({c.reason})", c.words)
     ratio = c.ratio
-    evidence = f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}"
+    evidence = (f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}; "
+                f"{c.power}")
     if c.single_pair:
         return _single_pair(c, evidence)
     matters = claimed_ratio or MIN_GAIN
@@ -255,7 +256,7 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
         raise ValueError(f"verdict_less needs a positive base and a measured other: got {b.median} and {o.median}")
     saving = 1 - c.ratio
     change = f"{saving:.0%} less" if saving >= 0 else f"{-saving:.0%} more"
-    evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}"
+    evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}; {c.power}"
     if c.single_pair:
         return _single_pair(c, evidence)
     matters = 1 / (1 - claimed_saving) if claimed_saving is not None and claimed_saving < 1 else MIN_GAIN

@@ -92,7 +92,14 @@ class Comparison:
                     f"could not have been seen; measurements varied ±{self.variation:.0%} about their medians"
                     f"{_dissent(b, o)}); {head}")
         up, down = ("faster", "slower") if rate else ("higher", "lower")
-        return f"{lead} ({up if self.ratio > 1 else down}); {head}"
+        return f"{lead} ({up if self.ratio > 1 else down}); {head}; {self.power}"
+
+    @property
+    def power(self) -> str:
+        """What this measurement could see: 'a change over 1.12x would have shown here' (every comparison)."""
+        if self.single_pair or not math.isfinite(self.detectable):
+            return "no change would have shown apart from the machine's drift"
+        return f"a change over {self.detectable:.2f}x would have shown here"
 
     def __str__(self) -> str:
         return self.words

@@ -165,3 +165,13 @@ def test_a_large_ratio_that_reads_noise_says_which_repeat_disagreed():
     assert "the repeats disagreed: repeat 2 of 2 read 0.99x, inside its spread" in c.words
     flipped = runs_verdict(base, arm("B", [300, 301, 302], [80, 81, 82]))
     assert flipped.noise and "repeat 2 of 2 read 0.80x, the other way" in flipped.words
+
+
+def test_a_difference_seen_says_what_the_measurement_could_see_too():
+    seen = verdict(Spread(100.0, 99.0, 101.0, 5), Spread(150.0, 148.0, 152.0, 5))
+    assert seen.better and seen.words.endswith(f"; a change over {seen.detectable:.2f}x would have shown here")
+    assert "no change would have shown apart from the machine's drift" in runs_verdict(alone("A", [1, 2]),
+                                                                                     alone("B", [5, 6])).power
+    # a memory saving measured on a CPU (tensor sizes: exact) says so in the claim's evidence
+    f = claims.verdict_less(1000.0, 520.0, 0.5)
+    assert f.verdict.startswith("holds (48% less memory)") and "a change over 1.00x would have shown here" in f.evidence
