@@ -153,7 +153,9 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
     if not below.window_throughput:
         return None  # nothing to compare with (the rung below went unmeasured)
     ratio = result.throughput.median / below.throughput.median
-    if ratio < DROP_BELOW_RATIO and not is_noise(below.throughput, result.throughput):
+    # the first pass has one run per rung: a guard against carrying a trap up, not a verdict, so the windows alone
+    if ratio < DROP_BELOW_RATIO and not is_noise(Spread.of(below.window_throughput),
+                                                 Spread.of(result.window_throughput)):
         return f"{ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
     return None
 

@@ -43,7 +43,8 @@ JUDGES: tuple[ClaimJudge, ...] = (
 
 
 def reference_verdicts(judges: Sequence[ClaimJudge] = JUDGES) -> dict[str, Verdict]:
-    """The verdict of each judged claim on the bundled reference results (one device: the first found)."""
+    """The verdict of each judged claim on the bundled reference results (one device: the first found); none
+    from a finding that may not be recorded (a single pair)."""
     out: dict[str, Verdict] = {}
     for entry in judges:
         if entry.claim in out:
@@ -52,6 +53,8 @@ def reference_verdicts(judges: Sequence[ClaimJudge] = JUDGES) -> dict[str, Verdi
             try:
                 finding = entry.judge(results)
             except (ValueError, KeyError, IndexError):  # reference runs this judge cannot read: no verdict
+                continue
+            if not finding.recorded:  # a single pair: no verdict from it, here either
                 continue
             v = verdict_for(entry.claim, finding, results)
             v.source, v.device = "reference", device

@@ -8,10 +8,17 @@ typed. A verdict reads as one of:
 
     holds                     the measurement supports the claim, figures included
     holds only when ...       it holds under some of the conditions measured, not the others
-    does not hold here        no gain outside the spread, the opposite, or well short of the claimed figure
+    does not hold here        no gain outside the spread where the claimed one would have been seen, the
+                              opposite, or well short of the claimed figure
+    could not tell here (...) the test could not have seen the claimed effect (or MIN_GAIN where the claim gives
+                              no figure): the smallest difference it could detect, and what would tell
     no-op here (why)          the technique cannot act on this machine (a knob that does nothing here)
     not testable here: ...    the claim is about a device this machine does not have (pinned copies to a GPU on
                               a CPU), or the test could not come out otherwise (a schedule that never acted)
+
+A finding that rests on a single pair (a side that is one run, not interleaved with the other: a trap's one
+demonstration, FASTLAB_REPEATS=1; fastlab.measure.single_pair) is printed, never recorded: it cannot tell the
+machine's drift from an effect.
 
 Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with
 the date, device and profile, so that notebook 00's claim map can show the reader's own latest verdicts. Where
@@ -34,7 +41,7 @@ from typing import NamedTuple
 
 from .measure import Spread
 from .results import RunResult
-from .verdicts import CREDITED, runs_verdict, verdict
+from .verdicts import CREDITED, Comparison, runs_verdict, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
 ATTRIBUTION = "the common advice"
@@ -135,15 +142,24 @@ def quote(claim_id: str, width: int = 112) -> str:
 
 # ---------------------------------------------------------------- verdicts, computed from measurements
 
-VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "no-op here", "not testable here")
+# The smallest gain that matters where a claim gives no figure of its own: a test that could not have seen it says
+# "could not tell here", never "does not hold here".
+MIN_GAIN = 1.2
+TO_TELL = "to tell: a quieter machine, the thorough version (FASTLAB_THOROUGH=1) or a GPU"
+
+VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "could not tell here", "no-op here",
+                 "not testable here")
+COULD_NOT_TELL = "could not tell here"
 NOT_TESTABLE = "not testable here"
 
 
 class Finding(NamedTuple):
-    """What a verdict function concludes: the verdict words, and the measurement they rest on."""
+    """What a verdict function concludes: the verdict words, the measurement they rest on, and whether it may be
+    recorded as the claim's verdict (False: it rests on a single pair). Rewrap one with ._replace(...)."""
 
     verdict: str
     evidence: str
+    recorded: bool = True
 
 
 def check_verdict(words: str) -> str:
@@ -162,6 +178,13 @@ def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
     if knob and runs and all(knob in r.no_ops for r in runs):
         return runs[0].no_ops[knob]
     return None
+
+
+def unseen(c: Comparison, what: str = "no difference detected") -> str:
+    """Why a test that lacked the power could not tell: what it saw, the smallest change it could have seen, and
+    what would tell (the words inside "could not tell here (...)")."""
+    return (f"{what}, {c.gain:.2f}x, but on this machine now a change under {c.detectable:.2f}x could not have "
+            f"been seen: measurements varied ±{c.variation:.0%}; {TO_TELL}")
 
 
 def _range(s: Spread, fmt: str = ",.0f") -> str:
@@ -201,9 +224,16 @@ def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, 
     if not c.comparable:
         return Finding(f"does not hold here ({c.reason})", c.words)
     ratio = c.ratio
-    evidence = f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}"
+    evidence = (f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}; "
+                f"{c.power}")
+    if c.single_pair:
+        return _single_pair(c, evidence)
+    matters = claimed_ratio or MIN_GAIN
+    if c.noise and c.detectable > matters:
+        return Finding(f"{COULD_NOT_TELL} ({unseen(c)})", evidence)
     if c.noise:
-        return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x)", evidence)
+        return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x, where a {matters:g}x "
+                       f"gain would have been seen: under {c.detectable:.2f}x could not)", evidence)
     if c.direction == "worse":
         return Finding(f"does not hold here (slower: {ratio:.2f}x)", evidence)
     if claimed_ratio is not None and ratio < claimed_ratio:
@@ -226,7 +256,12 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
         raise ValueError(f"verdict_less needs a positive base and a measured other: got {b.median} and {o.median}")
     saving = 1 - c.ratio
     change = f"{saving:.0%} less" if saving >= 0 else f"{-saving:.0%} more"
-    evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}"
+    evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}; {c.power}"
+    if c.single_pair:
+        return _single_pair(c, evidence)
+    matters = 1 / (1 - claimed_saving) if claimed_saving is not None and claimed_saving < 1 else MIN_GAIN
+    if c.noise and c.detectable > matters:
+        return Finding(f"{COULD_NOT_TELL} ({unseen(c, f'no {what} saving detected')})", evidence)
     if c.noise or abs(saving) < tolerance:
         return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
     if c.direction == "worse":
@@ -237,12 +272,30 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     return Finding(f"holds ({saving:.0%} less {what})", evidence)
 
 
+def _single_pair(c: Comparison, evidence: str) -> Finding:
+    return Finding(f"{COULD_NOT_TELL} (a single pair, {c.ratio:.2f}x: one side is one run, not interleaved with the "
+                   f"other, so the machine's drift between them cannot be told from an effect; not recorded)",
+                   evidence, recorded=False)
+
+
 def verdict_conditions(findings: dict[str, Finding]) -> Finding:
-    """Combine one finding per condition ("at batch 8", "at batch 32"): holds, holds only when ..., or not."""
+    """Combine one finding per condition ("at batch 8", "at batch 32"): holds, holds only when ..., or not. A
+    condition that may not be recorded (a single pair) is shown in the evidence and does not vote; with no other
+    condition, the combination is not recorded either."""
     if not findings:
         raise ValueError("verdict_conditions needs at least one condition")
-    holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
     evidence = "; ".join(f"{c}: {f.verdict}" + (f" [{f.evidence}]" if f.evidence else "") for c, f in findings.items())
+    voting = {c: f for c, f in findings.items() if f.recorded}
+    if not voting:
+        return Finding(next(iter(findings.values())).verdict, evidence, recorded=False)
+    findings = voting
+    holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
+    untold = [c for c, f in findings.items() if f.verdict.startswith(COULD_NOT_TELL)]
+    if untold and len(holding) + len(untold) == len(findings):  # nothing measured against it
+        if not holding:
+            return Finding(f"{COULD_NOT_TELL} (" + "; ".join(f"{c}: {findings[c].verdict[len(COULD_NOT_TELL):].strip(' ()')}"
+                                                      for c in untold) + ")", evidence)
+        return Finding(f"holds when {' and '.join(holding)}; {COULD_NOT_TELL} when {' and '.join(untold)}", evidence)
     if all(f.verdict.startswith("no-op here") for f in findings.values()):
         return Finding(next(iter(findings.values())).verdict, evidence)
     if len(holding) == len(findings):
@@ -400,8 +453,9 @@ def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]
 
 def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *, save: bool = True,
              result_summary: str | None = None) -> Verdict:
-    """The notebook's one call per claim: build the verdict from the finding, record it, return it to print."""
+    """The notebook's one call per claim: build the verdict from the finding, record it (unless the finding may
+    not be: a single pair), return it to print."""
     v = verdict_for(claim_id, finding, results, result_summary=result_summary)
-    if save:
+    if save and finding.recorded:
         record(v)
     return v

@@ -19,12 +19,12 @@ from typing import Any
 
 from . import builders
 from .builders import Data, ModelArg
-from .claims import Finding
+from .claims import COULD_NOT_TELL, MIN_GAIN, Finding, unseen
 from .config import TrainConfig, target_accuracy, tta_settings
 from .measure import Spread
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
-from .verdicts import Comparison, verdict
+from .verdicts import Comparison, pooled_throughput, verdict
 
 DEFAULT_SEEDS = (0, 1, 2)
 
@@ -257,23 +257,26 @@ def _why_not(t: TimeToAccuracy) -> str:
 
 @dataclass(frozen=True)
 class TtaVerdict:
-    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), and the
-    comparison of training seconds to target it rests on (None when a side diverged or never reached it)."""
+    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), the comparison
+    of training seconds to target it rests on (None when a side diverged or never reached it), and whether the test
+    could tell (told False: not faster, but it could not have seen the gain either)."""
 
     faster: bool
     why: str
     evidence: str
     seconds: Comparison | None = None
+    told: bool = True
 
     @property
     def finding(self) -> Finding:
-        """In a claim's words: 'holds (...)' or 'does not hold here (...)'."""
-        return Finding(f"{'holds' if self.faster else 'does not hold here'} ({self.why})", self.evidence)
+        """In a claim's words: 'holds (...)', 'does not hold here (...)' or 'could not tell here (...)'."""
+        head = "holds" if self.faster else "does not hold here" if self.told else COULD_NOT_TELL
+        return Finding(f"{head} ({self.why})", self.evidence)
 
     @property
     def plain(self) -> str:
-        """As a step's effect: 'faster (...)' or 'not faster (...)'."""
-        return f"{'faster' if self.faster else 'not faster'} ({self.why})"
+        """As a step's effect: 'faster (...)', 'not faster (...)' or 'could not tell (...)'."""
+        return f"{'faster' if self.faster else 'not faster' if self.told else 'could not tell'} ({self.why})"
 
 
 def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
@@ -295,6 +298,8 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     c = verdict(base.seconds, other.seconds, "s", higher_is_better=False, quantity="training seconds to target",
                 fmt=".1f")
     ratio = c.gain  # how many times faster to the target
+    if c.noise and c.detectable > MIN_GAIN:
+        return TtaVerdict(False, unseen(c), evidence, c, told=False)
     if c.noise:
         return TtaVerdict(False, f"no difference outside the seeds' spread: {ratio:.2f}x", evidence, c)
     steps = verdict(base.steps, other.steps, "steps", higher_is_better=False, quantity="steps to target", fmt=".0f")
@@ -307,7 +312,22 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     if steps_too and steps.direction == "worse":
         return TtaVerdict(False, f"more steps to target: median {other.steps.median:.0f} vs "
                                  f"{base.steps.median:.0f}; {per_step}", evidence, c)
+    # the one rule of every time-to-accuracy gain: seconds alone can be the machine's load changing between the
+    # runs, so the gain is credited only when fewer steps or a faster step (its images/s: not for steps_too) show it
+    speed = verdict(pooled_throughput(base.runs), pooled_throughput(other.runs))
+    if not (steps.better or (speed.better and not steps_too)):
+        return TtaVerdict(False, f"{ratio:.2f}x in seconds to {other.target:.0%}, but neither the steps to target "
+                                 f"(median {other.steps.median:.0f} vs {base.steps.median:.0f}: {steps.direction}) nor "
+                                 f"the speed per step ({_speed_words(speed)}) shows it: the seconds alone cannot "
+                                 f"tell the change from the machine's load changing between runs", evidence, c,
+                          told=False)
     return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
+
+
+def _speed_words(c: Comparison) -> str:
+    if not c.comparable:
+        return "images/s not measured"
+    return f"images/s {c.ratio:.2f}x: {c.direction}" + (", a single pair" if c.single_pair else "")
 
 
 def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
@@ -315,8 +335,9 @@ def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
     the seeds' spread is none.
 
-    steps_too: the change does not alter a step's cost (an optimiser's arithmetic, a schedule), so converging
-    faster must also show in the steps to target; seconds that differ while the steps agree within the seeds'
-    spread measured the machine's load, not the change.
+    Seconds to target alone do not credit a gain: fewer steps to the target or a faster step (the runs' images/s)
+    must show it too, else "could not tell". steps_too: the change does not alter a step's cost (an optimiser's
+    arithmetic, a schedule), so only the steps to target can show it; seconds that differ while the steps agree
+    within the seeds' spread measured the machine's load, not the change.
     """
     return tta_verdict(base, other, steps_too=steps_too).finding

@@ -68,8 +68,11 @@ class RunResult:
     @property
     def throughput(self) -> Spread:
         """Images per second: median, min and max over the timed windows (of every repeat, for an arm measured in
-        interleaved repeats, whose own windows the noise rule pairs: extras["repeat_windows"])."""
-        return Spread.of(self.window_throughput, self.extras.get("repeat_windows"))
+        interleaved repeats, whose own windows the noise rule pairs: extras["repeat_windows"]). A run that ran
+        alone (extras["repeats"] == 1: every run fastlab.train makes, until merged) holds itself as its one repeat:
+        the noise rule then knows it was not interleaved with anything (measure.single_pair)."""
+        alone = [self.window_throughput] if self.extras.get("repeats") == 1 else None
+        return Spread.of(self.window_throughput, self.extras.get("repeat_windows") or alone)
 
     @property
     def synthetic(self) -> bool:

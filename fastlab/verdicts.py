@@ -6,9 +6,12 @@
     c.direction                                        # "better", "worse", "noise" or "not_comparable"
     print(c)                                           # the sentence: "1.42x (faster); 410 vs 289 images/s ..."
 
-A difference is `noise` when the noise rule says so (the intervals of the medians overlap, or interleaved
-repeats disagree); `not_comparable` when a side measured nothing or a run diverged or failed (its speed is never
-credited), with the reason. Callers decide on `direction` (and `ratio`), never on the words.
+A difference is `noise` when the noise rule says so (the intervals of the medians overlap, interleaved repeats
+disagree, or a side is one run not interleaved with the other: a single pair, which cannot tell the machine's drift
+from an effect); `not_comparable` when a side measured nothing or a run diverged or failed (its speed is never
+credited), with the reason. Every comparison carries `detectable`, the smallest ratio it could have told from noise
+(fastlab.measure.detectable_ratio: inf for a single pair), and its words say it. Callers decide on `direction`,
+`ratio`, `detectable` and `single_pair`, never on the words.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .measure import Spread, is_noise
+from .measure import Spread, _overlap, detectable_ratio, is_noise, single_pair
 from .results import RunResult
 
 Direction = Literal["better", "worse", "noise", "not_comparable"]
@@ -40,6 +43,8 @@ class Comparison:
     reason: str = ""  # not_comparable: why (which run, what happened)
     side: Literal["", "base", "other"] = ""  # not_comparable: the side that has no credited measurement
     status: str = ""  # not_comparable: that side's run status ("diverged", "failed", ...), when a run's
+    detectable: float = math.nan  # the smallest ratio (either way, >= 1) this measurement could have told from noise
+    single_pair: bool = False  # a side is one run not interleaved with the other: drift cannot be told from an effect
 
     @property
     def noise(self) -> bool:
@@ -61,6 +66,11 @@ class Comparison:
         return self.base.median / self.other.median if self.other.median else math.nan
 
     @property
+    def variation(self) -> float:
+        """How far the intervals of the median reach from their medians (0.3: ±30%): the spread behind detectable."""
+        return _varied(self.base, self.other)
+
+    @property
     def words(self) -> str:
         """The plain sentence: ratio, its direction (or "noise"), the medians and ranges it rests on."""
         if not self.comparable:
@@ -72,10 +82,24 @@ class Comparison:
             head += f", {len(b.repeats)} interleaved repeats"
         rate = self.unit.endswith("/s")
         lead = f"{self.ratio:.2f}x" + (f" the {self.quantity}" if self.quantity and not rate else "")
+        if self.single_pair:
+            sides = "each side is" if len(b.repeats) == len(o.repeats) else "one side is"
+            return (f"{lead}: noise, cannot tell drift from an effect: {sides} one run, not interleaved with the other, "
+                    f"so a change in the machine's load between the runs reads as a difference (run both in turns, "
+                    f"2 repeats or more: fastlab.compare); {head}")
         if self.noise:
-            return f"{lead}: noise, the difference is inside the spread; {head}"
+            return (f"{lead}: noise (no difference detected: on this machine now, a change under {self.detectable:.2f}x "
+                    f"could not have been seen; measurements varied ±{self.variation:.0%} about their medians"
+                    f"{_dissent(b, o)}); {head}")
         up, down = ("faster", "slower") if rate else ("higher", "lower")
-        return f"{lead} ({up if self.ratio > 1 else down}); {head}"
+        return f"{lead} ({up if self.ratio > 1 else down}); {head}; {self.power}"
+
+    @property
+    def power(self) -> str:
+        """What this measurement could see: 'a change over 1.12x would have shown here' (every comparison)."""
+        if self.single_pair or not math.isfinite(self.detectable):
+            return "no change would have shown apart from the machine's drift"
+        return f"a change over {self.detectable:.2f}x would have shown here"
 
     def __str__(self) -> str:
         return self.words
@@ -90,10 +114,34 @@ def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_be
             return Comparison("not_comparable", math.nan, base, other, **kw,
                               reason=f"nothing measured on the {side} side", side=side)
     ratio = other.median / base.median if base.median > 0 else math.nan  # a zero baseline has a direction, no ratio
+    kw.update(detectable=detectable_ratio(base, other), single_pair=single_pair(base, other))
     if is_noise(base, other):
         return Comparison("noise", ratio, base, other, **kw)
     up = other.median > base.median
     return Comparison("better" if up == higher_is_better else "worse", ratio, base, other, **kw)
+
+
+def _varied(*spreads: Spread) -> float:
+    """How far the intervals of the median reach from their medians (0.3: ±30%), the widest of the spreads (or
+    of their repeats, where they were interleaved)."""
+    parts = [r for s in spreads for r in (s.repeats or (s,))]
+    return max((max(hi / s.median - 1, 1 - lo / s.median) for s in parts if s.median > 0
+                for lo, hi in (s.interval,)), default=math.nan)
+
+
+def _dissent(base: Spread, other: Spread) -> str:
+    """Which interleaved repeat did not show the pooled difference: inside its own spread, or the other way."""
+    if len(base.repeats) < 2 or len(base.repeats) != len(other.repeats):
+        return ""
+    up = other.median > base.median
+    said = []
+    for i, (rb, ro) in enumerate(zip(base.repeats, other.repeats), 1):
+        r = ro.median / rb.median if rb.median > 0 else math.nan
+        if _overlap(rb.interval, ro.interval):
+            said.append(f"repeat {i} of {len(base.repeats)} read {r:.2f}x, inside its spread")
+        elif (ro.median > rb.median) != up:
+            said.append(f"repeat {i} of {len(base.repeats)} read {r:.2f}x, the other way")
+    return "; the repeats disagreed: " + ", ".join(said) if said else ""
 
 
 def _runs(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:

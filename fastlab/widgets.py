@@ -31,7 +31,7 @@ from .advisor import advice_html
 from .arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS, ArmPlan, demonstration_config, plan_arm
 from .code import code_diff
 from .config import CHOICES, TrainConfig, field_names
-from .measure import Spread, is_noise
+from .measure import Spread, is_noise, single_pair
 from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
 from .results import RunResult
@@ -94,8 +94,10 @@ def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, An
     if not ratios:
         return {"ratios": [], "baseline": base.median, "noise": False, "label": "n/a"}
     ratio, low, high = statistics.median(ratios), min(ratios), max(ratios)
-    c = verdict(base, Spread.of(variant.window_throughput, [variant.window_throughput] * len(measured)))
+    paired = Spread.of(variant.window_throughput, [variant.window_throughput] * len(measured))
+    c = verdict(base, paired)
     return {"ratios": ratios, "ratio": ratio, "low": low, "high": high, "noise": c.noise, "comparison": c,
+            "single_pair": single_pair(base, paired),
             "baseline": base.median, "baseline_low": base.low, "baseline_high": base.high,
             "label": "noise" if c.noise else f"{ratio:.2f}x"}
 
@@ -350,8 +352,10 @@ class Panel:
         if not paired["ratios"]:
             return f"Against the baseline measured beside it: no timed window to compare (cost: {cost})."
         pairs = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
-        verdict = ("<b>noise</b>: the difference is inside the spread" if paired["noise"]
-                   else f"<b>{paired['ratio']:.2f}x</b>")
+        verdict = ("<b>cannot tell</b> drift from an effect: one baseline run, then one run of the knobs, so a change "
+                   "in the machine's load between them reads as a difference (the A/B/A pairing tells)"
+                   if paired.get("single_pair") else "<b>noise</b>: the difference is inside the spread"
+                   if paired["noise"] else f"<b>{paired['ratio']:.2f}x</b>")
         return (f"Against the baseline measured beside it ({paired['baseline']:,.0f} images/s): {verdict} "
                 f"(pairs: {pairs}; cost: {cost}).")
 
@@ -360,7 +364,8 @@ class Panel:
         first = self.page_load_baseline()
         now = Spread(paired["baseline"], paired.get("baseline_low", paired["baseline"]),
                      paired.get("baseline_high", paired["baseline"]), 1)
-        if first is None or not paired["ratios"] or is_noise(first.throughput, now):
+        # the same arm then and now, one after the other: the drift itself, so the windows alone (not as one run)
+        if first is None or not paired["ratios"] or is_noise(Spread.of(first.window_throughput), now):
             return []
         word = "busier" if now.median < first.throughput.median else "less busy"
         return [f"The machine is {word} now: the baseline was {first.throughput.median:,.0f} images/s at page load, "

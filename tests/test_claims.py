@@ -9,7 +9,7 @@ import pytest
 
 from fastlab import claim_map, claims
 from fastlab.measure import Spread
-from fastlab.results import RunResult
+from fastlab.results import RunResult, merge_repeats
 from fastlab.tools import timings
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -23,6 +23,11 @@ def fake(label: str, windows: list[float], status: str = "ok", no_ops: dict | No
     return RunResult(config={"warmup_steps": 0}, label=label, status=status, window_throughput=windows,
                      no_ops=no_ops or {}, env={"device_name": "Test GPU", "profile": "smoke",
                                                "date": "2026-01-02T00:00:00+00:00"}, **extra)
+
+
+def arm(label: str, windows: list[float], **extra) -> RunResult:
+    """An arm measured in two interleaved repeats with these windows each (as fastlab.train.interleave merges)."""
+    return merge_repeats([fake(label, windows, **extra), fake(label, windows, **extra)])
 
 
 @pytest.fixture
@@ -43,12 +48,12 @@ def test_fifteen_claims_each_with_a_notebook_and_a_quote():
 
 
 def test_speedup_verdicts():
-    base = fake("base", [100, 105, 110])
-    assert claims.verdict_speedup(base, fake("x", [250, 260, 270]), 2.0).verdict.startswith("holds (")
-    short = claims.verdict_speedup(base, fake("x", [150, 155, 160]), 2.0).verdict
+    base = arm("base", [100, 105, 110])
+    assert claims.verdict_speedup(base, arm("x", [250, 260, 270]), 2.0).verdict.startswith("holds (")
+    short = claims.verdict_speedup(base, arm("x", [150, 155, 160]), 2.0).verdict
     assert short.startswith("does not hold here as stated") and "claimed 2x" in short
-    assert "no difference outside the spread" in claims.verdict_speedup(base, fake("x", [104, 106, 108])).verdict
-    assert "slower" in claims.verdict_speedup(base, fake("x", [50, 55, 60])).verdict
+    assert "no difference outside the spread" in claims.verdict_speedup(base, arm("x", [104, 106, 108])).verdict
+    assert "slower" in claims.verdict_speedup(base, arm("x", [50, 55, 60])).verdict
     noop = claims.verdict_speedup(base, fake("x", [100], no_ops={"pin_memory": "no GPU"}), knob="pin_memory")
     assert noop.verdict == "no-op here (no GPU)"
     diverged = fake("x", [900, 950], status="diverged", error="loss is nan at step 3")
@@ -132,13 +137,32 @@ def test_judges_apply_to_bundled_reference_results(monkeypatch):
     def broken(results):
         raise ValueError("these are not the runs it judges")
 
-    ref = {"H200": [fake("a", [100, 101]), fake("b", [300, 310])]}
+    ref = {"H200": [arm("a", [100, 101]), arm("b", [300, 310])]}
     monkeypatch.setattr(claim_map, "reference_for", lambda name: ref if name == "01_data_loading:pipeline" else {})
     judges = [claim_map.ClaimJudge("C2", data_loading.compare_pipeline, c2),
               claim_map.ClaimJudge("C3", data_loading.compare_pipeline, broken)]
     got = claim_map.reference_verdicts(judges)
     assert got["C2"].verdict.startswith("holds") and got["C2"].source == "reference" and got["C2"].device == "H200"
     assert "C3" not in got  # a judge that cannot read the reference is skipped, not fatal
+    ref["H200"] = [fake("a", [100, 101], extras={"repeats": 1}), fake("b", [300, 310], extras={"repeats": 1})]
+    # one run each, not interleaved: a single pair judges nothing
+    assert "C2" not in claim_map.reference_verdicts(judges)
+
+
+def test_a_single_pair_is_printed_never_recorded(store):
+    base = arm("fp32", [100, 105, 110])
+    trap = fake("bf16 (trap demonstration, one short run)", [10, 11, 12], extras={"repeats": 1})
+    f = claims.verdict_speedup(base, trap)
+    assert f.verdict.startswith("could not tell here (a single pair") and not f.recorded
+    claims.check_verdict(f.verdict)
+    v = claims.conclude("C3", f, [base, trap])
+    assert v.verdict == f.verdict and claims.load_verdicts() == []
+    # beside a condition measured in interleaved repeats, it does not vote, and the combination is recorded
+    fp16 = claims.verdict_speedup(base, arm("fp16", [300, 310, 320]))
+    both = claims.verdict_conditions({"fp16": fp16, "bf16": f})
+    assert both.verdict == "holds" and both.recorded and "bf16: could not tell here" in both.evidence
+    claims.conclude("C3", both, [base])
+    assert [v.verdict for v in claims.load_verdicts()] == ["holds"]
 
 
 def test_the_explicit_judges_name_real_claims_and_their_comparisons():
@@ -290,3 +314,25 @@ def test_an_unreadable_store_is_kept_aside_and_said_before_a_new_one_is_written(
     assert len(kept) == 1 and kept[0].read_bytes() == unreadable.encode("latin-1")
     said = capsys.readouterr().out.strip().splitlines()
     assert len(said) == 1 and kept[0].name in said[0] and "started a new one" in said[0]
+
+
+def test_a_claim_is_judged_only_where_its_test_could_have_seen_it():
+    base, other = arm("base", [60, 100, 150]), arm("x", [65, 110, 160])  # each ±50%: under 2.5x is unseen
+    wide = claims.verdict_speedup(base, other, 2.0)
+    assert wide.verdict.startswith("could not tell here (no difference detected, 1.10x, but on this machine now a "
+                                   "change under 2.54x could not have been seen")
+    assert "does not hold" not in wide.verdict and wide.recorded
+    assert claims.verdict_speedup(base, other).verdict.startswith("could not tell here")  # MIN_GAIN, no figure
+    # tight windows: a clear gain holds, and no gain where 2x would have been seen does not hold
+    tight = arm("base", [100, 101, 102])
+    assert claims.verdict_speedup(tight, arm("x", [200, 202, 204]), 2.0).verdict.startswith("holds (2.00x")
+    same = claims.verdict_speedup(tight, arm("x", [100, 102, 103]), 2.0).verdict
+    assert same.startswith("does not hold here (no difference outside the spread: 1.01x, where a 2x gain would")
+    # memory: a claimed 50% saving measured by spreads that could not see it
+    m = claims.verdict_less(Spread.of([400.0, 1000.0, 1600.0]), Spread.of([380.0, 950.0, 1500.0]), 0.5)
+    assert m.verdict.startswith("could not tell here (no memory saving detected")
+    # conditions: could-not-tell beside holds is not a "holds only when"; alone it is a could-not-tell
+    yes = claims.Finding("holds (2x)", "")
+    assert claims.verdict_conditions({"at batch 256": yes, "at batch 8": wide}).verdict == (
+        "holds when at batch 256; could not tell here when at batch 8")
+    assert claims.verdict_conditions({"at batch 8": wide}).verdict.startswith("could not tell here (at batch 8: no")

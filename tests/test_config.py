@@ -4,7 +4,7 @@ import pytest
 
 from fastlab import TrainConfig, active_profile, config_for
 from fastlab.__main__ import add_config_flags
-from fastlab.config import field_names
+from fastlab.config import PROFILES, comparison_repeats, field_names
 
 
 @pytest.mark.parametrize("field, value, allowed", [
@@ -123,3 +123,10 @@ def test_cuda_graphs_with_gradients_kept_across_replays_are_refused_on_cuda(monk
         with pytest.raises(ValueError, match="without CUDA graphs"):  # the run and the printed script alike
             refused()
     assert TrainConfig(compile="max-autotune-no-cudagraphs", **changes).compile == "max-autotune-no-cudagraphs"
+
+
+@pytest.mark.parametrize("profile", list(PROFILES) + ["custom"])
+def test_every_profile_judges_on_at_least_two_interleaved_repeats(profile, monkeypatch):
+    monkeypatch.delenv("FASTLAB_REPEATS", raising=False)
+    cfg = config_for(profile) if profile != "custom" else TrainConfig()
+    assert comparison_repeats(cfg) >= 2

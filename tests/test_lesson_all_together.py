@@ -18,10 +18,10 @@ def rung(name, speeds, status="ok", dropped=None, **config):
     return r
 
 
-def tta(name, seconds, steps=None, status="ok", dropped=None, target=0.5):
+def tta(name, seconds, steps=None, status="ok", dropped=None, target=0.5, speed=100.0):
     runs = []
     for i, s in enumerate(seconds):
-        r = rung(name, [100.0], status=status, dropped=dropped)
+        r = rung(name, [speed], status=status, dropped=dropped)
         reached = s is not None and status == "ok"
         st = (steps or [10] * len(seconds))[i]
         r.extras["tta"] = {"target": target, "reached": reached, "seconds": s if reached else None,
@@ -39,9 +39,10 @@ def ladder():
 
 
 def ttas():
-    return [tta("naive", [10.0, 11.0, 12.0]), tta("workers", [7.0, 7.5, 8.0]),
+    # each rung's seeds step at the ladder's speed for it: the time-to-accuracy gains are per-step speed
+    return [tta("naive", [10.0, 11.0, 12.0]), tta("workers", [7.0, 7.5, 8.0], speed=150.0),
             tta("amp", [None] * 3, status="diverged", dropped="diverged: loss nan"),
-            tta("fused_adamw", [6.0, 6.5, 7.0]), tta("large_batch", [12.0, 13.0, 14.0])]
+            tta("fused_adamw", [6.0, 6.5, 7.0], speed=160.0), tta("large_batch", [12.0, 13.0, 14.0], speed=320.0)]
 
 
 def test_profiles_choose_rungs_and_seeds(smoke, monkeypatch):
@@ -119,6 +120,18 @@ def test_c15_verdict_on_both_measures():
     assert only_speed.verdict.startswith("holds") and "images/s only" in only_speed.evidence
     with pytest.raises(ValueError, match="needs the naive rung"):
         at.judge_c15(ladder()[:1], [])
+
+
+def test_c15_credits_time_to_accuracy_only_when_steps_or_step_speed_show_it():
+    # the stack's seeds reach the target in half the seconds, yet step at naive's speed in the same steps: the
+    # seconds measured the machine's load changing between runs, not the stack
+    load = ttas()
+    load[3] = tta("fused_adamw", [6.0, 6.5, 7.0], speed=100.0)
+    f = at.judge_c15(ladder(), load)
+    check_verdict(f.verdict)
+    assert f.verdict.startswith("holds when counted in images/s; could not tell here when counted in time to 50%")
+    assert "counted in time to 50% held-out accuracy over 3 seeds: could not tell here (1.69x in seconds" in \
+        f.evidence
 
 
 def test_c15_names_what_was_dropped_and_what_was_added():

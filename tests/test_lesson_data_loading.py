@@ -2,6 +2,7 @@ import math
 
 import pytest
 
+from fastlab import claims
 from fastlab.lessons import data_loading as dl
 from fastlab.results import RunResult
 
@@ -124,7 +125,18 @@ def test_the_sweep_reading_and_the_c1_verdict():
                  _point(8, [40, 42])]
     assert "the peak is at num_workers=1" in dl.judge_workers(peak_at_1).verdict
     flat = [_point(0, [50, 60]), _point(4, [52, 58]), _point(8, [51, 59])]
-    assert "loading is not the wall" in dl.judge_workers(flat).verdict
+    v = dl.judge_workers(flat).verdict  # every point's spread within ±10%: a 1.2x gain would have been seen
+    assert v.startswith("does not hold here (no worker count beat num_workers=0 outside the spread, where a 1.2x")
+    assert "wall" not in v  # a cause it did not measure is not named
+
+
+def test_c1_is_not_judged_where_the_sweep_could_not_have_seen_a_gain():
+    # num_workers=0 ranged 51-209 images/s: the sweep could not have seen a 2x gain, so C1 is not "does not hold"
+    wide = [_point(0, [51, 209]), _point(2, [60, 190]), _point(4, [55, 200]), _point(8, [58, 205])]
+    v = dl.judge_workers(wide).verdict
+    assert v.startswith("could not tell here (no worker count beat num_workers=0 outside the spread; num_workers=")
+    assert "could not have been seen" in v and "a quieter machine" in v and "wall" not in v
+    claims.check_verdict(v)
 
 
 def test_c2_and_c13_are_not_testable_on_a_cpu():

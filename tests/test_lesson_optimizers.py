@@ -28,13 +28,13 @@ def test_c12_changes_one_thing_at_a_time(smoke):
     assert len({c.config.lr for c in changes}) == 1
 
 
-def _tta(label, seconds, steps=None, statuses=None, target=0.5):
+def _tta(label, seconds, steps=None, statuses=None, target=0.5, windows=()):
     runs = []
     for i, s in enumerate(seconds):
         status = (statuses or ["ok"] * len(seconds))[i]
         reached = s is not None and status == "ok"
         st = (steps or [10 * (i + 1)] * len(seconds))[i]
-        r = RunResult(config={}, label=f"{label} (seed {i})", status=status,
+        r = RunResult(config={}, label=f"{label} (seed {i})", status=status, window_throughput=list(windows),
                       extras={"variant": label, "tta": {
                           "target": target, "reached": reached, "seconds": s if reached else None,
                           "steps": st if reached else None, "images": None, "best_accuracy": 0.6 if reached else 0.3,
@@ -48,12 +48,13 @@ def test_tta_finding_rules():
     base = _tta("Adam", [10.0, 11.0, 12.0], steps=[60, 65, 70])
     faster = _tta("AdamW", [5.0, 6.0, 7.0], steps=[30, 35, 40])
     assert O.tta_finding(base, faster).verdict.startswith("holds (1.83x faster to 50%")
-    assert O.tta_finding(base, _tta("same", [10.5, 11.5, 13.0])).verdict.startswith(
+    assert O.tta_finding(base, _tta("same", [10.8, 11.2, 11.5])).verdict.startswith(
         "does not hold here (no difference outside the seeds' spread")
+    assert O.tta_finding(base, _tta("wide", [7.0, 11.5, 16.0])).verdict.startswith(  # a 1.2x gain unseen
+        "could not tell here (no difference detected")
     assert "slower to 50%" in O.tta_finding(faster, base).verdict
     # faster in seconds, the same steps: per-step speed (the machine's load), not convergence
     quick_steps = _tta("load", [5.0, 6.0, 7.0], steps=[60, 65, 70])
-    assert O.tta_finding(base, quick_steps).verdict.startswith("holds")
     assert "per-step speed, not convergence" in O.tta_finding(base, quick_steps, steps_too=True).verdict
     diverged = _tta("bf16", [None, None, None], statuses=["diverged"] * 3)
     assert O.tta_finding(base, diverged).verdict == "does not hold here (bf16 diverged in 3 of 3 seeds)"
@@ -62,6 +63,23 @@ def test_tta_finding_rules():
     partly = _tta("partly", [1.0, None, None])
     assert "reached the target in 1 of 3 seeds, Adam in 3 of 3" in O.tta_finding(base, partly).verdict
     assert O.tta_finding(missed, base).verdict.startswith("holds (Adam reached 50% in 3 of 3 seeds, never in none")
+
+
+def test_a_time_to_accuracy_gain_is_credited_only_when_steps_or_step_speed_show_it():
+    base = _tta("naive", [10.0, 11.0, 12.0], steps=[45, 48, 50], windows=[100, 130, 160])
+    # 2x in seconds, but the same steps to target and images/s that read noise: the machine's load, not the change
+    load = _tta("stack", [5.0, 5.5, 6.0], steps=[44, 46, 49], windows=[110, 140, 170])
+    v = O.tta_verdict(base, load)
+    assert not v.faster and not v.told and v.seconds.better
+    f = O.tta_finding(base, load).verdict
+    assert f.startswith("could not tell here (2.00x in seconds to 50%, but neither the steps to target") and \
+        "images/s 1.08x: noise" in f
+    # a faster step (images/s outside the spread) shows it: credited; so do fewer steps
+    quick = _tta("stack", [5.0, 5.5, 6.0], steps=[44, 46, 49], windows=[250, 260, 270])
+    assert O.tta_finding(base, quick).verdict.startswith("holds (2.00x faster")
+    assert not O.tta_verdict(base, quick, steps_too=True).faster  # an optimiser's change: its steps must show it
+    fewer = _tta("stack", [5.0, 5.5, 6.0], steps=[20, 22, 24])
+    assert O.tta_finding(base, fewer).verdict.startswith("holds (2.00x faster")
 
 
 def test_judge_c12_and_describe_changes():
@@ -160,7 +178,7 @@ def test_c12_reached_before_the_schedule_acts_is_not_tested():
     """The target at step ~10 of a 150-step cosine: the lr is still ~99% of its peak, so the schedule was never
     put to the test; the verdict says so instead of 'does not hold'."""
     adam = _tta("Adam", [10.0, 11.0, 12.0], steps=[10, 10, 10])
-    cosine = _tta("AdamW + cosine", [10.2, 11.1, 12.3], steps=[10, 10, 10])
+    cosine = _tta("AdamW + cosine", [10.4, 11.1, 11.8], steps=[10, 10, 10])
     for r in cosine.runs:
         r.config.update(scheduler="cosine", steps=145, warmup_steps=5, optimizer="adamw", weight_decay=0.01)
     f = O.judge_c12([adam, cosine])

@@ -166,8 +166,10 @@ def test_the_panels_row_follows_the_comparison_with_the_baseline_beside_it():
 
 def tta(label, seconds):
     t = fastlab.TimeToAccuracy(label, 0.5)
-    t.runs = [RunResult(config={}, label=label, extras={"tta": {"reached": True, "seconds": s, "steps": 5,
-                                                              "best_accuracy": 0.6, "why_not": None}})
+    # each seed's step as fast as its seconds say: tta_verdict credits seconds only where steps or speed show them
+    t.runs = [RunResult(config={}, label=label, window_throughput=[1000 / s * k for k in (0.98, 1.0, 1.02)],
+                        images_per_step=32, extras={"tta": {"reached": True, "seconds": s, "steps": 5,
+                                                            "best_accuracy": 0.6, "why_not": None}})
               for s in seconds]
     return t
 

@@ -8,12 +8,22 @@ import pytest
 from fastlab import claims, export
 from fastlab.measure import Spread
 from fastlab.outcomes import outcome_verdict
-from fastlab.results import RunResult
+from fastlab.results import RunResult, merge_repeats
 from fastlab.verdicts import Comparison, runs_verdict, verdict
 
 
 def run(label: str, windows: list[float], status: str = "ok", error: str | None = None, **kw) -> RunResult:
     return RunResult(config={}, label=label, window_throughput=windows, status=status, error=error, **kw)
+
+
+def alone(label: str, windows: list[float]) -> RunResult:
+    """A run that ran alone, not interleaved with anything (fastlab.train marks every run so until merged)."""
+    return run(label, windows, extras={"repeats": 1})
+
+
+def arm(label: str, *repeats: list[float]) -> RunResult:
+    """One arm of an interleaved comparison: its repeats' windows, merged as fastlab.train.interleave does."""
+    return merge_repeats([alone(label, list(w)) for w in repeats])
 
 
 def test_each_direction_of_a_rate():
@@ -93,9 +103,10 @@ def test_the_words_follow_the_fields(other):
 
 
 def test_claims_take_the_direction_from_the_verdict():
-    base = run("a", [100, 105, 110])
-    assert claims.verdict_speedup(base, run("b", [104, 106, 108])).verdict.startswith("does not hold here (no diff")
-    assert claims.verdict_speedup(base, run("b", [300, 310, 320])).verdict == "holds (2.95x faster)"
+    base = arm("a", [100, 105, 110], [100, 105, 110])
+    same = arm("b", [104, 106, 108], [104, 106, 108])
+    assert claims.verdict_speedup(base, same).verdict.startswith("does not hold here (no diff")
+    assert claims.verdict_speedup(base, arm("b", [300, 310, 320], [300, 310, 320])).verdict == "holds (2.95x faster)"
     no_base = claims.verdict_speedup(run("a", [1.0], status="diverged"), run("b", [300, 310]))
     assert no_base.verdict.startswith("not testable here (no baseline to compare with: 'a' diverged")
     claims.check_verdict(no_base.verdict)
@@ -115,3 +126,52 @@ def test_outcome_verdict_reads_the_direction():
 def test_a_comparison_is_the_one_type():
     assert isinstance(verdict(Spread.of([1.0]), Spread.of([2.0])), Comparison)
     assert isinstance(runs_verdict(run("a", [1.0]), run("b", [2.0])), Comparison)
+
+
+def test_one_sequential_pair_reads_neither_better_nor_worse_and_two_agreeing_repeats_do():
+    # one run of A, then one of B, each run's windows tight and far apart: the load changed between the two runs
+    # as much as any effect could, so the pair says nothing either way
+    a, b = alone("A", [1000, 1005, 1010, 1013]), alone("B", [94, 95, 96, 97])
+    c = runs_verdict(a, b)
+    assert c.noise and c.single_pair and c.detectable == math.inf
+    assert "cannot tell drift from an effect" in c.words and "(slower)" not in c.words
+    trap = runs_verdict(arm("A", [1000, 1005, 1010], [990, 995, 1000]), b)  # a trap's one demonstration run
+    assert trap.noise and trap.single_pair and "one side is one run" in trap.words
+    # the same two arms run twice in turns (A B, B A), each repeat showing B slower outside its spread: worse
+    two = runs_verdict(arm("A", [1000, 1005, 1010], [700, 705, 710]), arm("B", [94, 95, 96], [66, 67, 68]))
+    assert two.direction == "worse" and not two.single_pair and two.detectable < 1.1
+
+
+def test_every_comparison_says_the_smallest_difference_it_could_have_seen():
+    # both sides' intervals of the median reach ±30%: under (1.3 / 0.7)x apart they touch, whatever B does
+    wide = verdict(Spread(100.0, 70.0, 130.0, 5), Spread(110.0, 77.0, 143.0, 5))
+    assert wide.noise and wide.detectable == pytest.approx(1.3 / 0.7)
+    assert "no difference detected: on this machine now, a change under 1.86x could not have been seen" in wide.words
+    assert "measurements varied ±30%" in wide.words
+    # tight windows: a small difference is seen, and the detectable ratio says how small
+    tight = verdict(Spread(100.0, 99.0, 101.0, 5), Spread(110.0, 109.0, 111.0, 5))
+    assert tight.better and tight.detectable == pytest.approx(max(1.01 / (109 / 110), (111 / 110) / 0.99))
+    # with interleaved repeats, every repeat must clear: the widest repeat sets it
+    paired = verdict(Spread.of([1, 1], [[100, 101, 102], [90, 100, 110]]), Spread.of([1, 1], [[200, 201, 202],
+                                                                                               [200, 201, 202]]))
+    assert paired.detectable == pytest.approx(max(1.1 / (200 / 201), (202 / 201) / 0.9))
+
+
+def test_a_large_ratio_that_reads_noise_says_which_repeat_disagreed():
+    base = arm("A", [100, 101, 102], [100, 101, 102])
+    other = arm("B", [300, 301, 302], [99, 100, 101])  # repeat 1: 3x; repeat 2: the same as A
+    c = runs_verdict(base, other)
+    assert c.noise and c.ratio > 1.9
+    assert "the repeats disagreed: repeat 2 of 2 read 0.99x, inside its spread" in c.words
+    flipped = runs_verdict(base, arm("B", [300, 301, 302], [80, 81, 82]))
+    assert flipped.noise and "repeat 2 of 2 read 0.80x, the other way" in flipped.words
+
+
+def test_a_difference_seen_says_what_the_measurement_could_see_too():
+    seen = verdict(Spread(100.0, 99.0, 101.0, 5), Spread(150.0, 148.0, 152.0, 5))
+    assert seen.better and seen.words.endswith(f"; a change over {seen.detectable:.2f}x would have shown here")
+    assert "no change would have shown apart from the machine's drift" in runs_verdict(alone("A", [1, 2]),
+                                                                                     alone("B", [5, 6])).power
+    # a memory saving measured on a CPU (tensor sizes: exact) says so in the claim's evidence
+    f = claims.verdict_less(1000.0, 520.0, 0.5)
+    assert f.verdict.startswith("holds (48% less memory)") and "a change over 1.00x would have shown here" in f.evidence

@@ -187,14 +187,19 @@ def test_the_comparison_is_worded_by_the_one_noise_rule(monkeypatch):
     calls = []
     real = verdicts.is_noise  # judge_loops asks fastlab.verdicts, which applies measure.is_noise
     monkeypatch.setattr(verdicts, "is_noise", lambda a, b: calls.append((a, b)) or real(a, b))
-    clear = watch_mod.judge_loops([watched("before #1", [100.0, 101.0, 102.0])],
-                                  [watched("after #1", [200.0, 201.0, 202.0])])
+    clear = watch_mod.judge_loops([watched(f"before #{i}", [100.0, 101.0, 102.0]) for i in (1, 2)],
+                                  [watched(f"after #{i}", [200.0, 201.0, 202.0]) for i in (1, 2)])
     assert clear.outcome == "faster" and "faster" in clear.sentence and calls
     noisy = watch_mod.judge_loops([watched("b", [100.0, 200.0, 100.0, 200.0, 150.0])],
                                   [watched("a", [110.0, 190.0, 140.0, 160.0, 150.0])])
     assert noisy.outcome == "no measurable difference" and "noise" in noisy.sentence
-    slower = watch_mod.judge_loops([watched("b", [200.0, 201.0, 202.0])], [watched("a", [100.0, 101.0, 102.0])])
-    assert slower.outcome == "slower" and "one run each" in slower.text()
+    slower = watch_mod.judge_loops([watched(f"b #{i}", [200.0, 201.0, 202.0]) for i in (1, 2)],
+                                   [watched(f"a #{i}", [100.0, 101.0, 102.0]) for i in (1, 2)])
+    assert slower.outcome == "slower"
+    # one run each (repeats=1), however far apart: a single pair cannot tell the machine's drift from an effect
+    single = watch_mod.judge_loops([watched("b", [200.0, 201.0, 202.0])], [watched("a", [100.0, 101.0, 102.0])])
+    assert single.outcome == "no measurable difference" and "cannot tell drift" in single.sentence
+    assert "one run each" in single.text()
 
 
 def test_a_diverged_or_empty_side_is_not_credited():

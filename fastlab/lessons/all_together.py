@@ -344,7 +344,7 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
         if base is None:
             continue
         to_target = tta_verdict(base, t)
-        if to_target.faster or (to_target.seconds is not None and to_target.seconds.noise):
+        if to_target.faster or not to_target.told or (to_target.seconds is not None and to_target.seconds.noise):
             continue
         out.append((r.label, f"{speed:.2f}x images/s over the rung it built on, but to the target: "
                               f"{to_target.plain}"))
@@ -477,7 +477,7 @@ def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
     combined = verdict_conditions(findings)
     stack_as_run = c15_stack_notes(results, top)
     words = combined.verdict + (f", for the stack as run: {'; '.join(stack_as_run)}" if stack_as_run else "")
-    return Finding(words, head + combined.evidence)
+    return combined._replace(verdict=words, evidence=head + combined.evidence)
 
 
 def stack_top(results: list[RunResult]) -> RunResult:

@@ -432,10 +432,10 @@ def judge_largest(results: list[RunResult]) -> Finding:
     elif rate_big < rate_small:
         tta = Finding("does not hold here (the larger batch reached the target in fewer seeds)", counts)
     else:
-        tta = claims.verdict_less(small.seconds, big.seconds, what="time to accuracy", unit="s")
+        tta = outcomes.tta_finding(small, big)  # the rule of every time-to-accuracy gain: steps or speed show it
     findings["counted in time to accuracy"] = tta
     combined = claims.verdict_conditions(findings)
-    return Finding(combined.verdict, combined.evidence + f"; {small.summary()}; {big.summary()}")
+    return combined._replace(evidence=combined.evidence + f"; {small.summary()}; {big.summary()}")
 
 
 def plot_tta(results: list[RunResult], title: str = ""):

@@ -19,7 +19,7 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import DeviceLoader, load_images
-from ..measure import is_noise, resolve_device, synchronize
+from ..measure import resolve_device, synchronize
 from ..models import build_model
 from ..results import RunResult
 from ..train import run
@@ -89,10 +89,13 @@ def compile_summary(results: list[RunResult]) -> str:
             lines.append(f"{r.label}: no steady-state window finished ({r.status}: {r.error})")
             continue
         cost = r.warmup_seconds - eager.warmup_seconds
+        steady = verdict(eager.throughput, r.throughput)
         line = (f"{r.label}: compile cost about {cost:.1f} s (warm-up {r.warmup_seconds:.1f} s vs eager's "
-                f"{eager.warmup_seconds:.1f} s); steady state: {verdict(eager.throughput, r.throughput)}")
+                f"{eager.warmup_seconds:.1f} s); steady state: {steady}")
         saving = step_ms(eager) - step_ms(r)
-        if is_noise(eager.throughput, r.throughput):
+        if steady.single_pair:
+            line += "; one run each, one after the other: whether the compile pays back cannot be told from drift"
+        elif steady.noise:
             line += "; the steady-state gain is inside the spread, so the compile does not pay back here"
         elif saving > 0:
             line += f"; pays back its compile after about {1000 * cost / saving:,.0f} steps"

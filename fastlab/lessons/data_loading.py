@@ -30,7 +30,7 @@ from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
 from ..train import run
-from ..verdicts import runs_verdict
+from ..verdicts import runs_verdict, verdict
 
 # The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
 # each image costs STARVE_BATCH_MS / batch_size milliseconds of sleep (like waiting on a slow disk or network).
@@ -351,7 +351,7 @@ def judge_workers(results: list[RunResult]) -> Finding:
     finding = _judge_sweep(results, reading, zero, advised, evidence)
     if results[0].env.get("device_type", "cpu") == "cpu":  # the advice feeds a GPU; here loading and training share
         v = finding.verdict
-        return Finding(v[:-1] + f"; {ON_A_CPU})" if v.endswith(")") else f"{v} ({ON_A_CPU})", finding.evidence)
+        return finding._replace(verdict=v[:-1] + f"; {ON_A_CPU})" if v.endswith(")") else f"{v} ({ON_A_CPU})")
     return finding
 
 
@@ -364,8 +364,15 @@ def _judge_sweep(results: list[RunResult], reading: SweepReading, zero: RunResul
     n = reading.cores
     if zero is not None and all(is_noise(zero.throughput, r.throughput) or r.throughput.median <= zero.throughput.median
                                 for r in results if r.window_throughput):
-        return Finding("does not hold here (no worker count beat num_workers=0 outside the spread: loading is not "
-                       "the wall on this machine)", evidence)
+        # judged only where a gain that matters would have been seen: at the advised counts (else at every count)
+        others = advised or [r for r in results if r.window_throughput and r is not zero]
+        seen = max(((verdict(zero.throughput, r.throughput), r) for r in others), key=lambda p: p[0].detectable,
+                   default=None)
+        if seen is not None and seen[0].detectable > claims.MIN_GAIN:
+            return Finding(f"{claims.COULD_NOT_TELL} (no worker count beat num_workers=0 outside the spread; "
+                           f"{claims.unseen(seen[0], f'num_workers={workers_of(seen[1])} read')})", evidence)
+        return Finding(f"does not hold here (no worker count beat num_workers=0 outside the spread, where a "
+                       f"{claims.MIN_GAIN:g}x gain would have been seen)", evidence)
     if not advised:
         return Finding("does not hold here (the sweep has no point at 2-4x the cores to judge)", evidence)
     if any(workers_of(r) in reading.near_peak for r in advised):

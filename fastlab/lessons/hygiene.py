@@ -193,7 +193,7 @@ def item_sync_finding(logging: list[RunResult]) -> Finding:
     if every.env.get("device_type") != "cuda":
         why = (f"no-op here (on {every.env.get('device_type', 'this device')} every operation has finished when it "
                f"returns: .item() has nothing to wait for")
-        if not measured.verdict.startswith("does not hold here (no difference"):
+        if not measured.verdict.startswith(("does not hold here (no difference", claims.COULD_NOT_TELL)):
             why += ("; the difference measured between the two runs cannot come from a sync: they ran one after the "
                     "other on a machine whose speed varies, so repeat them to see that variation")
         return Finding(why + ")", f"log_every=10 against log_every=1: {measured.evidence}")
@@ -384,9 +384,9 @@ def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str
         findings["counted in memory"] = f
         combined = claims.verdict_conditions(findings)
         where = evals[0].env.get("device_type", "cpu")
-        return Finding(f"{combined.verdict} (the memory half is true by construction on {where}: under no_grad "
-                       f"autograd saves no activations, so their count from tensor sizes is zero by definition; "
-                       f"a GPU's allocator measures it)", combined.evidence)
+        return combined._replace(verdict=f"{combined.verdict} (the memory half is true by construction on {where}: "
+                                         f"under no_grad autograd saves no activations, so their count from tensor "
+                                         f"sizes is zero by definition; a GPU's allocator measures it)")
     return claims.verdict_conditions(findings)
 
 

@@ -291,5 +291,5 @@ def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = N
             findings["shapes change every step"] = Finding(f.verdict.replace("less step time", "faster steps"),
                                                            f.evidence)
     combined = claims.verdict_conditions(findings)
-    return Finding(combined.verdict, combined.evidence + f"; warm-up (autotuning) {on.warmup_seconds:.2f} s with "
-                                                         f"benchmark on vs {off.warmup_seconds:.2f} s off")
+    return combined._replace(evidence=combined.evidence + f"; warm-up (autotuning) {on.warmup_seconds:.2f} s with "
+                                      f"benchmark on vs {off.warmup_seconds:.2f} s off")

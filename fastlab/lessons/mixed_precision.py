@@ -465,7 +465,8 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
     words = combined.verdict
     if best is not None and best < C3_CLAIMED_LOW:  # faster, but by less than the advice's figure
         words += f", short of the advice's up to 2-3x (best measured {best:.2f}x)"
-    return Finding(words, combined.evidence + "; " + "; ".join(notes) + "; the advice says up to 2-3x faster")
+    return combined._replace(verdict=words, evidence=combined.evidence + "; " + "; ".join(notes) +
+                             "; the advice says up to 2-3x faster")
 
 
 C3_CLAIMED_LOW = 2.0  # the low end of C3's "up to 2-3x faster"

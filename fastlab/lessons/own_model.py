@@ -301,7 +301,9 @@ def advice(results: list[RunResult]) -> list[str]:
             continue
         said = verdict(base.throughput, r.throughput)
         ratio = said.ratio
-        if said.noise:
+        if said.single_pair:
+            same.append((ratio, f"{name}: could not tell here ({said})"))
+        elif said.noise:
             same.append((ratio, f"{name}: no measurable difference here ({said}); it may still pay on a GPU"))
         elif said.better:
             gains.append((ratio, f"{name}: try it first ({said})"))
