@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check fastlab tests
 
 test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval over notebooks/ (smoke profile)
-	FASTLAB_PROFILE=smoke MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
+	FASTLAB_PROFILE=smoke FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
 
 overhead: $(STAMP)  ## the harness against a bare hand-written loop
 	$(PY) tests/benchmark_overhead.py

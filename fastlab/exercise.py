@@ -6,12 +6,18 @@
                 ...; s.loss = loss
     def mine(w): ...                    # the learner's edited copy
     def solution(w): ...                # the worked answer (a collapsed cell)
-    exercise.check(given, exercise.pick(mine, solution))   # measured in turns, worded by the noise rule
+    exercise.check(given, exercise.pick(mine, solution), technique="workers")  # measured in turns
     print(exercise.solution_diff(given, solution))         # the answer, as the lines that changed
 
-Which loop is measured: the learner's, unless `solution_runs()` says the solution should be (FASTLAB_SOLUTION=1,
-or the smoke profile, which is what nbval and CI run: nobody edits a cell there, and the solution must run).
-FASTLAB_SOLUTION=0 measures the learner's loop even under smoke.
+Which loop is measured: the learner's, whatever the profile (a workshop room under smoke measures its own edits),
+unless FASTLAB_SOLUTION=1 asks for the solution: CI and `make test` set it, since nobody edits a cell there and
+the solution must run.
+
+What is checked: the technique itself, as the watch saw the loop's first step (fastlab.loop_facts: the loader's
+workers, the forward's autocast dtype, the input's layout, the optimiser, evaluation without a graph, recomputed
+forwards), never the source text: the check says whether the technique's line is in the learner's loop and, when
+it is not, what the watch saw instead. Then the quantity the technique changes, measured in turns against the given
+loop: speed, or peak memory (TECHNIQUES says which).
 """
 
 from __future__ import annotations
@@ -20,21 +26,22 @@ import ast
 import inspect
 import os
 import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .code import CodeDiff
 from .config import TrainConfig, active_profile
+from .measure import Spread
+from .verdicts import Comparison, verdict
 from .watch import LoopComparison, LoopFn, compare_loops
 
-SOLUTION_ENV = "FASTLAB_SOLUTION"  # "1": measure the worked solution; "0": the learner's loop, whatever the profile
+SOLUTION_ENV = "FASTLAB_SOLUTION"  # "1": measure the worked solution instead of the learner's loop
 
 
 def solution_runs() -> bool:
-    """Whether an exercise measures its worked solution instead of the learner's loop (see the module's text)."""
-    flag = os.environ.get(SOLUTION_ENV, "").strip()
-    if flag in ("0", "1"):
-        return flag == "1"
-    return active_profile() == "smoke"
+    """Whether an exercise measures its worked solution instead of the learner's loop: FASTLAB_SOLUTION=1 only."""
+    return os.environ.get(SOLUTION_ENV, "").strip() == "1"
 
 
 def images(cfg: TrainConfig, batches: int | None = None) -> int:
@@ -48,7 +55,7 @@ def images(cfg: TrainConfig, batches: int | None = None) -> int:
 def pick(mine: LoopFn, solution: LoopFn) -> LoopFn:
     """The loop to measure: the solution when `solution_runs()`, else the learner's; says which it is."""
     chosen = solution if solution_runs() else mine
-    why = (f"the worked solution ({SOLUTION_ENV}=1 or the smoke profile; {SOLUTION_ENV}=0 measures yours)"
+    why = (f"the worked solution ({SOLUTION_ENV}=1; without it, yours)"
            if chosen is solution else f"your loop, {_name(mine)}")
     print(f"measuring {why}")
     return chosen
@@ -91,24 +98,118 @@ def unchanged(given: LoopFn, mine: LoopFn) -> bool:
     return _statements(given) == _statements(mine)
 
 
-def check(given: LoopFn, mine: LoopFn, *, repeats: int | None = None, labels: tuple[str, str] | None = None,
-          **options: Any) -> LoopComparison | None:
-    """Measure `mine` against the unedited `given` with fastlab.compare_loops (in turns, the noise rule), print the
-    verdict and return the comparison; None, with the reason, when `mine` is still the given loop.
-    repeats: 1 under smoke (a few steps, to keep the notebook short), else 2 (the pairs the noise rule compares; a
-    run of the exercise stays within seconds on a laptop's CPU). options: as for fastlab.watch."""
+@dataclass(frozen=True)
+class Technique:
+    """A technique as an exercise checks it: its line, whether the watch's facts show it, and what it changes."""
+
+    line: str  # what to write, as the learner would
+    shown: Callable[[dict, dict], bool | None]  # (the loop's facts, the given loop's): None where nothing showed
+    seen: Callable[[dict], str]  # what the watch saw of it, in words
+    quantity: str = "speed"  # what it changes: "speed" (images/s) or "memory" (peak memory)
+
+
+def _evaluation(f: dict) -> bool | None:
+    return None if not f.get("eval_forwards") else f["eval_with_grad"] == 0
+
+
+TECHNIQUES: dict[str, Technique] = {
+    "workers": Technique(
+        "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
+        lambda f, g: f.get("num_workers", 0) > 0 and (bool(f.get("pin_memory")) or f["device"] != "cuda"),
+        lambda f: (f"DataLoader(num_workers={f['num_workers']}, pin_memory={f.get('pin_memory')})"
+                   if f.get("loader") == "dataloader" else "no DataLoader")),
+    "autocast": Technique(
+        "with torch.autocast(device.type, dtype=...): around the forward and the loss",
+        lambda f, g: f["autocast"] in ("float16", "bfloat16"),
+        lambda f: f"the forward under autocast to {f['autocast']}" if f["autocast"] else "the forward in float32"),
+    "channels_last": Technique(
+        "model.to(device, memory_format=torch.channels_last) and x.contiguous(memory_format=torch.channels_last)",
+        lambda f, g: f["input_layout"] == f["weights_layout"] == "channels_last",
+        lambda f: f"the model's weights in the {f['weights_layout']} layout, its input in the {f['input_layout']}"),
+    "batch_size": Technique(
+        "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
+        lambda f, g: f["images_per_step"] > g["images_per_step"] and (f["lr"] or 0) > (g["lr"] or 0),
+        lambda f: f"{f['images_per_step']} images a step at lr {f['lr']:g}"),
+    "no_grad": Technique(
+        "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
+        lambda f, g: _evaluation(f),
+        lambda f: f"{f['eval_with_grad']} of {f['eval_forwards']} evaluation forwards recording a graph",
+        quantity="memory"),
+    "adamw_schedule": Technique(
+        "torch.optim.AdamW(...) and a scheduler (CosineAnnealingLR) stepped every batch",
+        lambda f, g: f["optimizer"] == "AdamW" and f["scheduled"],
+        lambda f: f"{f['optimizer']}, " + ("a scheduler attached" if f["scheduled"] else "no scheduler")),
+    "export": Technique(
+        "torch.export.export(model, (example,), dynamic_shapes=...).module()",
+        lambda f, g: f["graph_module"], lambda f: f"the model called as {f['model']}"),
+    "profiler": Technique(
+        "torch.profiler.profile(schedule=...) started before the loop, prof.step() in each step",
+        lambda f, g: f["profiled"], lambda f: "steps under torch.profiler" if f["profiled"] else "no profiled step"),
+    "fused_in_memory": Technique(
+        "fused=True in AdamW, and batches indexed from tensors in memory instead of a DataLoader",
+        lambda f, g: bool(f["fused"]) and f.get("loader") != "dataloader",
+        lambda f: f"{f['optimizer']}(fused={f['fused']}), batches from " + (
+            "a DataLoader" if f.get("loader") == "dataloader" else "memory")),
+    "paused": Technique(
+        "with w.paused(): around the evaluation", lambda f, g: f["paused_blocks"] > 0,
+        lambda f: f"{f['paused_blocks']} w.paused() block(s)"),
+    "ddp": Technique(
+        "model = DistributedDataParallel(model) after dist.init_process_group(...)",
+        lambda f, g: f["model"] == "DistributedDataParallel", lambda f: f"the model called as {f['model']}"),
+    "checkpoint": Technique(
+        "h = checkpoint(block, h, use_reentrant=False) for the blocks",
+        lambda f, g: f["recomputed"] > 0, lambda f: f"{f['recomputed']} forwards recomputed in backward",
+        quantity="memory"),
+}
+
+
+def technique_shown(technique: str, comparison: LoopComparison) -> tuple[bool | None, str]:
+    """Whether the edited loop's first step shows `technique` (TECHNIQUES), and what the watch saw, in words."""
+    t = TECHNIQUES[technique]
+    mine, given = (runs[0].extras.get("watch", {}).get("facts") for runs in (comparison.after, comparison.before))
+    if not mine or not given:
+        return None, "the watch saw no step"
+    return t.shown(mine, given), t.seen(mine)
+
+
+def peak_memory(comparison: LoopComparison) -> Comparison:
+    """The two sides' training peak memory (MiB; each run's own peak), lower is better, by the one noise rule."""
+    def side(runs: list) -> Spread:
+        return Spread.of([r.peak_memory_mb for r in runs])
+
+    return verdict(side(comparison.before), side(comparison.after), "MiB", higher_is_better=False,
+                   quantity="peak memory", fmt=",.1f")
+
+
+def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats: int = 2,
+          labels: tuple[str, str] | None = None, **options: Any) -> LoopComparison | None:
+    """Measure `mine` against the unedited `given` with fastlab.compare_loops (in turns, the noise rule), print
+    whether its first step shows `technique` (a key of TECHNIQUES) and the verdict on the quantity the technique
+    changes; return the comparison. None, with the technique's line, when `mine` is still the given loop.
+    repeats: 2 (the interleaved pairs the noise rule compares: one pair cannot tell the machine's drift from the
+    edit); under smoke the runs are short instead. options: as for fastlab.watch."""
+    t = TECHNIQUES[technique] if technique is not None else None
     if unchanged(given, mine):
-        print(f"{_name(mine)} runs the same code as {_name(given)} (comments and layout aside): edit it to add the "
-              f"technique, then run this cell again (nothing was measured)")
+        print(f"{_name(mine)} runs the same code as {_name(given)} (comments and layout aside): nothing was "
+              f"measured. " + (f"The technique's line is missing: {t.line}" if t else "Edit it to add the technique")
+              + ", then run this cell again")
         return None
-    if repeats is None:
-        repeats = 1 if active_profile() == "smoke" else 2
     labels = labels or (f"{_name(given)} (as given)", _name(mine))
     options.setdefault("window_steps", 2 if active_profile() == "smoke" else 5)
     options.setdefault("warmup_steps", 1 if active_profile() == "smoke" else 3)
-    result = compare_loops(given, mine, repeats=repeats, labels=labels, **options)
-    print(result.text())
+    result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
+    lines = []
+    if technique is not None and t is not None:
+        shown, seen = technique_shown(technique, result)
+        result.technique = (technique, shown)
+        lines.append({True: f"the technique is in {_name(mine)}: the watch saw {seen}",
+                      False: f"the technique is missing from {_name(mine)}: the watch saw {seen}; write {t.line}",
+                      None: f"the watch could not see the technique in {_name(mine)} ({seen})"}[shown])
+        if t.quantity == "memory":
+            lines.append(f"  training peak memory: {peak_memory(result).words}")
+    print("\n".join([result.text(), *lines]))
     return result
 
 
-__all__ = ["SOLUTION_ENV", "check", "images", "loop_source", "pick", "solution_diff", "solution_runs", "unchanged"]
+__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "check", "images", "loop_source", "peak_memory", "pick",
+           "solution_diff", "solution_runs", "technique_shown", "unchanged"]

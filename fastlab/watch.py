@@ -36,6 +36,9 @@ What is measured, and where:
   over gets a note: divergence not checked.
 - profile_steps=N: torch.profiler around N steps right after the warm-up (one more step for the profiler's own
   warm-up); those steps are not timed. It adds an idle-time breakdown and a trace file (Perfetto, chrome://tracing).
+- facts=True: what the first step did (fastlab.loop_facts: the model called, autocast, the input's layout,
+  evaluation with or without a graph, recomputed forwards, the optimiser and its schedule), whether a step ran
+  under torch.profiler, and w.paused() blocks, in extras["watch"]["facts"]: what an exercise's check reads.
 - misuse (a step never marked, a loader with no batches, the loader not wrapped, a dict batch counted by its
   keys, a generator used up by the first epoch, one watch in two threads, a step after result()) ends in one line: an error, or a note in
   extras["watch"]["notes"] that fastlab.advise prints.
@@ -64,6 +67,7 @@ from typing import Any
 import torch
 
 from .clocks import DivergenceWatch
+from .loop_facts import FirstStepFacts
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .profiling import safe_name
 from .results import RunResult
@@ -319,7 +323,7 @@ class Watch:
 
     def __init__(self, label: str = "your loop", *, device: str | torch.device = "auto", warmup_steps: int = 3,
                  window_steps: int = 10, log_every: int = 10, sync_debug: bool = False, profile_steps: int = 0,
-                 trace_dir: str | Path | None = None, config: dict[str, Any] | None = None) -> None:
+                 trace_dir: str | Path | None = None, config: dict[str, Any] | None = None, facts: bool = False) -> None:
         self.label = label
         self.device = _watch_device(device)
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
@@ -359,6 +363,10 @@ class Watch:
         self._last_batch: Any = None
         self._batch_bytes = 0
         self._notes: dict[str, str] = {}  # misuse seen, one line each (shown by fastlab.advise)
+        self.record_facts = bool(facts)  # what the first step did (fastlab.loop_facts), for an exercise's check
+        self._facts: dict[str, Any] = {}
+        self._profiled = False  # a step ran under torch.profiler (recorded with the facts)
+        self._paused_blocks = 0
 
     # ------------------------------------------------------------ the two touches
 
@@ -439,6 +447,7 @@ class Watch:
         """Time inside is not the loop's: `with w.paused(): evaluate(model)` in the middle of an epoch."""
         self._check_open()
         self._sync()
+        self._paused_blocks += 1
         t = time.perf_counter()
         try:
             yield
@@ -461,11 +470,16 @@ class Watch:
         s = Step(_images(batch_size), loss)
         self._check_open()  # before the body: a finished watch does not run (and then refuse) a training step
         self._last_step = s
+        seen = FirstStepFacts(self.device.type) if self.record_facts and not self._steps else None
         try:
-            yield s
+            with seen or contextlib.nullcontext():
+                yield s
         except BaseException as e:
             self._failed(e)
             raise
+        finally:
+            if seen is not None:
+                self._facts = seen.facts
         self.step_done(s.batch_size, s.loss)
 
     def step_done(self, batch_size: int, loss: Any = None) -> None:
@@ -475,6 +489,8 @@ class Watch:
         self._start()
         self._steps += 1
         k = self._steps
+        if self.record_facts and not self._profiled and self._prof is None:
+            self._profiled = torch.autograd._profiler_enabled()  # a profiler's schedule records later steps
         if loss is not None:  # kept, not read: reading a tensor here would be a host-device sync every step
             self._last_loss = (k - 1, loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
             self._divergence.first_loss(self._last_loss[1])
@@ -649,6 +665,10 @@ class Watch:
         self._read_losses()
         self._check_use()
         watch_extras["notes"] = list(self._notes.values())
+        if self.record_facts:
+            watch_extras["facts"] = {**self._facts, **self._loader, "device": self.device.type,
+                                     "images_per_step": res.images_per_step, "profiled": self._profiled,
+                                     "paused_blocks": self._paused_blocks}
         watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
         _remember(res)
         return res
@@ -717,7 +737,7 @@ def _remember(res: RunResult) -> None:
 
 def watch(label: str = "your loop", **options: Any) -> Watch:
     """Watch a training loop you wrote. Options: device, warmup_steps, window_steps, log_every, sync_debug,
-    profile_steps, trace_dir, config (what you know about the loop, e.g. {"amp": "bf16", "lr": 1e-3})."""
+    profile_steps, trace_dir, config (what you know about the loop, e.g. {"amp": "bf16", "lr": 1e-3}), facts."""
     return Watch(label, **options)
 
 
@@ -736,6 +756,7 @@ class LoopComparison:
     #   after did not), "failed" (a run measured nothing: the sentence says why)
     sentence: str
     notes: list[str] = field(default_factory=list)
+    technique: tuple[str, bool | None] | None = None  # an exercise's check: (technique, shown in the edited loop)
 
     @property
     def ratio(self) -> float:

@@ -57,6 +57,7 @@ def time_notebook(path: Path, profile: str, timeout: float, keep: Path | None = 
 
     os.environ["FASTLAB_PROFILE"] = profile
     os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-timing-results-")
+    os.environ["FASTLAB_SOLUTION"] = "1"  # each exercise measures its solution, as it would a learner's edit
     os.environ.setdefault("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",

@@ -180,26 +180,30 @@ def test_write_it_yourself_runs_its_solution_through_compare_loops(name, smoke, 
     added = "\n".join(diff.added).lower()
     assert added and any(call.lower() in added for call in CODE_CALLS[name]), \
         f"{name}: the solution's added lines name none of {CODE_CALLS[name]}"
-    printed = run_cell(text(tagged["exercise-check"][0]), namespace, f"{name}:exercise-check")
-    assert calls == [(given, solved)], "under smoke the solution is measured, against the given loop"
+    check_cell = text(tagged["exercise-check"][0])
+    technique = re.search(r'technique="(\w+)"', check_cell).group(1)
+    printed = run_cell(check_cell, namespace, f"{name}:exercise-check")
+    assert calls == [] and "nothing was measured" in printed, "under smoke the learner's unedited loop is not run"
+    assert exercise.TECHNIQUES[technique].line in printed  # the unedited loop: the technique's line is missing
+    # an edit that adds no technique is measured, and the check names what the watch saw instead
+    edited = exercise.loop_source(given).replace("def given_loop(w):", "def edited_loop(w):\n    unused = None", 1)
+    run_cell(edited, namespace, f"{name}:edited")
+    printed = run_cell(check_cell.replace("my_loop", "edited_loop"), namespace, f"{name}:edited-check")
+    assert namespace["comparison"].technique == (technique, False), printed
+    assert "the technique is missing from edited_loop: the watch saw" in printed
+    calls.clear()
+    monkeypatch.setenv("FASTLAB_SOLUTION", "1")
+    printed = run_cell(check_cell, namespace, f"{name}:exercise-check")
+    assert calls == [(given, solved)], "with FASTLAB_SOLUTION=1 the solution is measured, against the given loop"
+    assert namespace["comparison"].technique == (technique, True), printed
     comparison = namespace["comparison"]
     assert isinstance(comparison, LoopComparison) and comparison.outcome != "failed", printed
     assert all(r.ok and r.window_throughput for r in comparison.before + comparison.after)
     assert "worked solution" in printed and comparison.outcome in printed  # the words follow the measurement
 
 
-def test_the_solution_runs_by_the_flag_else_under_smoke(monkeypatch, capsys):
+def test_the_learners_loop_runs_under_every_profile_unless_the_flag_asks_for_the_solution(monkeypatch, capsys):
     from fastlab import exercise
-
-    monkeypatch.delenv(exercise.SOLUTION_ENV, raising=False)
-    monkeypatch.setenv("FASTLAB_PROFILE", "cpu")
-    assert not exercise.solution_runs()
-    monkeypatch.setenv(exercise.SOLUTION_ENV, "1")
-    assert exercise.solution_runs()
-    monkeypatch.setenv("FASTLAB_PROFILE", "smoke")
-    monkeypatch.setenv(exercise.SOLUTION_ENV, "0")
-    assert not exercise.solution_runs()
-    monkeypatch.delenv(exercise.SOLUTION_ENV)
 
     def yours(w):
         return w
@@ -207,6 +211,12 @@ def test_the_solution_runs_by_the_flag_else_under_smoke(monkeypatch, capsys):
     def answer(w):
         return None
 
+    monkeypatch.delenv(exercise.SOLUTION_ENV, raising=False)
+    for profile in ("smoke", "cpu"):  # a workshop room under smoke measures its own edits
+        monkeypatch.setenv("FASTLAB_PROFILE", profile)
+        assert not exercise.solution_runs() and exercise.pick(yours, answer) is yours
+    assert "your loop, yours" in capsys.readouterr().out
+    monkeypatch.setenv(exercise.SOLUTION_ENV, "1")  # CI's make test
     assert exercise.solution_runs() and exercise.pick(yours, answer) is answer
     assert "worked solution" in capsys.readouterr().out
 

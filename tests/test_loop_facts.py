@@ -1,0 +1,120 @@
+"""fastlab.loop_facts: what a watched loop's first step did, each fact from a small loop on the CPU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+import fastlab
+from fastlab.loop_facts import FirstStepFacts, layout
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
+
+
+X, Y = torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+
+
+def one_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor = X, **autocast) -> None:
+    with torch.autocast("cpu", **autocast) if autocast else torch.autocast("cpu", enabled=False):
+        loss = F.cross_entropy(model(x), Y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_a_plain_step_reads_as_plain():
+    model = net()
+    with FirstStepFacts("cpu") as seen:
+        one_step(model, torch.optim.Adam(model.parameters()))
+    f = seen.facts
+    assert (f["model"], f["autocast"], f["input_layout"], f["weights_layout"]) == ("Sequential", None, "contiguous",
+                                                                                   "contiguous")
+    assert (f["optimizer"], f["fused"], f["scheduled"], f["eval_forwards"], f["recomputed"]) == ("Adam", False, False,
+                                                                                                0, 0)
+
+
+def test_each_technique_shows_in_its_fact():
+    model = net().to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    with FirstStepFacts("cpu") as seen:
+        one_step(model, opt, X.contiguous(memory_format=torch.channels_last), dtype=torch.bfloat16)
+        model.eval()
+        with torch.no_grad():
+            model(X)
+        model(X)  # an evaluation forward that records a graph
+    f = seen.facts
+    assert (f["autocast"], f["input_layout"], f["weights_layout"]) == ("bfloat16", "channels_last", "channels_last")
+    assert (f["optimizer"], f["fused"], f["lr"], f["scheduled"]) == ("AdamW", True, 0.01, True)
+    assert (f["eval_forwards"], f["eval_with_grad"]) == (2, 1)
+
+
+def test_checkpointed_blocks_are_counted_as_recomputed_in_backward():
+    block, head = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()), nn.Linear(4 * 8 * 8, 10)
+    opt = torch.optim.SGD([*block.parameters(), *head.parameters()], lr=0.1)
+    with FirstStepFacts("cpu") as seen:
+        h = checkpoint(block, X, use_reentrant=False)
+        F.cross_entropy(head(h.flatten(1)), Y).backward()
+        opt.step()
+    assert seen.facts["recomputed"] >= 1  # the block (and its layers) ran again in backward
+    assert seen.facts["model"] == "Sequential"  # the first outermost call, not a recomputation
+
+
+def test_the_hooks_are_gone_after_the_step_and_other_threads_are_not_recorded():
+    import threading
+
+    model = net()
+    with FirstStepFacts("cpu") as seen:
+        worker = threading.Thread(target=lambda: model(X))
+        worker.start()
+        worker.join()
+    model(X)
+    assert seen.facts["model"] is None  # neither the other thread's forward nor one after the step
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_a_watch_with_facts_records_its_first_step_its_profiled_steps_and_pauses():
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    w = fastlab.watch("facts", warmup_steps=1, window_steps=2, facts=True)
+    for x, y in w([(X, Y)] * 6):
+        with w.step(len(x)) as s:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            s.loss = loss
+        with w.paused():
+            pass
+    facts = w.result().extras["watch"]["facts"]
+    assert facts["model"] == "Sequential" and facts["optimizer"] == "Adam" and facts["images_per_step"] == 4
+    assert facts["paused_blocks"] == 6 and facts["profiled"] is False and facts["loader"] == "iterable"
+    assert "facts" not in fastlab.watch("plain").result().extras["watch"]  # only when asked
+
+
+def test_layout_names_the_three_layouts():
+    x = torch.randn(2, 3, 4, 4)
+    assert [layout(x), layout(x.contiguous(memory_format=torch.channels_last)), layout(x[:, :, ::2]),
+            layout(torch.randn(3))] == ["contiguous", "channels_last", "strided", None]
+
+
+def test_an_exercise_weighs_peak_memory_run_by_run_lower_is_better():
+    from fastlab.exercise import peak_memory
+    from fastlab.measure import Spread
+    from fastlab.results import RunResult
+    from fastlab.watch import LoopComparison
+
+    def side(*peaks: float) -> list[RunResult]:
+        return [RunResult(config={}, label="x", peak_memory_mb=p) for p in peaks]
+
+    def judged(before: list[RunResult], after: list[RunResult]) -> str:
+        return peak_memory(LoopComparison(before, after, Spread.of([]), Spread.of([]), "", "")).direction
+
+    assert judged(side(100.0, 101.0), side(60.0, 61.0)) == "better"
+    assert judged(side(100.0, 101.0), side(140.0, 141.0)) == "worse"
+    assert judged(side(100.0, 120.0), side(110.0, 130.0)) == "noise"  # the runs' peaks overlap
