@@ -264,3 +264,16 @@ def test_an_unedited_copy_is_not_measured_and_an_edit_is(monkeypatch, capsys):
     assert measured == [(given, edited)]
     diff = exercise.solution_diff(given, edited)
     assert diff.added == ["        total += 2 * x"] and diff.removed == ["        total += x"]
+
+
+@pytest.mark.parametrize("name", sorted(CODE_CALLS))
+def test_every_exercise_trains_on_the_notebooks_device(name):
+    """In a GPU room the exercise's model and batches are on the GPU: a model built on the CPU would measure fused
+    AdamW, checkpointing or the profiler there."""
+    nb = cells(name)
+    given, solution = (text(next(c for c in nb if tag in c["metadata"].get("tags", [])))
+                       for tag in ("exercise-given", "exercise-solution"))
+    assert re.search(r"^device = resolve_device\((cfg|base)\.device\)", given, re.M) or name.startswith("10_"), name
+    for source in (given, solution):
+        for line in source.splitlines():
+            assert "build_model(" not in line or ".to(device" in line, f"{name}: {line.strip()}"

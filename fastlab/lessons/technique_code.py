@@ -22,11 +22,13 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
-def tiny_batches(steps: int, batch_size: int = 16, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`steps` random CIFAR-shaped batches (images, labels) for the snippets: made once, the same every call."""
+def tiny_batches(steps: int, batch_size: int = 16, seed: int = 0,
+                 device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` random CIFAR-shaped batches (images, labels) for the snippets, on `device`: the same every call."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
+    made = [(torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
             for _ in range(steps)]
+    return made if torch.device(device).type == "cpu" else [(x.to(device), y.to(device)) for x, y in made]
 
 
 def tiny_dataset(images: int = 64, seed: int = 0) -> TensorDataset:
