@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import tempfile
 import textwrap
@@ -183,6 +184,9 @@ def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
 def unseen(c: Comparison, what: str = "no difference detected") -> str:
     """Why a test that lacked the power could not tell: what it saw, the smallest change it could have seen, and
     what would tell (the words inside "could not tell here (...)")."""
+    if not math.isfinite(c.detectable):  # a single pair: no size of change can be told from drift
+        return (f"{what}, {c.gain:.2f}x, but a side is one run, not interleaved with the other: the machine's "
+                f"drift between them cannot be told from an effect of any size; {TO_TELL}")
     return (f"{what}, {c.gain:.2f}x, but on this machine now a change under {c.detectable:.2f}x could not have "
             f"been seen: measurements varied ±{c.variation:.0%}; {TO_TELL}")
 

@@ -194,3 +194,30 @@ def test_no_notebook_says_non_blocking_overlaps_compute():
     said = [p.name for p in sorted(notebooks.glob("*.ipynb"))
             if claim.search(" ".join("".join(c["source"]).replace("\n", " ") for c in json.loads(p.read_text())["cells"]))]
     assert said == []
+
+
+@pytest.mark.parametrize("compare", [dl.compare_num_workers, dl.compare_pipeline])
+def test_the_sweep_and_the_staircase_run_every_arm_in_turns(compare, smoke, monkeypatch):
+    """A count or a step run once after another is a single pair: each arm runs twice, the order reversed."""
+    import fastlab.train as train
+
+    order: list[str] = []
+
+    def fake_run(cfg, label="run", progress=True, comparison=None):
+        order.append(label)
+        return RunResult(config=cfg.to_dict(), label=label, window_throughput=[100.0, 101.0], extras={"repeats": 1})
+
+    monkeypatch.setattr(train, "run", fake_run)
+    results = compare(smoke)
+    trained = [r for r in results if r.label in order]  # a step whose every change is a no-op here is not trained
+    labels = [r.label for r in trained]
+    assert len(labels) >= 2 and order == labels + labels[::-1]
+    assert all(len(r.throughput.repeats) == 2 for r in trained)  # the noise rule pairs the repeats
+
+
+def test_a_single_pair_that_could_not_tell_never_prints_an_infinite_ratio():
+    one_run = [_point(0, [100, 102]), _point(4, [101, 103])]
+    for r in one_run:
+        r.extras["repeats"] = 1  # each count ran once: single pairs
+    v = dl.judge_workers(one_run).verdict
+    assert v.startswith("could not tell here") and "inf" not in v and "not interleaved" in v

@@ -29,7 +29,7 @@ from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
-from ..train import run
+from ..train import interleave, run
 from ..verdicts import runs_verdict, verdict
 
 # The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
@@ -96,19 +96,18 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
 
 
-@comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())), repeated=False)
+@comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())))
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """The worker sweep, each count run the profile's repeats in turns (fastlab.train.interleave): a count run once
+    after another is a single pair, which cannot tell the machine's drift from the workers' effect."""
     cfg, cores = sweep_config(base), usable_cpu_count()
-    results = []
-    for n in worker_counts(cores):
-        r = run(cfg.replace(num_workers=n), label=f"num_workers={n}", progress=progress)
+    counts = worker_counts(cores)
+    results = interleave([(f"num_workers={n}", cfg.replace(num_workers=n)) for n in counts], progress=progress)
+    for n, r in zip(counts, results):
         r.extras["usable_cpus"] = cores
         said = torch_worker_check(n)
         if said:
             r.extras["torch_warning"] = said
-        results.append(r)
-        if r.status == "interrupted":
-            break
     return results
 
 
@@ -131,10 +130,11 @@ def torch_worker_warning(results: list[RunResult]) -> str:
     return "torch gave no warning about the worker counts"
 
 
-@comparison("01_data_loading:pipeline", arms=lambda base: len(pipeline_steps(pipeline_workers())), repeated=False)
+@comparison("01_data_loading:pipeline", arms=lambda base: len(pipeline_steps(pipeline_workers())))
 def compare_pipeline(base: TrainConfig, progress: bool = True) -> list[RunResult]:
+    """The staircase, each step run the profile's repeats in turns: each step is judged against the one before."""
     configs = [(label, short_for_smoke(base.replace(**changes))) for label, changes in pipeline_steps(pipeline_workers())]
-    return [run(cfg, label=label, progress=progress) for label, cfg in configs]
+    return interleave(configs, progress=progress)
 
 
 class SlowStorage(Dataset):
