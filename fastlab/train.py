@@ -136,16 +136,17 @@ def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = T
                       comparison=comparison)
 
 
-def interleave(arms: list[tuple[str, TrainConfig]], *, repeats: int | None = None, progress: bool = True,
-               comparison: str | None = None) -> list[RunResult]:
+def interleave(arms: list[tuple[str, TrainConfig]] | list[tuple[str, TrainConfig, dict[str, Any]]], *,
+               repeats: int | None = None, progress: bool = True, comparison: str | None = None) -> list[RunResult]:
     """Each arm `repeats` times (default: the profile's comparison_repeats), in turn: A B, then B A, then A B...
     so that a machine that slows down mid-comparison slows every arm alike (the order alternates, so a steady
     drift does not favour the arm that runs first). Each run starts in a fresh process. Returns one result per
     arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (measure.is_noise).
-    An interrupted run ends the comparison, keeping every arm that ran."""
+    An arm is (label, config) or (label, config, run's keyword arguments: model=, dataset=). An interrupted run
+    ends the comparison, keeping every arm that ran."""
     rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])
     # an arm whose every change from the first arm is a no-op on this device is not trained: it says why instead
-    idle = {i: r for i, (label, cfg) in enumerate(arms) if i
+    idle = {i: r for i, (label, cfg, *_) in enumerate(arms) if i
             and (r := _idle_arm(arms[0][1], cfg, label, comparison)) is not None}
     ran: dict[int, list[RunResult]] = {i: [] for i in range(len(arms))}
 
@@ -157,8 +158,8 @@ def interleave(arms: list[tuple[str, TrainConfig]], *, repeats: int | None = Non
         for i in order:
             if i in idle:
                 continue
-            label, cfg = arms[i]
-            result = run(cfg, label=label, progress=progress, comparison=comparison)
+            label, cfg, *given = arms[i]
+            result = run(cfg, label=label, progress=progress, comparison=comparison, **(given[0] if given else {}))
             result.extras["repeat"] = r
             ran[i].append(result)
             if result.status == "interrupted":

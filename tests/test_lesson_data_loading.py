@@ -196,14 +196,14 @@ def test_no_notebook_says_non_blocking_overlaps_compute():
     assert said == []
 
 
-@pytest.mark.parametrize("compare", [dl.compare_num_workers, dl.compare_pipeline])
-def test_the_sweep_and_the_staircase_run_every_arm_in_turns(compare, smoke, monkeypatch):
+@pytest.mark.parametrize("compare", [dl.compare_num_workers, dl.compare_pipeline, dl.compare_slow_storage])
+def test_the_sweep_the_staircase_and_slow_storage_run_every_arm_in_turns(compare, smoke, monkeypatch):
     """A count or a step run once after another is a single pair: each arm runs twice, the order reversed."""
     import fastlab.train as train
 
     order: list[str] = []
 
-    def fake_run(cfg, label="run", progress=True, comparison=None):
+    def fake_run(cfg, label="run", progress=True, comparison=None, **given):
         order.append(label)
         return RunResult(config=cfg.to_dict(), label=label, window_throughput=[100.0, 101.0], extras={"repeats": 1})
 

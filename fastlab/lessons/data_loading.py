@@ -29,7 +29,7 @@ from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
-from ..train import interleave, run
+from ..train import interleave
 from ..verdicts import runs_verdict, verdict
 
 # The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
@@ -175,12 +175,10 @@ def compare_slow_storage(base: TrainConfig, progress: bool = True) -> list[RunRe
     """The symptom of a data bottleneck: 0 workers on slow storage, then every core's worth of workers."""
     data = slow_storage_data(base)
     base = base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None)
-    results = []
-    for n in (0, pipeline_workers()):
-        result = run(base.replace(num_workers=n), label=f"slow storage, num_workers={n}", dataset=data,
-                     progress=progress)
+    results = interleave([(f"slow storage, num_workers={n}", base.replace(num_workers=n), {"dataset": data})
+                          for n in (0, pipeline_workers())], progress=progress)
+    for result in results:
         result.extras["simulated_latency_ms_per_batch"] = STARVE_BATCH_MS
-        results.append(result)
     return results
 
 
