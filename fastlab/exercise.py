@@ -129,7 +129,7 @@ TECHNIQUES: dict[str, Technique] = {
     "batch_size": Technique(
         "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
         lambda f, g: f["images_per_step"] > g["images_per_step"] and (f["lr"] or 0) > (g["lr"] or 0),
-        lambda f: f"{f['images_per_step']} images a step at lr {f['lr']:g}"),
+        lambda f: f"{f['images_per_step']} images a step at lr " + ("unknown" if f["lr"] is None else f"{f['lr']:.3g}")),
     "no_grad": Technique(
         "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
         lambda f, g: _evaluation(f),
@@ -188,6 +188,8 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     changes; return the comparison. None, with the technique's line, when `mine` is still the given loop.
     repeats: 2 (the interleaved pairs the noise rule compares: one pair cannot tell the machine's drift from the
     edit); under smoke the runs are short instead. options: as for fastlab.watch."""
+    if technique is not None and technique not in TECHNIQUES:
+        raise ValueError(f"exercise.check(technique={technique!r}) is not allowed: one of {', '.join(TECHNIQUES)}")
     t = TECHNIQUES[technique] if technique is not None else None
     if unchanged(given, mine):
         print(f"{_name(mine)} runs the same code as {_name(given)} (comments and layout aside): nothing was "

@@ -118,3 +118,15 @@ def test_an_exercise_weighs_peak_memory_run_by_run_lower_is_better():
     assert judged(side(100.0, 101.0), side(60.0, 61.0)) == "better"
     assert judged(side(100.0, 101.0), side(140.0, 141.0)) == "worse"
     assert judged(side(100.0, 120.0), side(110.0, 130.0)) == "noise"  # the runs' peaks overlap
+
+
+def test_an_exercise_check_refuses_a_technique_it_does_not_know():
+    import pytest
+
+    from fastlab import exercise
+
+    def loop(w):
+        return None
+
+    with pytest.raises(ValueError, match="technique='warp' is not allowed: one of workers, autocast"):
+        exercise.check(loop, loop, technique="warp")
