@@ -128,5 +128,5 @@ def test_an_exercise_check_refuses_a_technique_it_does_not_know():
     def loop(w):
         return None
 
-    with pytest.raises(ValueError, match="technique='warp' is not allowed: one of workers, autocast"):
+    with pytest.raises(ValueError, match=r"check\(technique='warp'\) is not allowed: one of workers, autocast"):
         exercise.check(loop, loop, technique="warp")
