@@ -65,3 +65,43 @@ def test_every_checked_cell_has_its_expected_output_recorded(path):
     missing = [k for k in checked if k not in recorded]
     assert not missing, f"run `python tests/notebook_tools.py {path}` to record the expected outputs"
     assert all(recorded[k] for k in checked), "a checked cell whose recorded output is empty checks nothing"
+
+
+GOING_FURTHER = "## Going further"
+CORE_PATH_MAX = 15  # cells, markdown and code both
+CORE_PATH_NOTEBOOKS = ["01_data_loading.ipynb", "02_mixed_precision.ipynb", "09_all_together.ipynb"]  # the 90-min plan's
+EXERCISE_TAGS = ("exercise-given", "exercise-mine", "exercise-solution", "exercise-check")
+
+
+def core_path(nb: dict) -> list[dict] | None:
+    """The cells before the markdown cell whose first line is `## Going further`; None without one."""
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "markdown" and "".join(cell["source"]).split("\n", 1)[0] == GOING_FURTHER:
+            return nb["cells"][:i]
+    return None
+
+
+def test_the_workshops_notebooks_have_a_core_path():
+    assert all(core_path(json.loads((NOTEBOOKS[0].parent / name).read_text())) is not None
+               for name in CORE_PATH_NOTEBOOKS), f"each of {CORE_PATH_NOTEBOOKS} has a {GOING_FURTHER!r} cell"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if core_path(json.loads(p.read_text())) is not None],
+                         ids=lambda p: p.name)
+def test_the_core_path_is_short_and_holds_the_code_and_the_exercise(path):
+    """Issue 38: before "Going further", at most 15 cells: the claim, install, setup, "The code", one comparison and
+    its verdict, and the "Write it yourself" exercise, whole."""
+    core = core_path(json.loads(path.read_text()))
+    assert len(core) <= CORE_PATH_MAX, f"{path.name}: {len(core)} cells before {GOING_FURTHER!r}"
+    headings = ["".join(c["source"]) for c in core if c["cell_type"] == "markdown"]
+    assert any(h.startswith("## The code") for h in headings), f"{path.name}: 'The code' is not in the core path"
+    assert any(h.startswith("### Write it yourself") for h in headings), f"{path.name}: no 'Write it yourself'"
+    tags = [t for c in core for t in c.get("metadata", {}).get("tags", [])]
+    assert all(tags.count(t) == 1 for t in EXERCISE_TAGS), f"{path.name}: the exercise's cells {EXERCISE_TAGS}"
+
+
+def test_the_core_path_check_catches_a_long_one():
+    cells = [{"cell_type": "markdown", "source": [f"## {i}"]} for i in range(16)]
+    nb = {"cells": cells + [{"cell_type": "markdown", "source": ["## Going further\n", "What follows."]}]}
+    assert len(core_path(nb)) == 16 and core_path({"cells": cells}) is None
+    assert core_path({"cells": [{"cell_type": "markdown", "source": ["## Going further, and more"]}]}) is None
