@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import os
 import pickle
 import socket
@@ -318,15 +319,23 @@ class DeviceLoader:
         return torch.where(flip[:, None, None, None], x.flip(3), x)
 
 
-def forever(loader) -> Iterator:
-    """Batches from loader, epoch after epoch."""
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("the training set is smaller than one batch: lower batch_size or raise train_images")
+class forever:  # noqa: N801 (used as a function: for batch in forever(loader))
+    """Batches from loader, epoch after epoch; a DistributedSampler is told each epoch (a new shuffle per epoch).
+    The loader stays an attribute, so fastlab.watch(forever(loader)) still reads the loader's settings."""
+
+    def __init__(self, loader: Any, sampler: Any = None) -> None:
+        self.loader, self.sampler = loader, sampler
+
+    def __iter__(self) -> Iterator:
+        for epoch in itertools.count():
+            if self.sampler is not None:
+                self.sampler.set_epoch(epoch)
+            empty = True
+            for batch in self.loader:
+                empty = False
+                yield batch
+            if empty:
+                raise ValueError("the training set is smaller than one batch: lower batch_size or raise train_images")
 
 
 # ---------------------------------------------------------------- DataLoader workers: how they start, what they can rebuild

@@ -12,10 +12,9 @@ data, `no_sync` on accumulation micro-batches but the last, and decisions every 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,19 +26,20 @@ from .results import RunResult
 
 
 class Parallel(Protocol):
-    """What data-parallel training (DDPMode) changes in fastlab.loop; None in a single process."""
+    """What data-parallel training (DDPMode) changes in fastlab.training.train; None in a single process."""
 
     evaluates: bool  # whether this process measures held-out accuracy (rank 0 alone: the replicas are identical)
+    rank: int
+    world: int
+    no_sync: bool  # accumulation micro-batches but the last skip the gradient all-reduce
 
     def wrap(self, net: nn.Module) -> nn.Module: ...  # the model that trains (DDP around the bare net)
 
-    def batches(self, cfg: TrainConfig, data: Any, device: torch.device, no_ops: dict[str, str]) -> Iterator: ...
-
-    def accumulate(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager: ...
+    def shard(self, array: Any) -> Any: ...  # this rank's part of the training set (the device loader)
 
     def agree(self, flag: bool) -> bool: ...  # True on every process when it is True on any (a collective)
 
-    def finish(self, net: nn.Module, result: RunResult) -> None: ...  # after the steps, before evaluation
+    def finish(self, net: nn.Module, result: RunResult) -> None: ...  # after the steps
 
 
 BATCH_MODES = ("per_rank", "global")
@@ -152,7 +152,6 @@ def compare_across_ranks(vectors: Sequence[Any]) -> dict[str, Any]:
     """
     if not vectors:
         raise ValueError("compare_across_ranks needs one tensor per rank, got none")
-    import torch
 
     ref = vectors[0].double()
     diffs = [float((v.double() - ref).abs().max()) if v.numel() else 0.0 for v in vectors]
@@ -181,7 +180,6 @@ class Rank:
 
 
 def _flat(tensors: Sequence[Any]):
-    import torch
 
     parts = [t.detach().reshape(-1).to(torch.float64) for t in tensors]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
@@ -189,7 +187,6 @@ def _flat(tensors: Sequence[Any]):
 
 def _gather_compare(vec, ctx: Rank) -> dict[str, Any]:
     """Each rank's flattened tensor gathered on every rank, then compared (collective: all ranks call it)."""
-    import torch
     import torch.distributed as dist
 
     vec = vec.to(ctx.device)
@@ -218,22 +215,6 @@ class _CommCounter:
         return counting_allreduce_hook
 
 
-def _epochs(loader, sampler) -> Iterator:
-    """Batches epoch after epoch; DistributedSampler.set_epoch reshuffles each epoch (same order on all ranks)."""
-    epoch = 0
-    while True:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("a rank's share of the training set is smaller than one batch: lower batch_size "
-                             "or raise train_images")
-        epoch += 1
-
-
 class DDPMode:
     """fastlab.loop.Parallel for DistributedDataParallel: one instance per rank and job."""
 
@@ -245,7 +226,6 @@ class DDPMode:
         self.calls_timed = self.bytes_timed = 0
 
     def wrap(self, net):
-        import torch
         from torch import nn
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -261,41 +241,24 @@ class DDPMode:
         self.torch_version = torch.__version__
         return model
 
-    def batches(self, cfg: TrainConfig, images: Any, device: Any, no_ops: dict[str, str]) -> Iterator:
-        """This rank's shard: the device loader over a slice, or a DataLoader with a DistributedSampler."""
-        from torch.utils.data import DataLoader
-        from torch.utils.data.distributed import DistributedSampler
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
 
-        from .data import CifarLikeDataset, DeviceLoader
+    @property
+    def world(self) -> int:
+        return self.ctx.world
 
-        ctx = self.ctx
-        if cfg.loader == "device":
-            for knob in ("pin_memory", "non_blocking"):
-                if getattr(cfg, knob):
-                    no_ops[knob] = "the device loader keeps the data on the device: there is no copy to speed up"
-            idx = shard_indices(len(images.train_labels), ctx.rank, ctx.world)
-            # a different seed per rank: each rank augments its own shard differently
-            return _epochs(DeviceLoader(images.train_images[idx], images.train_labels[idx], batch_size=cfg.batch_size,
-                                        train=True, device=device, seed=cfg.seed + ctx.rank,
-                                        channels_last=cfg.channels_last), None)
-        dataset = CifarLikeDataset(images.train_images, images.train_labels, train=True)
-        sampler = DistributedSampler(dataset, num_replicas=ctx.world, rank=ctx.rank, shuffle=True, seed=cfg.seed,
-                                     drop_last=True)
-        extra: dict[str, Any] = {}
-        if cfg.num_workers:
-            extra = {"persistent_workers": cfg.persistent_workers}
-            if cfg.prefetch_factor is not None:
-                extra["prefetch_factor"] = cfg.prefetch_factor
-        loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                            num_workers=cfg.num_workers, pin_memory=cfg.pin_memory and device.type == "cuda", **extra)
-        return _epochs(loader, sampler)
+    @property
+    def no_sync(self) -> bool:
+        """Whether accumulation micro-batches but the last skip the gradient all-reduce."""
+        return self.options.no_sync
 
-    def accumulate(self, model, last: bool):
-        # no_sync: gradients just accumulate locally; only the last micro-batch's backward all-reduces
-        return model.no_sync() if self.options.no_sync and not last else contextlib.nullcontext()
+    def shard(self, array: Any) -> Any:
+        """This rank's part of an array of the whole training set."""
+        return array[shard_indices(len(array), self.ctx.rank, self.ctx.world)]
 
     def agree(self, flag: bool) -> bool:
-        import torch
         import torch.distributed as dist
 
         t = torch.tensor([float(flag)], device=self.ctx.device)

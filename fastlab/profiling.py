@@ -19,7 +19,6 @@ from pathlib import Path
 
 from . import isolation
 from .config import TrainConfig
-from .loop import TrainingRun
 from .measure import resolve_device
 from .results import RunResult
 
@@ -140,6 +139,8 @@ def profile_here(cfg: TrainConfig, label: str, steps: int, trace: Path, record_s
                  with_stack: bool = False) -> ProfileResult:
     """profile_run's work, in the calling process: the run, the profiler stepped after each of its steps."""
     from torch.profiler import ProfilerActivity, profile, schedule
+
+    from .loop import TrainingRun  # here: fastlab.loop's watch imports this module
 
     cuda = resolve_device(cfg.device).type == "cuda"
     # One untimed step is needed for the profiler's own warm-up; the rest of the warm-up it skips.

@@ -66,11 +66,12 @@ from typing import Any
 
 import torch
 
-from .clocks import DivergenceWatch
+from .clocks import DivergenceWatch, window_ends
 from .loop_facts import FirstStepFacts
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .profiling import safe_name
 from .results import RunResult
+from .step_parts import StepParts
 from .verdicts import verdict
 
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
@@ -315,6 +316,58 @@ class WatchedLoader:
         return getattr(self.loader, name)
 
 
+@contextlib.contextmanager
+def _sampling(meter: MemoryMeter, every_s: float = 0.002) -> Iterator[None]:
+    """A process's resident set sampled from a thread while the block runs (its peak is a sample's: evaluation's
+    rise, say); CUDA's allocator keeps a peak of its own."""
+    if meter.kind != "process_rss":
+        yield
+        return
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: [meter.sample() for _ in iter(lambda: done.wait(every_s), True)],
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@dataclass
+class Budget:
+    """What fastlab.run's harness asks of the watch besides measuring: its config's timed windows, and when the loop
+    must end early (w(batches) then runs out, and evaluation after a Ctrl-C is skipped): a stop event (Ctrl-C, a
+    Stop button), max_seconds of timed steps, divergence, a held-out accuracy target reached, or a training-time
+    limit (time to accuracy, warm-up included) used up."""
+
+    steps: int  # timed optimiser steps after the warm-up
+    windows: int  # split into this many timed windows (the last takes the remainder)
+    max_seconds: float = 0.0
+    stops: tuple[threading.Event, ...] = ()
+    target_accuracy: float | None = None
+    max_training_seconds: float | None = None
+    agree: Callable[[bool], bool] | None = None  # data-parallel: every rank takes each stop decision together
+    on_step: Callable[[int, int], None] | None = None  # on_step(steps done, total steps)
+    sample_parts: bool = False  # time the copy, forward, backward and optimiser of warm-up steps 2.. (step_parts)
+    evaluate_after_trap: bool = True  # False: a diverged or time-limited run skips its held-out evaluation
+    result: RunResult | None = None  # the result to fill (the harness's: its config, label and environment stay)
+
+
+class RunEnded(Exception):
+    """Raised by w.paused() under a Budget when the run has ended in a way that skips evaluation (Ctrl-C, or a
+    trap under evaluate_after_trap=False); the harness keeps what was measured."""
+
+
+class Pause:
+    """What `with w.paused() as p:` hands the block: set `p.accuracy = ...` for a held-out accuracy."""
+
+    __slots__ = ("accuracy",)
+
+    def __init__(self) -> None:
+        self.accuracy: float | None = None
+
+
 # ---------------------------------------------------------------- the watch
 
 
@@ -323,7 +376,8 @@ class Watch:
 
     def __init__(self, label: str = "your loop", *, device: str | torch.device = "auto", warmup_steps: int = 3,
                  window_steps: int = 10, log_every: int = 10, sync_debug: bool = False, profile_steps: int = 0,
-                 trace_dir: str | Path | None = None, config: dict[str, Any] | None = None, facts: bool = False) -> None:
+                 trace_dir: str | Path | None = None, config: dict[str, Any] | None = None, facts: bool = False,
+                 budget: Budget | None = None) -> None:
         self.label = label
         self.device = _watch_device(device)
         self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
@@ -334,7 +388,7 @@ class Watch:
         self.sync_debug = bool(sync_debug)
         self.trace_dir = trace_dir
         self.known = dict(config or {})  # what the reader tells about the loop (e.g. {"amp": "bf16"})
-        self.res = RunResult(config={}, label=label)
+        self.res = budget.result if budget is not None and budget.result is not None else RunResult({}, label=label)
         self._loader: dict[str, Any] = {}
         self._started = False
         self._finished = False
@@ -348,7 +402,12 @@ class Watch:
         self._losses: list[tuple[int, Any]] = []  # (step, loss) every log_every steps
         self._last_loss: tuple[int, Any] | None = None  # the last step's: read at the end too
         self._last_step: Step | None = None
-        self._divergence = DivergenceWatch(self.res)
+        self.budget = budget
+        self._ends = window_ends(self.warmup_steps, budget.steps, budget.windows) if budget else {}
+        self._total = self.warmup_steps + budget.steps if budget else 0
+        self.divergence = DivergenceWatch(self.res, budget.agree if budget else None)
+        self._parts = StepParts(self.device) if budget and budget.sample_parts and self.warmup_steps >= 2 else None
+        self._train_peak = 0.0  # the training peak before each evaluation (its own peak is kept apart)
         self._meter: MemoryMeter | None = None
         self._memory_steps: list[int] = []  # the step (0-based) of each memory sample
         self._t_memory = 0.0
@@ -367,6 +426,8 @@ class Watch:
         self._facts: dict[str, Any] = {}
         self._profiled = False  # a step ran under torch.profiler (recorded with the facts)
         self._paused_blocks = 0
+        self._steps_before_pause = -1  # steps done when the last w.paused() ended
+        self._stop: str | None = None  # under a Budget: why the loop must end ("interrupted", "reached", ...)
 
     # ------------------------------------------------------------ the two touches
 
@@ -400,7 +461,9 @@ class Watch:
         self._fetched_since(t, cpu)
         self._epochs.append(0)
         try:
-            while True:
+            while not self._must_stop():
+                if self._parts is not None:
+                    self._parts.fetch_started()
                 t, cpu = time.perf_counter(), time.process_time()
                 try:
                     with self._data_range():
@@ -408,6 +471,8 @@ class Watch:
                 except StopIteration:
                     return
                 self._fetched_since(t, cpu)
+                if self._parts is not None:
+                    self._parts.fetch_ended()
                 self._fetched += 1
                 self._epochs[-1] += 1
                 self._last_batch = batch
@@ -443,17 +508,43 @@ class Watch:
         self._excluded += seconds
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Time inside is not the loop's: `with w.paused(): evaluate(model)` in the middle of an epoch."""
+    def paused(self) -> Iterator[Pause]:
+        """Time inside is not the loop's: `with w.paused(): evaluate(model)` in the middle of an epoch. Set
+        `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy (its seconds and peak memory too)."""
         self._check_open()
+        budget = self.budget
+        if budget is not None and (self.res.status == "interrupted" or (
+                not budget.evaluate_after_trap and self.res.status in ("diverged", "time_limited"))):
+            raise RunEnded(self.res.status)
+        self._start()
         self._sync()
         self._paused_blocks += 1
+        self._train_peak = max(self._train_peak, self._meter.peak())
+        self._meter.reset()
+        p = Pause()
         t = time.perf_counter()
         try:
-            yield
+            with _sampling(self._meter):
+                yield p
         finally:
             self._sync()
-            self._exclude(time.perf_counter() - t)
+            seconds = time.perf_counter() - t
+            self._meter.sample()
+            if p.accuracy is not None:
+                self._evaluated(p.accuracy, seconds, t)
+            self._meter.reset()
+            self._steps_before_pause = self._steps
+            self._exclude(seconds)
+
+    def _evaluated(self, accuracy: float, seconds: float, t: float) -> None:
+        """A held-out accuracy: the run's (the last one given), on its time-to-accuracy curve, maybe its target."""
+        res = self.res
+        res.eval_accuracy, res.eval_seconds, res.eval_peak_memory_mb = float(accuracy), seconds, self._meter.peak()
+        training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
+        res.extras.setdefault("tta_curve", []).append([training, self._steps, float(accuracy)])
+        target = self.budget.target_accuracy if self.budget else None
+        if target is not None and accuracy >= target:
+            self._stop = "reached"
 
     def batch_ready(self) -> None:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
@@ -493,12 +584,17 @@ class Watch:
             self._profiled = torch.autograd._profiler_enabled()  # a profiler's schedule records later steps
         if loss is not None:  # kept, not read: reading a tensor here would be a host-device sync every step
             self._last_loss = (k - 1, loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
-            self._divergence.first_loss(self._last_loss[1])
+            self.divergence.first_loss(self._last_loss[1])
             if k % self.log_every == 0:
                 self._losses.append(self._last_loss)
         timed = k > self.untimed
-        boundary = k == self.warmup_steps or k == self.untimed or (
-            timed and (self._window_count + 1) % self.window_steps == 0)
+        if self.budget is not None:
+            boundary = k == self.warmup_steps or k in self._ends
+        else:
+            boundary = k == self.warmup_steps or k == self.untimed or (
+                timed and (self._window_count + 1) % self.window_steps == 0)
+        if self._parts is not None and self._parts.active:
+            self._parts_done()
         if boundary:
             self._sync()
         t = time.perf_counter()
@@ -520,9 +616,57 @@ class Watch:
         if k == self.warmup_steps:
             self.res.warmup_seconds = t - self._t_start
             self._after_warmup()
+        if self.budget is not None:
+            self._budget_step(k, t, boundary)
         if k == self.untimed:
             self._stop_profiler()
             self._t_last = self._window_start = time.perf_counter()  # the analysis is not the loop's time
+
+    # ------------------------------------------------------------ under a Budget (fastlab.run)
+
+    def _budget_step(self, k: int, t: float, boundary: bool) -> None:
+        """After step k: the next step sampled or not, the time limits, the caller's on_step."""
+        budget, res = self.budget, self.res
+        if self._parts is not None and 2 <= k + 1 <= self.warmup_steps:
+            self._parts.begin()
+        limit = budget.max_training_seconds
+        if limit and t - self._t_start - self._excluded > limit and self._stop is None:
+            res.error = (f"stopped after {t - self._t_start - self._excluded:.0f} s of training without reaching "
+                         f"the target (its budget: {limit:.0f} s)")
+            res.extras["stopped_by"] = "max_training_seconds"  # a trap limit (outcomes.TrapLimits)
+            self._stop = "time_limited"
+        over = bool(budget.max_seconds) and self.warmup_steps < k < self._total and (
+            t - self._window_start + sum(sec for _, sec in self._windows) > budget.max_seconds)
+        if budget.agree is not None:  # every rank stops at the same step, or the others wait in the next all-reduce
+            over = boundary and k < self._total and budget.agree(over)
+        if over and self._stop is None:
+            res.extras["stopped_by"] = "max_seconds"  # the harness's own budget: never a trap
+            res.error = f"stopped at its max_seconds={budget.max_seconds:g} budget after {k} steps"
+            self._stop = "time_limited"
+        if budget.on_step is not None:
+            budget.on_step(k, self._total)
+
+    def _parts_done(self) -> None:
+        parts, res = self._parts, self.res
+        parts.end()
+        if parts.until_optimizer_end:  # 0: GradScaler skipped the optimiser step (inf gradients)
+            res.copy_seconds.append(parts.copy)
+            res.forward_seconds.append(parts.forward)
+            res.backward_seconds.append(parts.backward)
+            res.optimizer_step_seconds.append(parts.optimizer)
+            res.sampled_step_seconds.append(parts.until_optimizer_end)
+
+    def _must_stop(self) -> bool:
+        """Under a Budget: whether the loop must end before its next batch (the status says why)."""
+        if self.budget is None:
+            return False
+        if self._stop is None and any(e.is_set() for e in self.budget.stops):
+            self._stop = "interrupted"
+        if self._stop is None and self.res.status == "diverged":
+            self._stop = "diverged"
+        if self._stop in ("interrupted", "time_limited") and self.res.status in ("ok", "time_limited"):
+            self.res.status = self._stop
+        return self._stop is not None
 
     def _counted(self, n: int) -> int:
         """The images of this step: n, unless n is the key count of the dict batch just fetched (len(batch))."""
@@ -541,7 +685,8 @@ class Watch:
     def _memory_due(self, k: int, t: float, boundary: bool) -> bool:
         """Sample memory this step? Always where it is cheap (CUDA, mps) and in the first steps; on a CPU's short
         steps at most once per MEMORY_EVERY_S."""
-        if self._meter.kind != "process_rss" or k <= self.untimed + MEMORY_DENSE_STEPS or boundary:
+        if (self._meter.kind != "process_rss" or k <= self.untimed + MEMORY_DENSE_STEPS or boundary
+                or self.budget is not None):  # fastlab.run's results keep one sample per step
             return True
         return t - self._t_memory >= MEMORY_EVERY_S
 
@@ -634,7 +779,7 @@ class Watch:
         self._sync()
         self._stop_profiler()
         res = self.res
-        if self._window_count:
+        if self._window_count and self.budget is None:  # under a Budget, steps after the last window stay untimed
             self._close_partial_window()
         res.window_throughput = [images / seconds for images, seconds in self._windows]
         res.timed_seconds = sum(seconds for _, seconds in self._windows)
@@ -647,8 +792,15 @@ class Watch:
         if self._syncs is not None:
             self._syncs.stop()
             watch_extras["syncs"] = self._syncs.summary(max(0, self._steps - self.warmup_steps))
-        res.peak_memory_mb = self._meter.peak()
+        trained_since_pause = self._steps > self._steps_before_pause  # not only evaluation since the last reset
+        res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
         res.steps_done = self._steps
+        if self.budget is not None:
+            res.extras["window_seconds"] = [seconds for _, seconds in self._windows]
+        if self.budget is not None:  # the harness's run: its config, environment and data description stay
+            self._read_losses()
+            res.extras.pop("watch", None)
+            return res
         timed = self._batch_sizes[self.untimed:] or self._batch_sizes
         res.images_per_step = int(statistics.median_low(timed)) if timed else 0
         res.env = environment(self.device, "custom")
@@ -669,8 +821,9 @@ class Watch:
             watch_extras["facts"] = {**self._facts, **self._loader, "device": self.device.type,
                                      "images_per_step": res.images_per_step, "profiled": self._profiled,
                                      "paused_blocks": self._paused_blocks}
-        watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
-        _remember(res)
+        if self.budget is None:  # a loop of the reader's: remembered for the advice on the next one
+            watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
+            _remember(res)
         return res
 
     def _check_use(self) -> None:
@@ -721,7 +874,7 @@ class Watch:
         read = iter(torch.stack(tensors).tolist() if tensors else [])
         self.res.losses = [(step, next(read) if isinstance(v, torch.Tensor) else v) for step, v in kept]
         for step, value in self.res.losses:
-            if self._divergence.loss(step, value):
+            if self.divergence.loss(step, value):
                 break
 
 

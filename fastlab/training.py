@@ -1,0 +1,199 @@
+"""The training run: one function, plain PyTorch in the order a person writes it.
+
+`fastlab.run(cfg)` calls `train(cfg, w, data)` with a fastlab.watch `w`, in a fresh process; every knob of
+TrainConfig is an `if cfg.x:` or a value at the place where it acts. The measuring goes only through the
+watch touches a reader puts in their own loop: `w(batches)` (data wait), `w.step_done(n, loss=loss)` (the step's
+end) and `with w.paused() as p:` (evaluation, not training time). The harness around it (fastlab.run_harness)
+holds what a script does not need: Ctrl-C, out-of-memory, time budgets, stop events, divergence, progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from .config import TrainConfig
+from .data import CifarLikeDataset, DeviceLoader, ImageSet, forever
+from .measure import resolve_device
+from .models import build_model
+
+
+def evaluate(cfg: TrainConfig, model: nn.Module, loader: Any, device: torch.device) -> float:
+    """Held-out accuracy: no augmentation, in order, the model in eval mode."""
+    if cfg.eval_mode == "no_grad":
+        grad_mode = torch.no_grad()  # no graph is recorded: less memory, less time
+    elif cfg.eval_mode == "inference_mode":
+        grad_mode = torch.inference_mode()  # like no_grad, and its tensors skip autograd's version counters
+    else:
+        grad_mode = contextlib.nullcontext()  # the pitfall: autograd records every op of evaluation
+    model.eval()
+    correct = seen = 0
+    with grad_mode:
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            if cfg.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(device.type, dtype=AMP_DTYPES[cfg.amp], enabled=cfg.amp != "off"):
+                logits = model(x)
+            correct += (logits.argmax(1) == y).sum()
+            seen += len(y)
+    model.train()
+    return int(correct) / seen
+
+
+AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
+          make_model: Callable[[], nn.Module] | None = None, parallel: Any = None,
+          log: Callable[[dict[str, Any]], None] = print, eval_every: int = 0) -> nn.Module:
+    """Train a model as `cfg` says and return it. data: the images (an ImageSet), or the reader's own
+    (train, held_out) Datasets; make_model: the reader's own model; parallel: this rank's data-parallel setup
+    (fastlab.parallel.DDPMode); log: takes a dict of what the loop logs (print, or the harness's recorder);
+    eval_every: held-out accuracy every so many steps (time to accuracy)."""
+    device = resolve_device(cfg.device)
+
+    # ---- backend flags (they hold for the whole process: fastlab.run gives each run a fresh one)
+    if cfg.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True  # cuDNN times its algorithms per input shape, keeps the fastest
+    if not cfg.tf32:
+        torch.backends.cudnn.allow_tf32 = False  # full fp32 convolutions (torch's default: TF32 on Ampere+)
+    if cfg.matmul_precision != "highest":
+        torch.set_float32_matmul_precision(cfg.matmul_precision)  # fp32 matmuls may use TF32 (or bf16 on a CPU)
+
+    # ---- data
+    pin_memory = cfg.pin_memory and device.type == "cuda"  # page-locked memory only helps copies to a CUDA GPU
+    if isinstance(data, tuple):  # the reader's own Datasets
+        train_set, eval_set = data
+        eval_loader = DataLoader(eval_set, batch_size=cfg.batch_size)
+    else:  # uint8 images: held out ones normalised on the device, in order
+        train_set = CifarLikeDataset(data.train_images, data.train_labels, train=True)  # per-image transforms
+        eval_loader = DeviceLoader(data.eval_images, data.eval_labels, batch_size=cfg.batch_size, train=False,
+                                   device=device)
+    sampler = None
+    if cfg.loader == "device":  # the whole set on the device, augmented a batch at a time: no copy, no workers
+        images, labels, seed = data.train_images, data.train_labels, cfg.seed
+        if parallel is not None:  # this rank's shard, augmented with its own seed
+            images, labels, seed = parallel.shard(images), parallel.shard(labels), cfg.seed + parallel.rank
+        loader = DeviceLoader(images, labels, batch_size=cfg.batch_size, train=True, device=device, seed=seed,
+                              channels_last=cfg.channels_last)
+    else:
+        workers: dict[str, Any] = {}
+        if cfg.num_workers:
+            workers["num_workers"] = cfg.num_workers  # worker processes decode and augment in parallel
+            workers["persistent_workers"] = cfg.persistent_workers  # workers live on between epochs
+            if cfg.prefetch_factor is not None:
+                workers["prefetch_factor"] = cfg.prefetch_factor  # batches each worker loads ahead
+        if parallel is not None:  # each rank a different part of every epoch
+            sampler = torch.utils.data.DistributedSampler(train_set, num_replicas=parallel.world, rank=parallel.rank,
+                                                          shuffle=True, seed=cfg.seed, drop_last=True)
+            loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
+                                pin_memory=pin_memory, **workers)
+        else:
+            loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+                                pin_memory=pin_memory, generator=torch.Generator().manual_seed(cfg.seed), **workers)
+    batches = forever(loader, sampler)  # epoch after epoch (a new shuffle each epoch)
+    non_blocking = cfg.non_blocking and pin_memory  # an asynchronous copy needs pinned memory
+
+    # ---- model
+    torch.manual_seed(cfg.seed)  # the same initial weights for every run of this seed
+    if make_model is None:
+        raw_model = build_model(cfg.model).to(device)
+    else:
+        raw_model = make_model().to(device)
+    if cfg.channels_last:
+        raw_model = raw_model.to(memory_format=torch.channels_last)  # NHWC weights: what tensor cores want
+    model = ddp_model = raw_model
+    if parallel is not None:
+        model = ddp_model = parallel.wrap(raw_model)  # DistributedDataParallel: gradients all-reduced in backward
+
+    # ---- optimiser and schedule
+    impl: dict[str, bool] = {}
+    if cfg.opt_impl == "for-loop":
+        impl["foreach"] = False  # one parameter at a time
+    elif cfg.opt_impl == "foreach":
+        impl["foreach"] = True  # one multi-tensor kernel per operation over all parameters
+    elif cfg.opt_impl == "fused":
+        impl["fused"] = True  # the update in a few fused kernels
+    if cfg.optimizer == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+                                    weight_decay=cfg.weight_decay, **impl)
+    elif cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    total_steps = cfg.warmup_steps + cfg.steps
+    scheduler = None
+    if cfg.scheduler == "cosine":
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+    elif cfg.scheduler == "onecycle":
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps)
+
+    # ---- compilation and precision
+    if cfg.compile == "default":
+        model = torch.compile(model)  # compiled on the first steps (warm-up)
+    elif cfg.compile != "off":
+        model = torch.compile(model, mode=cfg.compile)  # "reduce-overhead": CUDA graphs too
+    if cfg.amp == "fp16":
+        scaler = torch.amp.GradScaler(device.type)  # scales the loss so fp16 gradients do not underflow
+    kept_losses: list[torch.Tensor] = []
+
+    # ---- the loop
+    step = micro = 0
+    raw_model.train()
+    for x, y in w(batches):  # the watch ends it early on Ctrl-C, a time budget, divergence or a reached target
+        # the copy queues behind the previous step's kernels; with non_blocking the host does not wait for it
+        x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+        if cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if parallel is not None:  # all-reduce the gradients only on the last micro-batch of a step
+            ddp_model.require_backward_grad_sync = micro == cfg.grad_accum_steps - 1 or not parallel.no_sync
+        with torch.autocast(device.type, dtype=AMP_DTYPES[cfg.amp], enabled=cfg.amp != "off"):
+            loss = F.cross_entropy(model(x), y)  # convolutions and matmuls in the autocast dtype, per op
+        # with accumulation, each micro-batch gives 1/grad_accum_steps of the step's gradient
+        if cfg.amp == "fp16":
+            scaler.scale(loss / cfg.grad_accum_steps).backward()
+        else:
+            (loss / cfg.grad_accum_steps).backward()
+        if cfg.grad_accum_steps > 1:
+            micro += 1
+            if micro < cfg.grad_accum_steps:
+                continue  # gradients add up; the optimiser steps after the last micro-batch
+            micro = 0
+        if cfg.amp == "fp16":
+            scaler.step(optimizer)  # checks the gradients for inf/NaN (a sync); skips the step if it finds any
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=cfg.set_to_none)  # set_to_none frees the gradients instead of zeroing
+        if scheduler is not None:
+            scheduler.step()  # per step, not per epoch
+        if cfg.log_loss == "tensor":
+            kept_losses.append(loss)  # the pitfall: a kept loss keeps its step's whole graph alive
+        elif (step + 1) % cfg.log_every == 0:
+            logged = {"step": step, "loss": loss.item()}  # .item(): a float, the graph freed (a host-device sync)
+            if cfg.amp == "fp16":
+                logged["grad_scale"] = scaler.get_scale()
+            log(logged)
+        w.step_done(cfg.batch_size * cfg.grad_accum_steps, loss=loss)
+        step += 1
+        if eval_every and step % eval_every == 0:
+            with w.paused() as p:  # held-out accuracy on the way: not training time
+                p.accuracy = evaluate(cfg, raw_model, eval_loader, device)
+        if step == total_steps:
+            break
+    if cfg.log_loss == "tensor":
+        log({"kept_loss_tensors": len(kept_losses)})
+        kept_losses.clear()
+
+    # ---- held-out accuracy (one process evaluates: the replicas are identical)
+    if parallel is None or parallel.evaluates:
+        with w.paused() as p:
+            p.accuracy = evaluate(cfg, raw_model, eval_loader, device)
+    return raw_model
