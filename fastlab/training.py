@@ -68,37 +68,35 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         torch.set_float32_matmul_precision(cfg.matmul_precision)  # fp32 matmuls may use TF32 (or bf16 on a CPU)
 
     # ---- data
-    pin_memory = cfg.pin_memory and device.type == "cuda"  # page-locked memory only helps copies to a CUDA GPU
     if isinstance(data, tuple):  # the reader's own Datasets
         train_set, eval_set = data
         eval_loader = DataLoader(eval_set, batch_size=cfg.batch_size)
-    else:  # uint8 images: held out ones normalised on the device, in order
-        train_set = CifarLikeDataset(data.train_images, data.train_labels, train=True)  # per-image transforms
+    else:  # uint8 images: the held-out ones normalised on the device, in order
         eval_loader = DeviceLoader(data.eval_images, data.eval_labels, batch_size=cfg.batch_size, train=False,
                                    device=device)
+    pin_memory = cfg.pin_memory and device.type == "cuda"  # page-locked memory only helps copies to a CUDA GPU
     sampler = None
     if cfg.loader == "device":  # the whole set on the device, augmented a batch at a time: no copy, no workers
-        images, labels, seed = data.train_images, data.train_labels, cfg.seed
+        images, labels = data.train_images, data.train_labels
         if parallel is not None:  # this rank's shard, augmented with its own seed
-            images, labels, seed = parallel.shard(images), parallel.shard(labels), cfg.seed + parallel.rank
-        loader = DeviceLoader(images, labels, batch_size=cfg.batch_size, train=True, device=device, seed=seed,
+            images, labels = parallel.shard(images), parallel.shard(labels)
+        loader = DeviceLoader(images, labels, batch_size=cfg.batch_size, train=True, device=device,
+                              seed=cfg.seed + (parallel.rank if parallel is not None else 0),
                               channels_last=cfg.channels_last)
     else:
-        workers: dict[str, Any] = {}
-        if cfg.num_workers:
-            workers["num_workers"] = cfg.num_workers  # worker processes decode and augment in parallel
-            workers["persistent_workers"] = cfg.persistent_workers  # workers live on between epochs
-            if cfg.prefetch_factor is not None:
-                workers["prefetch_factor"] = cfg.prefetch_factor  # batches each worker loads ahead
+        if not isinstance(data, tuple):
+            train_set = CifarLikeDataset(data.train_images, data.train_labels, train=True)  # per-image transforms
         if parallel is not None:  # each rank a different part of every epoch
             sampler = torch.utils.data.DistributedSampler(train_set, num_replicas=parallel.world, rank=parallel.rank,
                                                           shuffle=True, seed=cfg.seed, drop_last=True)
-            loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                                pin_memory=pin_memory, **workers)
-        else:
-            loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
-                                pin_memory=pin_memory, generator=torch.Generator().manual_seed(cfg.seed), **workers)
-    batches = forever(loader, sampler)  # epoch after epoch (a new shuffle each epoch)
+        loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=sampler is None, sampler=sampler,
+                            drop_last=True,
+                            num_workers=cfg.num_workers,  # worker processes decode and augment in parallel
+                            persistent_workers=cfg.persistent_workers and cfg.num_workers > 0,  # kept between epochs
+                            prefetch_factor=cfg.prefetch_factor if cfg.num_workers else None,  # batches loaded ahead
+                            pin_memory=pin_memory,  # page-locked batches: asynchronous copies to the GPU
+                            generator=torch.Generator().manual_seed(cfg.seed))
+    batches = forever(loader, sampler=sampler)  # epoch after epoch (a new shuffle each epoch)
     non_blocking = cfg.non_blocking and pin_memory  # an asynchronous copy needs pinned memory
 
     # ---- model
@@ -109,9 +107,9 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         raw_model = make_model().to(device)
     if cfg.channels_last:
         raw_model = raw_model.to(memory_format=torch.channels_last)  # NHWC weights: what tensor cores want
-    model = ddp_model = raw_model
+    model = raw_model
     if parallel is not None:
-        model = ddp_model = parallel.wrap(raw_model)  # DistributedDataParallel: gradients all-reduced in backward
+        ddp_model = model = parallel.wrap(raw_model)  # DistributedDataParallel: gradients all-reduced in backward
 
     # ---- optimiser and schedule
     impl: dict[str, bool] = {}
@@ -129,7 +127,6 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     total_steps = cfg.warmup_steps + cfg.steps
-    scheduler = None
     if cfg.scheduler == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
     elif cfg.scheduler == "onecycle":
@@ -142,9 +139,10 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         model = torch.compile(model, mode=cfg.compile)  # "reduce-overhead": CUDA graphs too
     if cfg.amp == "fp16":
         scaler = torch.amp.GradScaler(device.type)  # scales the loss so fp16 gradients do not underflow
-    kept_losses: list[torch.Tensor] = []
 
     # ---- the loop
+    if cfg.log_loss == "tensor":
+        kept_losses: list[torch.Tensor] = []  # the pitfall below: `total_loss += loss` keeps as much
     step = micro = 0
     raw_model.train()
     for x, y in w(batches):  # the watch ends it early on Ctrl-C, a time budget, divergence or a reached target
@@ -154,9 +152,8 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
             x = x.contiguous(memory_format=torch.channels_last)
         if parallel is not None:  # all-reduce the gradients only on the last micro-batch of a step
             ddp_model.require_backward_grad_sync = micro == cfg.grad_accum_steps - 1 or not parallel.no_sync
-        with torch.autocast(device.type, dtype=AMP_DTYPES[cfg.amp], enabled=cfg.amp != "off"):
-            loss = F.cross_entropy(model(x), y)  # convolutions and matmuls in the autocast dtype, per op
-        # with accumulation, each micro-batch gives 1/grad_accum_steps of the step's gradient
+        with torch.autocast(device.type, dtype=AMP_DTYPES[cfg.amp], enabled=cfg.amp != "off"):  # per op
+            loss = F.cross_entropy(model(x), y)
         if cfg.amp == "fp16":
             scaler.scale(loss / cfg.grad_accum_steps).backward()
         else:
@@ -172,7 +169,7 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=cfg.set_to_none)  # set_to_none frees the gradients instead of zeroing
-        if scheduler is not None:
+        if cfg.scheduler != "none":
             scheduler.step()  # per step, not per epoch
         if cfg.log_loss == "tensor":
             kept_losses.append(loss)  # the pitfall: a kept loss keeps its step's whole graph alive
@@ -196,4 +193,5 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
     if parallel is None or parallel.evaluates:
         with w.paused() as p:
             p.accuracy = evaluate(cfg, raw_model, eval_loader, device)
+        log({"held_out_accuracy": p.accuracy})
     return raw_model
