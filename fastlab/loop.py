@@ -86,6 +86,7 @@ class TrainingRun:
                 self.on_step(done, total)
 
         budget = Budget(steps=cfg.steps, windows=cfg.windows, max_seconds=cfg.max_seconds, stops=tuple(self.stops),
+                        checkpoint_every=checkpoints.every if checkpoints else 0,
                         target_accuracy=checkpoints.target if checkpoints else None,
                         max_training_seconds=checkpoints.max_training_seconds if checkpoints else None,
                         agree=par.agree if par else None, on_step=on_step, sample_parts=cfg.compile == "off",

@@ -1,8 +1,8 @@
 """The two pictures a teacher draws on the board: the data pipeline, and the anatomy of one training step.
 
 The pipeline is a diagram (what runs where, in which process or thread). The step anatomy is measured: the
-harness samples warm-up steps after the first with a synchronisation around each part (loop.TrainingRun._one_step,
-sample=True), so each part's time is its own even on a GPU, where work is otherwise queued and overlaps. Those
+harness samples warm-up steps after the first with a synchronisation around each part (fastlab.step_parts), so
+each part's time is its own even on a GPU, where work is otherwise queued and overlaps. Those
 steps are warm-up steps and their syncs remove the overlap a timed step has: the picture shows what each part
 costs, not how a timed step hides one part behind another.
 """
@@ -24,9 +24,11 @@ COLOURS = {"data wait": "tab:orange", "copy": "tab:brown", "data wait + copy": "
 def _copies(r: RunResult, n: int) -> list[float] | None:
     """Per sampled step, the host-to-device copy's seconds, when the run timed it apart from the data wait (runs
     from before copy_seconds existed counted the copy in the data wait)."""
+    if len(r.copy_seconds) == n:  # one per sampled step
+        return list(r.copy_seconds)
     if len(r.copy_seconds) < n + 1:
         return None
-    return [r.copy_seconds[i + 1] for i in range(n)]
+    return [r.copy_seconds[i + 1] for i in range(n)]  # a result from when every step's copy was kept
 
 
 def step_anatomy(r: RunResult) -> dict[str, float]:

@@ -212,7 +212,9 @@ def plot_step_split(results: list[RunResult], title: str = ""):
         steps = r.step_seconds[warm:] or [0.0]
         wait = r.data_wait_seconds[warm:] or [0.0]
         # the host-to-device copy apart from data wait, where the run had a device to copy to
-        copy = r.copy_seconds[warm:] if r.env.get("device_type", "cpu") != "cpu" and r.copy_seconds else [0.0]
+        sampled = len(r.copy_seconds) == len(r.sampled_step_seconds)  # the sampled steps' copies, else every step's
+        copy = (r.copy_seconds if sampled else r.copy_seconds[warm:]) or [0.0]
+        copy = copy if r.env.get("device_type", "cpu") != "cpu" else [0.0]
         waits.append(1000 * statistics.median(wait))
         copies.append(1000 * statistics.median(copy))
         computes.append(1000 * (statistics.median(steps) - statistics.median(wait) - statistics.median(copy)))

@@ -11,7 +11,6 @@ unprofiled runs; its *shares* (which ops, how much data wait) are what it is for
 
 from __future__ import annotations
 
-import re
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from . import isolation
 from .config import TrainConfig
 from .measure import resolve_device
 from .results import RunResult
+from .watch import safe_name
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"
@@ -113,10 +113,6 @@ def _step_split(events) -> tuple[list[float], list[float]]:
         spans.append((end - start) / 1000)
         data.append(sum(_overlap(start, end, f.time_range.start, f.time_range.end) for f in fetches) / 1000)
     return spans, data
-
-
-def safe_name(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "run"
 
 
 def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_dir: str | Path | None = None,

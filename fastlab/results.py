@@ -33,8 +33,8 @@ class RunResult:
     timed_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # host wall time of each step, data wait included
     data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on next(batches), per step
-    # host time of each step's host-to-device copy and channels_last conversion (on CUDA without non_blocking it
-    # includes waiting for the previous step's queued kernels: not data wait)
+    # the host-to-device copy and channels_last conversion of each sampled warm-up step (fastlab.step_parts: up
+    # to a sync, so on CUDA without non_blocking it includes the previous step's queued kernels: not data wait)
     copy_seconds: list[float] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     eval_accuracy: float | None = None
@@ -87,9 +87,12 @@ class RunResult:
     def copy_fraction(self) -> float:
         """Share of timed step time spent in the host-to-device copy: sum(copy) / sum(step time); nan when the
         run had no device to copy to (a CPU run) or kept no copy times (results saved before they were kept)."""
-        warm = int(self.config.get("warmup_steps", 0))
-        total = sum(self.step_seconds[warm:])
-        copies = self.copy_seconds[warm:]
+        n = len(self.sampled_step_seconds)
+        if self.copy_seconds and len(self.copy_seconds) == n:  # the sampled warm-up steps (steps 1..n) only
+            total, copies = sum(self.step_seconds[1:n + 1]), self.copy_seconds
+        else:  # every step's copy (results saved by earlier versions)
+            warm = int(self.config.get("warmup_steps", 0))
+            total, copies = sum(self.step_seconds[warm:]), self.copy_seconds[warm:]
         if not (total and copies) or self.env.get("device_type", "cpu") == "cpu":
             return float("nan")
         return sum(copies) / total

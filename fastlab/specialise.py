@@ -25,7 +25,8 @@ FOLDABLE = (ast.Expression, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, 
 # keyword arguments whose value equals the callee's default: the line reads as a person writes it without them
 SECTION = "# ----"  # a section's title comment: dropped with its section when nothing of it is left
 DEFAULTS = {"non_blocking": False, "pin_memory": False, "sampler": None, "enabled": True, "num_workers": 0,
-            "persistent_workers": False, "prefetch_factor": None, "channels_last": False}
+            "persistent_workers": False, "prefetch_factor": None, "channels_last": False,
+            "set_to_none": True}
 
 
 def _code(node: cst.CSTNode) -> str:

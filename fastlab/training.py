@@ -74,7 +74,6 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
     else:  # uint8 images: the held-out ones normalised on the device, in order
         eval_loader = DeviceLoader(data.eval_images, data.eval_labels, batch_size=cfg.batch_size, train=False,
                                    device=device)
-    pin_memory = cfg.pin_memory and device.type == "cuda"  # page-locked memory only helps copies to a CUDA GPU
     sampler = None
     if cfg.loader == "device":  # the whole set on the device, augmented a batch at a time: no copy, no workers
         images, labels = data.train_images, data.train_labels
@@ -94,10 +93,11 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
                             num_workers=cfg.num_workers,  # worker processes decode and augment in parallel
                             persistent_workers=cfg.persistent_workers and cfg.num_workers > 0,  # kept between epochs
                             prefetch_factor=cfg.prefetch_factor if cfg.num_workers else None,  # batches loaded ahead
-                            pin_memory=pin_memory,  # page-locked batches: asynchronous copies to the GPU
+                            pin_memory=cfg.pin_memory and device.type == "cuda",  # page-locked: async copies to a GPU
                             generator=torch.Generator().manual_seed(cfg.seed))
     batches = forever(loader, sampler=sampler)  # epoch after epoch (a new shuffle each epoch)
-    non_blocking = cfg.non_blocking and pin_memory  # an asynchronous copy needs pinned memory
+    non_blocking = (cfg.non_blocking and cfg.pin_memory and cfg.loader == "dataloader"
+                    and device.type == "cuda")  # an asynchronous copy needs pinned memory and a GPU
 
     # ---- model
     torch.manual_seed(cfg.seed)  # the same initial weights for every run of this seed
@@ -185,12 +185,15 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
                 p.accuracy = evaluate(cfg, raw_model, eval_loader, device)
         if step == total_steps:
             break
-    if cfg.log_loss == "tensor":
+    if cfg.log_loss == "tensor":  # read after the run: no sync per step, but every step's graph was kept till now
+        for i, kept in enumerate(kept_losses):
+            if (i + 1) % cfg.log_every == 0:
+                log({"step": i, "loss": kept.item()})
         log({"kept_loss_tensors": len(kept_losses)})
         kept_losses.clear()
 
-    # ---- held-out accuracy (one process evaluates: the replicas are identical)
-    if parallel is None or parallel.evaluates:
+    # ---- held-out accuracy (one process evaluates: the replicas are identical; a checkpoint may just have)
+    if (parallel is None or parallel.evaluates) and not (eval_every and step % eval_every == 0):
         with w.paused() as p:
             p.accuracy = evaluate(cfg, raw_model, eval_loader, device)
         log({"held_out_accuracy": p.accuracy})

@@ -69,7 +69,6 @@ import torch
 from .clocks import DivergenceWatch, window_ends
 from .loop_facts import FirstStepFacts
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
-from .profiling import safe_name
 from .results import RunResult
 from .step_parts import StepParts
 from .verdicts import verdict
@@ -85,6 +84,11 @@ MEMORY_DENSE_STEPS = 16
 WRAPPER_ATTRIBUTES = ("iterable", "loader")  # where a wrapper keeps the loader it wraps (tqdm: .iterable)
 EARLIER_KEPT = 20  # watched runs remembered in this process, so advice never proposes a setting just left
 _EARLIER: list[dict[str, Any]] = []  # what each finished watch ran with and measured (this process only)
+
+
+def safe_name(label: str) -> str:
+    """A label as a plain file name (a trace file's)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "run"
 
 
 def _positive_int(name: str, value: Any, minimum: int) -> int:
@@ -345,6 +349,7 @@ class Budget:
     windows: int  # split into this many timed windows (the last takes the remainder)
     max_seconds: float = 0.0
     stops: tuple[threading.Event, ...] = ()
+    checkpoint_every: int = 0  # the training function evaluates every so many steps (time to accuracy)
     target_accuracy: float | None = None
     max_training_seconds: float | None = None
     agree: Callable[[bool], bool] | None = None  # data-parallel: every rank takes each stop decision together
@@ -447,7 +452,8 @@ class Watch:
         self._check_open()
         config, data = loader_facts(loader)
         self._loader.update(config)
-        self.res.dataset = data
+        if self.budget is None:  # fastlab.run describes its data itself
+            self.res.dataset = data
 
     def _batches(self, loader: Iterable) -> Iterator:
         self._check_open()
@@ -538,13 +544,15 @@ class Watch:
 
     def _evaluated(self, accuracy: float, seconds: float, t: float) -> None:
         """A held-out accuracy: the run's (the last one given), on its time-to-accuracy curve, maybe its target."""
-        res = self.res
-        res.eval_accuracy, res.eval_seconds, res.eval_peak_memory_mb = float(accuracy), seconds, self._meter.peak()
-        training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
-        res.extras.setdefault("tta_curve", []).append([training, self._steps, float(accuracy)])
-        target = self.budget.target_accuracy if self.budget else None
-        if target is not None and accuracy >= target:
+        res, budget = self.res, self.budget
+        every = budget.checkpoint_every if budget else 0
+        if every and self._steps % every == 0:  # a time-to-accuracy checkpoint: on the curve
+            training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
+            res.extras.setdefault("tta_curve", []).append([training, self._steps, float(accuracy)])
+            if budget.target_accuracy is None or accuracy < budget.target_accuracy:
+                return  # not reached: the run's accuracy is its final evaluation's
             self._stop = "reached"
+        res.eval_accuracy, res.eval_seconds, res.eval_peak_memory_mb = float(accuracy), seconds, self._meter.peak()
 
     def batch_ready(self) -> None:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
@@ -798,7 +806,8 @@ class Watch:
         if self.budget is not None:
             res.extras["window_seconds"] = [seconds for _, seconds in self._windows]
         if self.budget is not None:  # the harness's run: its config, environment and data description stay
-            self._read_losses()
+            self.divergence.agree = None  # each rank judged its logged losses with the others during the run; an
+            self._read_losses()  # all-reduce here would hang a rank that failed while the others wait in backward
             res.extras.pop("watch", None)
             return res
         timed = self._batch_sizes[self.untimed:] or self._batch_sizes

@@ -7,7 +7,6 @@ import ast
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -33,7 +32,8 @@ def smoke_sized(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(**SMOKE_SIZES, steps=steps)
 
 
-ALLOWED_IMPORTS = {"__future__", "statistics", "time", "collections.abc", "numpy", "torch", "torchvision", "torch.nn",
+ALLOWED_IMPORTS = {"__future__", "itertools", "contextlib", "dataclasses", "typing", "collections.abc", "numpy", "torch",
+                   "torchvision", "torch.nn",
                    "torch.nn.functional", "torch.utils.data", "torchvision.transforms", "PIL"}
 
 
@@ -163,10 +163,19 @@ def run_scripts(scripts: list[str], folder: Path) -> list[tuple[int | str, str]]
     return [(row["rc"], Path(row["path"] + ".out").read_text()) for row in rows]
 
 
+def logged(output: str) -> tuple[list[tuple[int, float]], float]:
+    """The (step, loss) pairs and the held-out accuracy a script printed (one dict a line, as train() logs)."""
+    rows = [ast.literal_eval(line) for line in output.splitlines() if line.startswith("{")]
+    losses = [(row["step"], row["loss"]) for row in rows if "loss" in row]
+    accuracy = [row["held_out_accuracy"] for row in rows if "held_out_accuracy" in row]
+    assert losses and accuracy, output[-2000:]
+    return losses, accuracy[0]
+
+
 def losses_of(output: str) -> tuple[float, float]:
-    found = re.search(r"first loss (\S+), final loss (\S+) ", output)
-    assert found, output[-2000:]
-    return float(found.group(1)), float(found.group(2))
+    """First loss, and the mean of the last three."""
+    losses = [v for _, v in logged(output)[0]]
+    return losses[0], sum(losses[-3:]) / len(losses[-3:])
 
 
 # ------------------------------------------------------------------ the tests that run scripts
@@ -180,7 +189,13 @@ def test_every_script_renders_as_standalone_pytorch(every_config):
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert imported <= ALLOWED_IMPORTS, (imported - ALLOWED_IMPORTS, cfg)
         assert "fastlab" not in {name.split(".")[0] for name in imported}
-        assert len(script.splitlines()) < 300, cfg
+        train_fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+        names = {n.id for n in ast.walk(train_fn) if isinstance(n, ast.Name)}
+        assert not names & {"w", "cfg", "p", "parallel", "make_model", "eval_every", "log"}, (names, cfg)
+        constant_tests = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp))
+                          and isinstance(n.test, ast.Constant)]
+        assert not constant_tests, (constant_tests, cfg)  # a branch not taken is gone, a taken one unwrapped
+        assert len(script.splitlines()) < 400, cfg
 
 
 @pytest.mark.slow  # about 40 scripts: two minutes of CPU on 2 cores
@@ -197,13 +212,12 @@ def test_every_ladder_and_notebook_script_runs_without_fastlab_and_learns(every_
         if not (math.isfinite(first) and math.isfinite(final) and final < first):
             header = script.split('"""')[1]
             failures.append(f"loss {first} -> {final} (not finite and falling) for:{header}")
-        assert re.search(r"^[\d.]+ images/s: median of 2 timed windows", output, re.M), output
     assert not failures, "\n\n".join(failures)
 
 
 def test_scripts_log_the_losses_fastlab_run_logs(tmp_path):
-    """The proof that the template trains as fastlab does: on the CPU, same seed, data and augmentations, the
-    script's first loss, final loss and held-out accuracy equal fastlab.run's (to the printed digits)."""
+    """The script is the function fastlab.run runs: on the CPU, same seed, data and augmentations, it logs the very
+    losses and held-out accuracy fastlab.run records."""
     base = smoke_base().replace(steps=6, warmup_steps=1, windows=2, train_images=256, eval_images=64)
     configs = [base,
                base.replace(loader="device", channels_last=True, optimizer="adamw", opt_impl="fused", amp="bf16",
@@ -214,47 +228,47 @@ def test_scripts_log_the_losses_fastlab_run_logs(tmp_path):
     for cfg, (rc, output) in zip(configs, results):
         assert rc == 0, output
         run = fastlab.run(cfg, progress=False)
-        losses = [v for _, v in run.losses]
-        assert losses_of(output) == (round(losses[0], 4), round(sum(losses[-3:]) / 3, 4)), (cfg.diff(base), output)
-        assert f"held-out accuracy {run.eval_accuracy:.3f}" in output
+        losses, accuracy = logged(output)
+        assert losses == [(s, v) for s, v in run.losses if s in dict(losses)], (cfg.diff(base), output)
+        assert accuracy == run.eval_accuracy
 
 
 # ------------------------------------------------------------------ each knob's lines
 
 KNOB_LINES = [
     (dict(num_workers=2), "num_workers=2,"),
-    (dict(num_workers=2, pin_memory=True), 'pin_memory=DEVICE.type == "cuda"'),
-    (dict(pin_memory=True, non_blocking=True), "x.to(DEVICE, non_blocking=True)"),
+    (dict(num_workers=2, pin_memory=True), 'pin_memory=device.type == "cuda",'),
+    (dict(pin_memory=True, non_blocking=True), "x.to(device, non_blocking=non_blocking)"),
     (dict(num_workers=2, persistent_workers=True), "persistent_workers=True"),
     (dict(num_workers=2, prefetch_factor=4), "prefetch_factor=4"),
-    (dict(loader="device"), "loader = DeviceLoader(train_x, train_y"),
-    (dict(amp="fp16"), "scaler = torch.amp.GradScaler(DEVICE.type)"),
+    (dict(loader="device"), "loader = DeviceLoader(images, labels"),
+    (dict(amp="fp16"), "scaler = torch.amp.GradScaler(device.type)"),
     (dict(amp="fp16"), "scaler.scale(loss).backward()"),
-    (dict(amp="fp16"), "with torch.autocast(DEVICE.type, dtype=torch.float16)"),
-    (dict(amp="bf16"), "with torch.autocast(DEVICE.type, dtype=torch.bfloat16)"),
+    (dict(amp="fp16"), "with torch.autocast(device.type, dtype=torch.float16)"),
+    (dict(amp="bf16"), "with torch.autocast(device.type, dtype=torch.bfloat16)"),
     (dict(tf32=False), "torch.backends.cudnn.allow_tf32 = False"),
     (dict(matmul_precision="high"), 'torch.set_float32_matmul_precision("high")'),
     (dict(cudnn_benchmark=True), "torch.backends.cudnn.benchmark = True"),
-    (dict(channels_last=True), "model = model.to(memory_format=torch.channels_last)"),
-    (dict(channels_last=True), "x = x.contiguous(memory_format=torch.channels_last)"),
-    (dict(compile="default"), "compiled = torch.compile(model)"),
-    (dict(compile="reduce-overhead"), 'compiled = torch.compile(model, mode="reduce-overhead")'),
-    (dict(compile="max-autotune"), "loss = F.cross_entropy(compiled(x), y)"),
-    (dict(grad_accum_steps=4), "for micro in range(GRAD_ACCUM_STEPS):"),
-    (dict(grad_accum_steps=4), "loss = F.cross_entropy(model(x), y) / GRAD_ACCUM_STEPS"),
-    (dict(optimizer="sgd"), "torch.optim.SGD(model.parameters(), lr=0.003, weight_decay=0.0005, momentum=0.9"),
+    (dict(channels_last=True), "raw_model = raw_model.to(memory_format=torch.channels_last)"),
+    (dict(channels_last=True), "\n        x = x.contiguous(memory_format=torch.channels_last)"),  # the loop's
+    (dict(compile="default"), "model = torch.compile(model)"),
+    (dict(compile="reduce-overhead"), 'model = torch.compile(model, mode="reduce-overhead")'),
+    (dict(compile="max-autotune"), 'mode="max-autotune"'),
+    (dict(grad_accum_steps=4), "if micro < 4:"),
+    (dict(grad_accum_steps=4), "(loss / 4).backward()"),
+    (dict(optimizer="sgd"), "torch.optim.SGD(model.parameters(), lr=0.003, momentum=0.9, nesterov=True"),
     (dict(optimizer="adamw"), "torch.optim.AdamW(model.parameters()"),
-    (dict(opt_impl="fused"), "fused=True)"),
-    (dict(opt_impl="foreach"), "foreach=True)"),
-    (dict(opt_impl="for-loop"), "foreach=False)"),
-    (dict(scheduler="cosine"), "CosineAnnealingLR(optimizer, T_max=WARMUP_STEPS + STEPS)"),
-    (dict(scheduler="onecycle"), "OneCycleLR(optimizer, max_lr=0.003, total_steps=WARMUP_STEPS + STEPS)"),
+    (dict(opt_impl="fused"), 'impl["fused"] = True'),
+    (dict(opt_impl="foreach"), 'impl["foreach"] = True'),
+    (dict(opt_impl="for-loop"), 'impl["foreach"] = False'),
+    (dict(scheduler="cosine"), "CosineAnnealingLR(optimizer, T_max=total_steps)"),
+    (dict(scheduler="onecycle"), "OneCycleLR(optimizer, max_lr=0.003, total_steps=total_steps)"),
     (dict(scheduler="cosine"), "scheduler.step()"),
     (dict(set_to_none=False), "optimizer.zero_grad(set_to_none=False)"),
-    (dict(log_loss="tensor"), "kept.append(loss)"),
-    (dict(log_every=10), "if (step + 1) % LOG_EVERY == 0:"),
-    (dict(eval_mode="inference_mode"), "@torch.inference_mode()"),
-    (dict(eval_mode="autograd"), "# no torch.no_grad(): autograd records every op"),
+    (dict(log_loss="tensor"), "kept_losses.append(loss)"),
+    (dict(log_every=10), "if (step + 1) % 10 == 0:"),
+    (dict(eval_mode="inference_mode"), "torch.inference_mode()"),
+    (dict(eval_mode="autograd"), "contextlib.nullcontext()  # the pitfall"),
     (dict(model="resnet18"), "def resnet18_cifar("),
     (dict(model="compact"), "class CompactNet(nn.Module):"),
 ]
@@ -270,9 +284,9 @@ def test_a_knob_adds_its_line_and_its_default_adds_none(changes, line):
 def test_default_script_is_plain():
     script = code(smoke_base())
     for absent in ("autocast", "GradScaler", "torch.compile", "channels_last = True", "cudnn", "scheduler",
-                   "num_workers", "pin_memory", "GRAD_ACCUM", "LOG_EVERY", "DeviceLoader("):
-        assert absent not in script.split("def main")[1], absent
-    assert "optimizer.zero_grad()\n" in script and "@torch.no_grad()" in script
+                   "num_workers", "pin_memory", "micro", "log_every", "loader = DeviceLoader(images"):
+        assert absent not in script.split("def train")[1].replace("step = micro = 0", ""), absent
+    assert "optimizer.zero_grad()  #" in script and "torch.no_grad()" in script
     assert "data: SYNTHETIC" in script and "make_synthetic" in script
 
 
@@ -294,19 +308,19 @@ def test_code_diff_names_the_lines_a_change_adds_and_removes():
     base = smoke_base()
     diff = code_diff(base, base.replace(amp="bf16", channels_last=True))
     added = "\n".join(diff.added)
-    assert "torch.autocast(DEVICE.type, dtype=torch.bfloat16)" in added and "memory_format=torch.channels_last" in added
+    assert "torch.autocast(device.type, dtype=torch.bfloat16)" in added and "memory_format=torch.channels_last" in added
     assert any("loss = F.cross_entropy(model(x), y)" in line for line in diff.removed)
     assert not any("Changed from" in line for line in diff.added + diff.removed)  # the technique's lines only
     text = str(diff)
     assert text.startswith("--- baseline\n+++ amp='bf16', channels_last=True")
-    assert "\n+        with torch.autocast" in text and "\n-        logits = model(x)" in text
+    assert "\n+        with torch.autocast" in text and "\n-            logits = model(x)" in text
 
 
 def test_code_diff_is_coloured_html_in_jupyter_and_escaped():
     base = smoke_base()
     page = code_diff(base, base.replace(log_loss="tensor"))._repr_html_()
     assert "background:#e6ffec" in page and "background:#ffebe9" in page  # added green, removed red
-    assert "kept.append(loss)" in page
+    assert "kept_losses.append(loss)" in page
     page = CodeDiff("a = 1\n", "if a < b & c:\n")._repr_html_()
     assert "if a &lt; b &amp; c:" in page and "a < b" not in page
 
@@ -334,13 +348,11 @@ def test_cli_code_rejects_a_bad_knob(capsys):
     assert "TrainConfig.batch_size=0" in capsys.readouterr().err
 
 
-def test_the_script_on_a_gpu_synchronises_its_device_and_evaluates_in_the_layout_it_trains_in():
+def test_the_script_evaluates_in_the_layout_it_trains_in():
     import numpy as np
     import torch
 
     base = smoke_base()
-    script = code(base)
-    assert "torch.cuda.synchronize(DEVICE)" in script  # on cuda:1, a bare synchronize() waits for cuda:0
     layouts: list[bool] = []
 
     class Recorder(torch.nn.Module):
@@ -350,17 +362,18 @@ def test_the_script_on_a_gpu_synchronises_its_device_and_evaluates_in_the_layout
 
     for cfg in (base, base.replace(channels_last=True)):
         namespace: dict = {}
-        exec(compile(code(cfg), "script", "exec"), namespace)  # the definitions; main() is not called
-        namespace["evaluate"](Recorder(), np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, np.int64))
+        exec(compile(code(cfg), "script", "exec"), namespace)  # the definitions; train() is not called
+        held_out = namespace["DeviceLoader"](np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, np.int64), batch_size=4,
+                                             train=False)
+        namespace["evaluate"](Recorder(), held_out, torch.device("cpu"))
     assert layouts == [True, False]  # NCHW unless channels_last is on, as fastlab's evaluation
-    assert namespace["per_second"](0.5) == "0.5" and namespace["per_second"](4410.4) == "4410"  # never "0 images/s"
 
 
-def test_the_script_copies_as_the_run_copies_and_names_precision_for_cuda():
+def test_the_script_copies_as_the_run_copies():
     base = smoke_base()
     unpinned = code(base.replace(non_blocking=True))
-    assert "non_blocking=True" not in unpinned.split("def main")[1] and "the copy blocks, as in the run" in unpinned
-    on_device = code(base.replace(loader="device", non_blocking=True))
-    assert "overlaps" not in on_device and "on the device already: no copy" in on_device
-    assert "non_blocking=True" in code(base.replace(pin_memory=True, non_blocking=True))
-    assert "TF32 on CUDA" in code(base.replace(matmul_precision="medium"))
+    assert "non_blocking" not in unpinned.split("def train")[1].replace("with non_blocking the host", "")
+    on_device = code(base.replace(loader="device", non_blocking=True, pin_memory=True))
+    assert "pin_memory" not in on_device.split("def train")[1].split("# ---- model")[0]
+    assert "x.to(device, non_blocking=non_blocking)" in code(base.replace(pin_memory=True, non_blocking=True))
+    assert 'torch.set_float32_matmul_precision("medium")' in code(base.replace(matmul_precision="medium"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import fastlab
-from fastlab import bench, builders, measure, outcomes, train
+from fastlab import bench, measure, outcomes, train
 from fastlab.config import config_for
 from fastlab.lessons.data_loading import describe_data_wait
 from fastlab.results import RunResult, load_results, save_results
@@ -61,15 +62,17 @@ class _SlowToCopy:
 
 
 def test_a_slow_copy_to_the_device_is_not_counted_as_data_wait(monkeypatch, quick):
+    from fastlab import training
+
     monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the mock below lives in this process
-    real = builders.train_batches
+    real = training.forever
 
-    def slow_batches(cfg, data, device, no_ops):
-        return [(_SlowToCopy(x), _SlowToCopy(y)) for x, y in real(cfg, data, device, no_ops)]
+    def slow(loader, sampler=None):
+        return [(_SlowToCopy(x), _SlowToCopy(y)) for x, y in itertools.islice(real(loader, sampler), 10)]
 
-    monkeypatch.setattr(builders, "train_batches", slow_batches)
-    r = fastlab.run(quick, progress=False)
-    assert r.ok and len(r.copy_seconds) == len(r.data_wait_seconds) == len(r.step_seconds) == 5
+    monkeypatch.setattr(training, "forever", slow)
+    r = fastlab.run(quick.replace(warmup_steps=3), progress=False)
+    assert r.ok and len(r.copy_seconds) == 2  # the sampled warm-up steps: the copy timed on its own
     assert all(c >= 0.06 for c in r.copy_seconds)  # x and y, 30 ms each
     assert all(w < 0.03 for w in r.data_wait_seconds)
 
@@ -294,17 +297,16 @@ class _OomInTraining(torch.nn.Module):
 
 def test_the_scheduler_is_released_with_the_optimiser_after_an_oom(monkeypatch, quick):
     opts: list[weakref.ref] = []
-    real = builders.build_optimizer
 
-    def recording(cfg, params, no_ops):
-        opt = real(cfg, params, no_ops)
-        opts.append(weakref.ref(opt))
-        return opt
+    class Recording(torch.optim.Adam):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            opts.append(weakref.ref(self))
 
-    monkeypatch.setattr(builders, "build_optimizer", recording)
+    monkeypatch.setattr(torch.optim, "Adam", Recording)
     training = train.TrainingRun(quick.replace(scheduler="cosine"), "oom", _OomInTraining, None, False, None, None)
     r = training.execute()
-    assert r.status == "failed" and "sched" not in training.__dict__
+    assert r.status == "failed"
     assert opts and opts[-1]() is None  # nothing of this run holds the optimiser (and Adam's state) any more
 
 
