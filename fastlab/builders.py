@@ -19,28 +19,11 @@ from torch.utils.data import Dataset
 
 from .config import TrainConfig
 from .data import DeviceLoader, ImageSet, dataset_loader, load_images, make_dataloader
-from .device_support import no_op_reasons
 from .measure import bf16_supported
-from .models import build_model as build_named_model
 
 NoOps = dict[str, str]
 ModelArg = nn.Module | Callable[[], nn.Module] | None
 Data = ImageSet | tuple[Dataset, Dataset]
-
-
-@contextlib.contextmanager
-def backend_flags(cfg: TrainConfig, device: torch.device, no_ops: NoOps) -> Iterator[None]:
-    """Set cuDNN benchmark, conv TF32 and the fp32 matmul precision for one run, and restore them after."""
-    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    torch.backends.cudnn.allow_tf32 = cfg.tf32
-    torch.set_float32_matmul_precision(cfg.matmul_precision)
-    no_ops.update(no_op_reasons(cfg, device))  # every knob that does nothing on this device, with the reason
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
-        torch.set_float32_matmul_precision(saved[2])
 
 
 def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | None = None
@@ -61,11 +44,6 @@ def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | 
                     "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}
 
 
-def copies_async(cfg: TrainConfig, device: torch.device) -> bool:
-    """non_blocking=True overlaps the copy with compute only from pinned memory to a CUDA device."""
-    return cfg.non_blocking and cfg.pin_memory and device.type == "cuda"
-
-
 def train_batches(cfg: TrainConfig, data: Data, device: torch.device, no_ops: NoOps):
     """The training batches: a DataLoader (per-image transforms) or the device-resident loader."""
     if device.type == "cuda" and cfg.non_blocking and not cfg.pin_memory and cfg.loader == "dataloader":
@@ -82,24 +60,6 @@ def train_batches(cfg: TrainConfig, data: Data, device: torch.device, no_ops: No
     if isinstance(data, tuple):
         return dataset_loader(data[0], batch_size=cfg.batch_size, train=True, **workers)
     return make_dataloader(data.train_images, data.train_labels, batch_size=cfg.batch_size, train=True, **workers)
-
-
-def eval_batches(cfg: TrainConfig, data: Data, device: torch.device) -> tuple[Any, int]:
-    """The held-out batches (in order, no augmentation) and how many images they hold."""
-    if isinstance(data, tuple):
-        return dataset_loader(data[1], batch_size=cfg.batch_size, train=False), len(data[1])
-    return DeviceLoader(data.eval_images, data.eval_labels, batch_size=cfg.batch_size, train=False, device=device,
-                        channels_last=cfg.channels_last), len(data.eval_labels)
-
-
-def build_model(cfg: TrainConfig, device: torch.device, model_arg: ModelArg = None) -> nn.Module:
-    """The model (the caller's, or config.model), seeded, on the device, in the configured memory format."""
-    torch.manual_seed(cfg.seed)
-    net = model_arg() if callable(model_arg) and not isinstance(model_arg, nn.Module) else model_arg
-    net = (net if net is not None else build_named_model(cfg.model)).to(device)
-    if cfg.channels_last:
-        net = net.to(memory_format=torch.channels_last)
-    return net
 
 
 OPT_IMPL_KWARGS = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
@@ -126,14 +86,6 @@ def build_scheduler(cfg: TrainConfig, opt: torch.optim.Optimizer, total_steps: i
     if cfg.scheduler == "onecycle":
         return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total_steps)
     return None
-
-
-def compile_model(cfg: TrainConfig, net: nn.Module, device: torch.device, no_ops: NoOps) -> nn.Module:
-    """torch.compile with the configured mode, from fresh compiler caches (so warm-up holds its own compile)."""
-    if cfg.compile == "off":
-        return net
-    torch.compiler.reset()
-    return torch.compile(net, mode=None if cfg.compile == "default" else cfg.compile)
 
 
 @contextlib.contextmanager
@@ -166,10 +118,6 @@ def amp_dtype(cfg: TrainConfig, device: torch.device, no_ops: NoOps, notes: list
             no_ops["amp"] = f"bf16 autocast is not supported on {device.type}; ran in fp32"
             return None
     return {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.amp]
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 class CudaGraphSkips(logging.Handler):

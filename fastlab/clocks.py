@@ -1,7 +1,7 @@
 """The run's clocks and checks: timed windows read after a synchronise, and divergence seen in values read anyway.
 
-WindowClock reads the clock only after a synchronise at the end of warm-up and of each timed window, so queued GPU
-work is always counted and no step pays a sync of its own. DivergenceWatch, the one divergence rule (fastlab.run
+window_ends says where the timed windows end (fastlab.watch reads the clock only there, after a synchronise, so
+queued GPU work is always counted and no step pays a sync of its own). DivergenceWatch, the one divergence rule (fastlab.run
 and fastlab.watch), checks the losses and GradScaler scales the loop reads anyway for non-finite or blown-up values,
 and the parameters once at the end.
 
@@ -10,17 +10,13 @@ and the parameters once at the end.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .config import TrainConfig
-from .measure import now, synchronize
 from .results import RunResult
 
 # Below fp16's smallest subnormal a GradScaler scale means every recent step overflowed: the run has diverged.
@@ -40,67 +36,6 @@ def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
         ends[end] = end - start
         start = end
     return ends
-
-
-class WindowClock:
-    """Warm-up, then timed windows. The clock is read after a synchronise at the end of warm-up and of each
-    window, never in between (a sync per step would change what is measured). Time spent inside paused()
-    (evaluation checkpoints) counts nowhere."""
-
-    def __init__(self, result: RunResult, device: torch.device, cfg: TrainConfig) -> None:
-        self.res, self.device = result, device
-        self.warmup, self.total, self.max_seconds = cfg.warmup_steps, cfg.warmup_steps + cfg.steps, cfg.max_seconds
-        self.ends = window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)
-        self.t_start = self.window_start = 0.0
-
-    def start(self) -> None:
-        self.t_start = self.window_start = now(self.device)
-
-    def is_boundary(self, done: int) -> bool:
-        return done == self.warmup or done in self.ends
-
-    def step_done(self, done: int, t0: float, wait: float, memory_mb: float, copy: float = 0.0) -> float:
-        """Book step `done` (1-based) that began at t0; returns the clock read at its end."""
-        res = self.res
-        if self.is_boundary(done):
-            synchronize(self.device)
-        t1 = time.perf_counter()
-        res.step_seconds.append(t1 - t0)
-        res.data_wait_seconds.append(wait)
-        res.copy_seconds.append(copy)
-        res.memory_trace_mb.append(memory_mb)
-        res.steps_done = done
-        if done == self.warmup:
-            res.warmup_seconds = t1 - self.t_start
-            self.window_start = t1
-        elif done in self.ends:
-            res.extras.setdefault("window_seconds", []).append(t1 - self.window_start)
-            res.window_throughput.append(res.images_per_step * self.ends[done] / (t1 - self.window_start))
-            res.timed_seconds += t1 - self.window_start
-            self.window_start = t1
-        return t1
-
-    def over_budget(self, done: int, t1: float) -> bool:
-        """Whether the timed steps (warm-up excluded) have used up max_seconds, with steps left to run."""
-        if not self.max_seconds or done <= self.warmup or done >= self.total:
-            return False
-        return t1 - self.window_start + self.res.timed_seconds > self.max_seconds
-
-    def training_seconds(self) -> float:
-        """Wall time of every training step so far, warm-up included, pauses excluded (after a sync)."""
-        return now(self.device) - self.t_start
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        synchronize(self.device)
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            synchronize(self.device)
-            gap = time.perf_counter() - t
-            self.t_start += gap
-            self.window_start += gap
 
 
 class DivergenceWatch:

@@ -88,8 +88,8 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         if parallel is not None:  # each rank a different part of every epoch
             sampler = torch.utils.data.DistributedSampler(train_set, num_replicas=parallel.world, rank=parallel.rank,
                                                           shuffle=True, seed=cfg.seed, drop_last=True)
-        loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=sampler is None, sampler=sampler,
-                            drop_last=True,
+        loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=sampler is None, drop_last=True,
+                            sampler=sampler,
                             num_workers=cfg.num_workers,  # worker processes decode and augment in parallel
                             persistent_workers=cfg.persistent_workers and cfg.num_workers > 0,  # kept between epochs
                             prefetch_factor=cfg.prefetch_factor if cfg.num_workers else None,  # batches loaded ahead

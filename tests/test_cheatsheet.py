@@ -18,8 +18,9 @@ START_HERE = ROOT / "notebooks" / "00_start_here.ipynb"
 # Each claim's own PyTorch call, which its code block must show (the technique, not a neighbour's).
 CALLS = {"C1": ["num_workers="], "C2": ["pin_memory=", "non_blocking=True"], "C3": ["torch.autocast", "float16"],
          "C4": ["torch.autocast", "bfloat16"], "C5": ["GradScaler", "scaler.scale(loss).backward()", "scaler.step"],
-         "C6": ["torch.backends.cudnn.benchmark = True"], "C7": ["+BATCH_SIZE = "], "C8": ["+BATCH_SIZE = "],
-         "C9": ["+@torch.no_grad()"], "C10": ["loss.detach()"], "C11": ["+        losses.append(loss.item())"],
+         "C6": ["torch.backends.cudnn.benchmark = True"], "C7": ["+    loader = DataLoader(train_set, batch_size="],
+         "C8": ["+    loader = DataLoader(train_set, batch_size="], "C9": ["+    grad_mode = torch.no_grad()"],
+         "C10": ["loss.detach()"], "C11": ['+        logged = {"step": step, "loss": loss.item()}'],
          "C12": ["torch.optim.AdamW", "CosineAnnealingLR", "scheduler.step()"],
          "C13": ["num_workers="], "C14": ["torch.export.export", "torch.onnx.export"],
          "C15": ["num_workers=", "pin_memory=", "torch.autocast", "GradScaler", "cudnn.benchmark", "AdamW"]}
@@ -99,14 +100,14 @@ def start_here() -> tuple[str, str]:
                  for kind in ("markdown", "code"))
 
 
-def test_the_plain_loop_is_the_main_of_the_script_that_runs():
+def test_the_plain_loop_is_the_train_function_of_the_script_that_runs():
     for cfg, step in ((config_for("smoke"), "optimizer.step()"),
                       (config_for("smoke", amp="fp16", log_every=5), "scaler.step(optimizer)")):
         loop = loop_code(cfg)
-        assert loop.startswith("def main() -> None:") and loop.rstrip() in code(cfg)
-        for line in ("x, y = next(batches)", ".backward()", step, "sync()", "losses.append("):
+        assert loop.startswith("def train(") and loop.rstrip() in code(cfg)
+        for line in ("for x, y in batches:", ".backward()", step, "loss.item()", "evaluate("):
             assert line in loop, f"the loop shown lacks {line!r}"
-    assert "% LOG_EVERY" in loop  # a knob's lines are in it too
+    assert "% 5 == 0" in loop  # a knob's lines are in it too
 
 
 def test_notebook_00_shows_the_loop_its_touches_and_the_cheat_sheet_from_the_modules():

@@ -317,30 +317,55 @@ def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke
 
 
 def test_calibration_on_a_cuda_clock_times_synchronised_steps_not_launches(monkeypatch):
+    import importlib
     from types import SimpleNamespace
 
-    from fastlab import clocks
     from fastlab.results import RunResult
+
+    watch = importlib.import_module("fastlab.watch")  # the module (fastlab.watch is also the function)
 
     host, gpu = [0.0], [0.0]  # a pretend CUDA device: a step launches in 1 ms, its kernels run 30 ms
 
     def sync(device) -> None:
         host[0] = max(host[0], gpu[0])
 
-    monkeypatch.setattr(clocks, "synchronize", sync)
-    monkeypatch.setattr(clocks, "now", lambda device: sync(device) or host[0])
-    monkeypatch.setattr(clocks, "time", SimpleNamespace(perf_counter=lambda: host[0]))
+    class Meter:  # no CUDA allocator here
+        kind = "cuda_max_allocated"
 
-    def fake_run(cfg, label="run", progress=True):  # the loop's clock, on the pretend device
+        def __init__(self, device) -> None:
+            pass
+
+        def sample(self) -> float:
+            return 0.0
+
+        peak = reset = sample
+
+    class Util:
+        samples, unavailable = [], ""
+
+        def __init__(self, device) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(watch, "synchronize", sync)
+    monkeypatch.setattr(watch, "time", SimpleNamespace(perf_counter=lambda: host[0], process_time=lambda: 0.0))
+    monkeypatch.setattr(watch, "MemoryMeter", Meter)
+    monkeypatch.setattr(watch, "GpuUtilSampler", Util)
+
+    def fake_run(cfg, label="run", progress=True):  # the watch fastlab.run measures with, on the pretend device
         res = RunResult(config=cfg.to_dict(), label=label, images_per_step=cfg.batch_size)
-        clock = clocks.WindowClock(res, torch.device("cuda"), cfg)
-        clock.start()
-        for done in range(1, cfg.warmup_steps + cfg.steps + 1):
-            t0 = host[0]
+        w = watch.Watch(label, device=torch.device("cuda"), warmup_steps=cfg.warmup_steps,
+                        budget=watch.Budget(steps=cfg.steps, windows=cfg.windows, result=res))
+        for _ in range(cfg.warmup_steps + cfg.steps):
             gpu[0] = max(gpu[0], host[0]) + 0.030
             host[0] += 0.001
-            clock.step_done(done, t0, 0.0, 0.0)
-        return res
+            w.step_done(cfg.batch_size)
+        return w.result()
 
     monkeypatch.setattr(fastlab.train, "run", fake_run)
     seconds = calibration.measure_step_seconds(config_for("gpu", device="cpu"))
