@@ -96,8 +96,6 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
                             pin_memory=cfg.pin_memory and device.type == "cuda",  # page-locked: async copies to a GPU
                             generator=torch.Generator().manual_seed(cfg.seed))
     batches = forever(loader, sampler=sampler)  # epoch after epoch (a new shuffle each epoch)
-    non_blocking = (cfg.non_blocking and cfg.pin_memory and cfg.loader == "dataloader"
-                    and device.type == "cuda")  # an asynchronous copy needs pinned memory and a GPU
 
     # ---- model
     torch.manual_seed(cfg.seed)  # the same initial weights for every run of this seed
@@ -146,8 +144,9 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
     step = micro = 0
     raw_model.train()
     for x, y in w(batches):  # the watch ends it early on Ctrl-C, a time budget, divergence or a reached target
-        # the copy queues behind the previous step's kernels; with non_blocking the host does not wait for it
-        x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+        # the copy queues behind the previous step's kernels; non_blocking: the host does not wait for it (from
+        # pinned memory only: from pageable memory it waits all the same)
+        x, y = x.to(device, non_blocking=cfg.non_blocking), y.to(device, non_blocking=cfg.non_blocking)
         if cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         if parallel is not None:  # all-reduce the gradients only on the last micro-batch of a step
