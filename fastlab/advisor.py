@@ -31,7 +31,7 @@ from .config import TrainConfig
 from .measure import Spread, is_noise, resolve_device, usable_cpu_count
 from .results import RunResult
 from .train import describe_changes, run
-from .verdicts import runs_verdict, verdict
+from .verdicts import runs_verdict, turns, verdict
 
 # --------------------------------------------------------------------------- thresholds
 # Removing a share s of every step can speed training up by at most 1 / (1 - s) (Amdahl). The reference
@@ -829,8 +829,8 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
     """Apply a finding's changes (default: the top finding that has any), run it, and report the effect.
 
     The baseline is a fresh run of `result`'s own config in this session, not the stored result, so both
-    sides see the same machine load; with repeats > 1 the runs alternate (baseline, changed, baseline, ...)
-    so a drift in load falls on both. A difference inside the spread is reported as "no measurable gain".
+    sides see the same machine load; with repeats > 1 the runs take turns (fastlab.verdicts.turns: baseline,
+    changed, then changed, baseline) so a drift in load falls on both. A difference inside the spread is reported as "no measurable gain".
     dataset / model: pass what the original run was given (fastlab.run's dataset= and model=), if anything.
     Returns None when no finding has a change to try.
     """
@@ -857,13 +857,13 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
     new_runs: list[RunResult] = []
     # A diverged run is not rerun as a baseline: its speed is never compared, only whether the change learns.
     fixing = chosen.metric == "finite"
-    for i in range(repeats):
-        suffix = f" #{i + 1}" if repeats > 1 else ""
-        if not fixing:
-            base_runs.append(runner(base_cfg, label=f"baseline (fresh){suffix}", dataset=dataset, model=model,
-                                    progress=progress))
-        new_runs.append(runner(new_cfg, label=f"{describe_changes(chosen.changes)}{suffix}", dataset=dataset,
-                               model=model, progress=progress))
+    sides = [(new_runs, new_cfg, describe_changes(chosen.changes))]
+    if not fixing:
+        sides.insert(0, (base_runs, base_cfg, "baseline (fresh)"))
+    for i, side in turns(len(sides), repeats):  # in turns: A B, then B A
+        runs, cfg, label = sides[side]
+        runs.append(runner(cfg, label=f"{label} #{i + 1}" if repeats > 1 else label, dataset=dataset, model=model,
+                           progress=progress))
     if fixing:
         outcome, after, sentence, notes = _judge_divergence(new_runs)
         before = Spread.of([])

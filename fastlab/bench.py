@@ -31,6 +31,7 @@ from .outcomes import (
 )
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run
+from .verdicts import turns
 
 # Naive and large batch size per profile and model: the naive rung uses the small one.
 LADDER_BATCH = {"smoke": (32, 64), "cpu": (64, 128), "gpu": (128, 512)}
@@ -254,16 +255,18 @@ def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: in
     """Passes 2..rounds over the rungs that timed a window, alternating direction; each rung's runs merged."""
     runs = [[r] for r in first]
     again = [i for i, r in enumerate(first) if r.window_throughput and not r.extras.get("trap")]  # a trap: shown once
-    for p in range(1, rounds):
-        for i in (reversed(again) if p % 2 else again):
-            r = run(configs[i], label=first[i].label, progress=progress)
-            r.extras.update({k: first[i].extras[k] for k in ("rung", "why", "dropped") if k in first[i].extras})
-            runs[i].append(r)
-            merged = [merge_repeats(rs) for rs in runs]
-            if on_update is not None:
-                on_update(merged)
-            if r.status == "interrupted":
-                return merged
+    for p, j in turns(len(again), rounds):
+        if p == 0:
+            continue  # the first pass ran already
+        i = again[j]
+        r = run(configs[i], label=first[i].label, progress=progress)
+        r.extras.update({k: first[i].extras[k] for k in ("rung", "why", "dropped") if k in first[i].extras})
+        runs[i].append(r)
+        merged = [merge_repeats(rs) for rs in runs]
+        if on_update is not None:
+            on_update(merged)
+        if r.status == "interrupted":
+            return merged
     return [merge_repeats(rs) for rs in runs]
 
 

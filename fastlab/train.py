@@ -25,6 +25,7 @@ from .data import ImageSet
 from .harness import active_run, exclusive_run
 from .loop import TrainingRun
 from .results import RunResult, merge_repeats
+from .verdicts import turns
 
 StepCallback = Callable[[int, int], None]
 DatasetArg = Data | None
@@ -153,17 +154,15 @@ def interleave(arms: list[tuple[str, TrainConfig]] | list[tuple[str, TrainConfig
     def merged() -> list[RunResult]:
         return [idle[j] if j in idle else merge_repeats(ran[j]) for j in range(len(arms)) if j in idle or ran[j]]
 
-    for r in range(max(1, rounds)):
-        order = range(len(arms)) if r % 2 == 0 else reversed(range(len(arms)))
-        for i in order:
-            if i in idle:
-                continue
-            label, cfg, *given = arms[i]
-            result = run(cfg, label=label, progress=progress, comparison=comparison, **(given[0] if given else {}))
-            result.extras["repeat"] = r
-            ran[i].append(result)
-            if result.status == "interrupted":
-                return merged()
+    for r, i in turns(len(arms), max(1, rounds)):
+        if i in idle:
+            continue
+        label, cfg, *given = arms[i]
+        result = run(cfg, label=label, progress=progress, comparison=comparison, **(given[0] if given else {}))
+        result.extras["repeat"] = r
+        ran[i].append(result)
+        if result.status == "interrupted":
+            return merged()
     return merged()
 
 

@@ -17,7 +17,7 @@ credited), with the reason. Every comparison carries `detectable`, the smallest 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -103,6 +103,14 @@ class Comparison:
 
     def __str__(self) -> str:
         return self.words
+
+
+def turns(arms: int, repeats: int) -> Iterator[tuple[int, int]]:
+    """(round, arm) in the order compared arms run, everywhere in fastlab: A B, then B A, then A B... A machine
+    that slows down mid-comparison slows every arm alike, and a steady drift favours neither the first nor the last."""
+    for r in range(repeats):
+        for i in (range(arms) if r % 2 == 0 else reversed(range(arms))):
+            yield r, i
 
 
 def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_better: bool = True,

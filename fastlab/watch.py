@@ -71,7 +71,7 @@ from .loop_facts import FirstStepFacts
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .results import RunResult
 from .step_parts import StepParts
-from .verdicts import verdict
+from .verdicts import turns, verdict
 
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
 SYNC_WARNING = re.compile(r"synchronizing CUDA operation")  # what set_sync_debug_mode("warn") says
@@ -948,13 +948,11 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
             raise TypeError(f"compare_loops: {name} must be a function that takes a watch and runs the loop "
                             f"under it, got {type(fn).__name__}")
     runs: dict[str, list[RunResult]] = {labels[0]: [], labels[1]: []}
-    for i in range(repeats):
-        # alternate which side goes first, so a drift in the machine's load falls on both alike
-        order = ((labels[0], before), (labels[1], after)) if i % 2 == 0 else ((labels[1], after), (labels[0], before))
-        for name, fn in order:
-            w = Watch(f"{name} #{i + 1}" if repeats > 1 else name, **options)
-            fn(w)
-            runs[name].append(w.result())
+    for i, side in turns(2, repeats):  # a drift in the machine's load falls on both sides alike
+        name, fn = labels[side], (before, after)[side]
+        w = Watch(f"{name} #{i + 1}" if repeats > 1 else name, **options)
+        fn(w)
+        runs[name].append(w.result())
     return judge_loops(runs[labels[0]], runs[labels[1]])
 
 
