@@ -55,6 +55,10 @@ class RunResult:
     sampled_step_seconds: list[float] = field(default_factory=list)
     forward_seconds: list[float] = field(default_factory=list)
     backward_seconds: list[float] = field(default_factory=list)
+    # An arm measured in interleaved repeats (merge_repeats): each run's own windows, which the noise rule pairs.
+    # repeats: 1 for a run that ran alone (every fastlab.run result, until merged), 0 for one fastlab.run did not make
+    repeats: int = 0
+    repeat_windows: list[list[float]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
@@ -68,11 +72,11 @@ class RunResult:
     @property
     def throughput(self) -> Spread:
         """Images per second: median, min and max over the timed windows (of every repeat, for an arm measured in
-        interleaved repeats, whose own windows the noise rule pairs: extras["repeat_windows"]). A run that ran
-        alone (extras["repeats"] == 1: every run fastlab.train makes, until merged) holds itself as its one repeat:
-        the noise rule then knows it was not interleaved with anything (measure.single_pair)."""
-        alone = [self.window_throughput] if self.extras.get("repeats") == 1 else None
-        return Spread.of(self.window_throughput, self.extras.get("repeat_windows") or alone)
+        interleaved repeats, whose own windows the noise rule pairs: repeat_windows). A run that ran alone
+        (repeats == 1: every run fastlab.train makes, until merged) holds itself as its one repeat: the noise rule
+        then knows it was not interleaved with anything (measure.single_pair)."""
+        alone = [self.window_throughput] if self.repeats == 1 else None
+        return Spread.of(self.window_throughput, self.repeat_windows or alone)
 
     @property
     def synthetic(self) -> bool:
@@ -141,20 +145,25 @@ class RunResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        kept = {k: v for k, v in data.items() if k in names}
+        extras = dict(kept.get("extras") or {})
+        for key in ("repeats", "repeat_windows"):  # files written before these were fields kept them in extras
+            if key in extras and key not in data:
+                kept[key] = extras.pop(key)
+        return cls(**{**kept, "extras": extras})
 
 
 def merge_repeats(repeats: list[RunResult]) -> RunResult:
     """One arm measured in several runs, as one result: the first run's record with every run's timed windows
-    (pooled, and per run in extras["repeat_windows"]), the highest peak memory, and the first status that is not
+    (pooled, and per run in repeat_windows), the highest peak memory, and the first status that is not
     ok (a repeat that failed, diverged or was stopped taints the arm)."""
     first = repeats[0]
     if len(repeats) == 1:
         return first
     merged = dataclasses.replace(first, extras=dict(first.extras))
     merged.window_throughput = [w for r in repeats for w in r.window_throughput]
-    merged.extras["repeat_windows"] = [list(r.window_throughput) for r in repeats]
-    merged.extras["repeats"] = len(repeats)
+    merged.repeat_windows = [list(r.window_throughput) for r in repeats]
+    merged.repeats = len(repeats)
     merged.timed_seconds = sum(r.timed_seconds for r in repeats)
     merged.peak_memory_mb = max(r.peak_memory_mb for r in repeats)
     bad = next((r for r in repeats if r.status != "ok"), None)

@@ -55,7 +55,7 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
     check_gpu_profile_here(training.cfg, training.device)
     with exclusive_run(training.result.label):
         result = isolation.execute(training, cold_compile_caches)
-    result.extras["repeats"] = 1  # one run, alone: merge_repeats counts the interleaved ones
+    result.repeats = 1  # one run, alone: merge_repeats counts the interleaved ones
     if comparison:
         result.extras["comparison"] = comparison
     return result

@@ -144,14 +144,14 @@ def test_judges_apply_to_bundled_reference_results(monkeypatch):
     got = claim_map.reference_verdicts(judges)
     assert got["C2"].verdict.startswith("holds") and got["C2"].source == "reference" and got["C2"].device == "H200"
     assert "C3" not in got  # a judge that cannot read the reference is skipped, not fatal
-    ref["H200"] = [fake("a", [100, 101], extras={"repeats": 1}), fake("b", [300, 310], extras={"repeats": 1})]
+    ref["H200"] = [fake("a", [100, 101], repeats=1), fake("b", [300, 310], repeats=1)]
     # one run each, not interleaved: a single pair judges nothing
     assert "C2" not in claim_map.reference_verdicts(judges)
 
 
 def test_a_single_pair_is_printed_never_recorded(store):
     base = arm("fp32", [100, 105, 110])
-    trap = fake("bf16 (trap demonstration, one short run)", [10, 11, 12], extras={"repeats": 1})
+    trap = fake("bf16 (trap demonstration, one short run)", [10, 11, 12], repeats=1)
     f = claims.verdict_speedup(base, trap)
     assert f.verdict.startswith("could not tell here (a single pair") and not f.recorded
     claims.check_verdict(f.verdict)

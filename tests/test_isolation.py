@@ -145,7 +145,7 @@ def test_interleaved_arms_read_noise_under_drift_and_faster_when_every_repeat_sh
     assert same.calls == ["baseline", "batch_size=64", "batch_size=64", "baseline"]  # A B, B A
     assert is_noise(a.throughput, b.throughput) and verdict(a.throughput, b.throughput).noise
     # run one after the other, the same drift reads as a 2x effect: what interleaving prevents
-    assert not is_noise(Spread.of(a.extras["repeat_windows"][0]), Spread.of(b.extras["repeat_windows"][1]))
+    assert not is_noise(Spread.of(a.repeat_windows[0]), Spread.of(b.repeat_windows[1]))
 
     better = DriftingMachine({"baseline": 1.0, "batch_size=64": 1.2})
     monkeypatch.setattr(train, "run", better)

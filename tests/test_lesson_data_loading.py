@@ -205,7 +205,7 @@ def test_the_sweep_the_staircase_and_slow_storage_run_every_arm_in_turns(compare
 
     def fake_run(cfg, label="run", progress=True, comparison=None, **given):
         order.append(label)
-        return RunResult(config=cfg.to_dict(), label=label, window_throughput=[100.0, 101.0], extras={"repeats": 1})
+        return RunResult(config=cfg.to_dict(), label=label, window_throughput=[100.0, 101.0], repeats=1)
 
     monkeypatch.setattr(train, "run", fake_run)
     results = compare(smoke)
@@ -218,6 +218,6 @@ def test_the_sweep_the_staircase_and_slow_storage_run_every_arm_in_turns(compare
 def test_a_single_pair_that_could_not_tell_never_prints_an_infinite_ratio():
     one_run = [_point(0, [100, 102]), _point(4, [101, 103])]
     for r in one_run:
-        r.extras["repeats"] = 1  # each count ran once: single pairs
+        r.repeats = 1  # each count ran once: single pairs
     v = dl.judge_workers(one_run).verdict
     assert v.startswith("could not tell here") and "inf" not in v and "not interleaved" in v

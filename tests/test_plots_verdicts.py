@@ -20,8 +20,9 @@ from fastlab.widgets import pair_summary  # noqa: E402
 CUDNN_WHY = "cudnn_benchmark: cuDNN runs only on NVIDIA GPUs"
 
 
-def rung(label, windows, status="ok", no_ops=None, extras=None, **config):
+def rung(label, windows, status="ok", no_ops=None, extras=None, repeat_windows=(), **config):
     return RunResult(config={"warmup_steps": 1, **config}, label=label, status=status, window_throughput=list(windows),
+                     repeat_windows=list(repeat_windows),
                      peak_memory_mb=300.0, memory_kind="process_rss", no_ops=no_ops or {}, extras=extras or {},
                      error="every change is a no-op here" if status == "no_op" else None,
                      dataset={"name": "synthetic", "synthetic": True}, env={"device_name": "CPU"})
@@ -123,9 +124,9 @@ def test_the_whiskers_are_the_interval_the_verdict_compares():
 
 
 def test_interleaved_repeats_are_shown_as_the_verdict_pairs_them():
-    naive = rung("naive", spaced(100, 6) + spaced(104, 6), extras={"repeat_windows": [spaced(100, 6), spaced(104, 6)]})
+    naive = rung("naive", spaced(100, 6) + spaced(104, 6), repeat_windows=[spaced(100, 6), spaced(104, 6)])
     up = rung("+workers", spaced(130, 6) + spaced(90, 6), num_workers=2,
-              extras={"repeat_windows": [spaced(130, 6), spaced(90, 6)]})
+              repeat_windows=[spaced(130, 6), spaced(90, 6)])
     assert runs_verdict(naive, up).direction == "noise"  # the repeats disagree
     fig = plot_waterfall([naive, up])
     assert bar_at(fig.axes[0], 1).get_facecolor()[:3] == to_rgba(KINDS["noise"][0])[:3]

@@ -18,7 +18,7 @@ def run(label: str, windows: list[float], status: str = "ok", error: str | None 
 
 def alone(label: str, windows: list[float]) -> RunResult:
     """A run that ran alone, not interleaved with anything (fastlab.train marks every run so until merged)."""
-    return run(label, windows, extras={"repeats": 1})
+    return run(label, windows, repeats=1)
 
 
 def arm(label: str, *repeats: list[float]) -> RunResult:
