@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,10 +61,11 @@ class DistributedRunError(RuntimeError):
     """A torchrun launch that failed or timed out; names the failing rank and carries the log tail."""
 
     def __init__(self, message: str, *, rank: int | None = None, exit_code: int | None = None,
-                 timed_out: bool = False, log_tail: str = "") -> None:
+                 timed_out: bool = False, log_tail: str = "", rank_exit_code: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # torchrun's
+        self.rank_exit_code = rank_exit_code  # the failing rank's: negative when a signal killed it
         self.timed_out = timed_out
         self.log_tail = log_tail
 
@@ -119,7 +121,7 @@ def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
 
 def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | os.PathLike | None = None,
            timeout_s: float = 300.0, crash_rank: int | None = None, crash_step: int = 0,
-           stop: threading.Event | None = None, quiet: bool = True) -> list[DDPRun]:
+           stop: threading.Event | None = None, quiet: bool = True, retry_native_crash: bool = True) -> list[DDPRun]:
     """Run `jobs` one after another in one torchrun launch of `nproc` processes; one DDPRun per job.
 
     Processes start once (importing torch costs seconds per process), then train each job in turn.
@@ -127,6 +129,8 @@ def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | o
     as it is when any rank fails (naming the rank, its exit code and the end of the log).
     crash_rank / crash_step make that rank raise at that step (to see what a crash looks like).
     stop: set it from another thread to kill the launch (raises DistributedRunError).
+    retry_native_crash: a rank killed by a signal (SIGABRT, SIGSEGV: a crash in native code, not in the training
+    code) gets the launch run once more, with a warning; a Python error, a timeout or a stop never does.
     """
     if not jobs:
         raise ValueError("launch needs at least one DDPJob")
@@ -155,7 +159,17 @@ def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | o
     seconds = time.perf_counter() - t0
     log = log_path.read_text(errors="replace")
     if code != 0 or timed_out or stopped:
-        raise _launch_error(out, log, code, timed_out, stopped, timeout_s, nproc)
+        error = _launch_error(out, log, code, timed_out, stopped, timeout_s, nproc)
+        left = timeout_s - seconds
+        if not (retry_native_crash and _died_in_native_code(error) and left > 30):
+            raise error
+        # a rank killed by a signal from native code (gloo has aborted a rank on a loaded 2-core machine, rarely,
+        # with no Python error): the same launch once more, in the time left, the first failure kept in the log
+        warnings.warn(f"fastlab.distributed: {error.args[0].split(';')[0]}; launching once more", RuntimeWarning,
+                      stacklevel=2)
+        (out / "launch.first-failure.log").write_text(log)
+        return launch(jobs, nproc, out_dir=out, timeout_s=left, crash_rank=crash_rank, crash_step=crash_step,
+                      stop=stop, quiet=quiet, retry_native_crash=False)
     runs = []
     for i in range(len(jobs)):
         path = out / f"job{i}.json"
@@ -225,6 +239,23 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+# what a process prints as it dies in native code (its lines come before torchrun's report, past the log's tail)
+_NATIVE_CRASH = re.compile(r"terminate called|what\(\):|Fatal Python error|Segmentation fault|enforce fail|"
+                           r"Resource temporarily unavailable|Killed|out of memory", re.IGNORECASE)
+
+
+def _died_in_native_code(error: DistributedRunError) -> bool:
+    code = error.rank_exit_code
+    return not error.timed_out and code is not None and code < 0 and -code not in (signal.SIGTERM, signal.SIGKILL)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _launch_error(out: Path, log: str, code: int | None, timed_out: bool, stopped: bool, timeout_s: float,
                   nproc: int) -> DistributedRunError:
     tail = _tail(log)
@@ -246,6 +277,11 @@ def _launch_error(out: Path, log: str, code: int | None, timed_out: bool, stoppe
     if rank in reports:
         lines = reports[rank].read_text(errors="replace").strip().splitlines()
         why = lines[-1] if lines else ""
+    elif rank_code is not None and rank_code < 0:  # killed by a signal: no Python traceback, maybe native last words
+        why = f"killed by {_signal_name(-rank_code)}"
+        native = [line.strip() for line in log.splitlines() if _NATIVE_CRASH.search(line)]
+        if native:
+            why += " after: " + " | ".join(dict.fromkeys(native))  # e.g. gloo's "terminate called ... what(): ..."
     if timed_out:
         head = f"the DDP launch of {nproc} processes did not finish within timeout_s={timeout_s:g} s and was killed"
         if rank is not None:
@@ -256,7 +292,7 @@ def _launch_error(out: Path, log: str, code: int | None, timed_out: bool, stoppe
     detail = f" with exit code {rank_code}" if rank_code is not None else ""
     return DistributedRunError(f"{who} failed{detail}{': ' + why if why else ''}; torchrun exited with code {code} "
                                f"and stopped the other ranks.\nlog tail:\n{tail}", rank=rank, exit_code=code,
-                               log_tail=tail)
+                               log_tail=tail, rank_exit_code=rank_code)
 
 
 def _uses_cuda(config: TrainConfig) -> bool:

@@ -2,14 +2,17 @@
 error reports, and real torchrun launches of 2 CPU processes under gloo (one that trains, one that crashes)."""
 
 import os
+import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
+from fastlab import distributed
 from fastlab.distributed import (
     DDPJob,
     DDPOptions,
@@ -180,6 +183,38 @@ def test_error_names_the_root_cause_rank_not_the_one_that_lost_its_peer(tmp_path
     assert str(err).startswith("rank 1 failed with exit code 1: RuntimeError: deliberate crash on rank 1")
     timed = _launch_error(tmp_path, log, -15, True, False, 60, 2)
     assert timed.timed_out and "timeout_s=60" in str(timed)
+
+
+@pytest.mark.parametrize(("rank_code", "launches"), [(-6, 2), (-11, 2), (1, 1), (-15, 1)])
+def test_only_a_native_crash_is_launched_once_more(monkeypatch, smoke, tmp_path, rank_code, launches):
+    calls = []
+
+    def failing(cmd, log_path, timeout_s, **kwargs):
+        calls.append(timeout_s)
+        log_path.write_text("Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+                            f"  exitcode  : {rank_code} (pid: 9)\n")
+        return 1, False, False
+
+    monkeypatch.setattr(distributed, "run_with_timeout", failing)
+    with warnings.catch_warnings(record=True) as said, pytest.raises(DistributedRunError) as info:
+        warnings.simplefilter("always")
+        launch([DDPJob(smoke)], 2, out_dir=tmp_path, timeout_s=100)
+    assert len(calls) == launches and info.value.rank_exit_code == rank_code
+    assert [str(w.message) for w in said if "launching once more" in str(w.message)] == (
+        [f"fastlab.distributed: rank 1 failed with exit code {rank_code}: killed by "
+         f"{signal.Signals(-rank_code).name}; launching once more"] if launches == 2 else [])
+    assert (tmp_path / "launch.first-failure.log").exists() == (launches == 2)
+
+def test_a_rank_killed_by_a_signal_is_named_with_its_native_last_words(tmp_path):
+    log = ("[rank 0] job 0: ...\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+           "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 4 vs 8\n"
+           + "torchrun report line\n" * 40 +
+           "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+           "  exitcode  : -6 (pid: 9)\n  traceback : Signal 6 (SIGABRT) received by PID 9\n")
+    err = _launch_error(tmp_path, log, 1, False, False, 60, 2)
+    assert err.rank == 1
+    assert "rank 1 failed with exit code -6: killed by SIGABRT after: terminate called" in str(err)
+    assert "op.preamble.length <= op.nbytes" in str(err)
 
 
 # ------------------------------------------------------------------ real launches: 2 CPU processes, gloo
