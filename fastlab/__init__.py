@@ -9,7 +9,7 @@ from .advisor import advise, verify  # fastlab.advise(result), fastlab.verify(re
 from .code import code, code_diff
 from .config import PROFILES, TrainConfig, active_profile, config_for
 from .data import DatasetError, ImageSet, load_images
-from .measure import Spread, environment, is_noise
+from .measure import Spread, environment
 from .outcomes import (
     TimeToAccuracy,
     accuracy_spread,
@@ -20,7 +20,7 @@ from .outcomes import (
 )
 from .results import RunResult, load_reference, load_results, reference_for, reference_summary, save_results
 from .train import active_run, compare, interleave, run, sweep
-from .verdicts import Comparison, runs_verdict, verdict  # is B better than A: a typed answer
+from .verdicts import Comparison, is_noise, runs_verdict, verdict  # is B better than A: a typed answer
 from .version import __version__
 from .watch import compare_loops as compare_loops  # two versions of your loop, in turns
 from .watch import watch as watch  # fastlab.watch(...): measure a loop you wrote

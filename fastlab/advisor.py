@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import TrainConfig
-from .measure import Spread, is_noise, resolve_device, usable_cpu_count
+from .measure import Spread, resolve_device, usable_cpu_count
 from .results import RunResult
 from .train import describe_changes, run
 from .verdicts import runs_verdict, turns, verdict
@@ -492,8 +492,9 @@ def _tried_earlier(r: RunResult, change: dict[str, Any], batch: int) -> str:
         if e.get("status") != "ok" or not e.get("window_throughput"):
             return f"{e['label']}: {e.get('status')}, not credited"
         then, now = Spread.of(e["window_throughput"]), r.throughput
-        if is_noise(then, now) or then.median < now.median:
-            return f"{e['label']}: {verdict(now, then)}"
+        c = verdict(now, then)
+        if c.direction in ("noise", "worse"):
+            return f"{e['label']}: {c}"
     return ""
 
 
@@ -726,7 +727,7 @@ class Verification:
 
     @property
     def ratio(self) -> float:
-        return self.after.median / self.before.median if self.before.median else float("nan")
+        return verdict(self.before, self.after).ratio
 
     def text(self) -> str:
         head = f"Tried {describe_changes(self.finding.changes)} (for: {self.finding.bottleneck}): {self.outcome}."

@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import TrainConfig, comparison_repeats, config_for
 from .device_support import no_op_reasons, trap_reasons
-from .measure import Spread, bf16_is_trap, is_noise, preferred_amp, resolve_device, usable_cpu_count
+from .measure import Spread, bf16_is_trap, preferred_amp, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
     TimeToAccuracy,
@@ -31,7 +31,7 @@ from .outcomes import (
 )
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run
-from .verdicts import turns
+from .verdicts import turns, verdict
 
 # Naive and large batch size per profile and model: the naive rung uses the small one.
 LADDER_BATCH = {"smoke": (32, 64), "cpu": (64, 128), "gpu": (128, 512)}
@@ -153,11 +153,10 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
         return f"{result.status}: {result.error or 'no timed window finished'}"
     if not below.window_throughput:
         return None  # nothing to compare with (the rung below went unmeasured)
-    ratio = result.throughput.median / below.throughput.median
     # the first pass has one run per rung: a guard against carrying a trap up, not a verdict, so the windows alone
-    if ratio < DROP_BELOW_RATIO and not is_noise(Spread.of(below.window_throughput),
-                                                 Spread.of(result.window_throughput)):
-        return f"{ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
+    c = verdict(Spread.of(below.window_throughput), Spread.of(result.window_throughput))
+    if c.ratio < DROP_BELOW_RATIO and not c.noise:
+        return f"{c.ratio:.2f}x the rung below it (under {DROP_BELOW_RATIO}x): a trap on this machine"
     return None
 
 
@@ -176,7 +175,7 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
     repeats (default: the profile's comparison_repeats): after the first pass decides the ladder, each measured
     rung runs again, in reverse order, then forward again...: naive, +a, +b, +b, +a, naive. A steady drift of the
     machine then lands on every rung alike, and each rung is paired with the rung below it in every pass, so the
-    noise rule (measure.is_noise) sees the repeats. on_update(results) is called after every run, with each rung's
+    noise rule (fastlab.verdicts.is_noise) sees the repeats. on_update(results) is called after every run, with each rung's
     repeats merged so far."""
     results: list[RunResult] = []
     configs: list[TrainConfig] = []
@@ -453,8 +452,9 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
         if t.seeds_not_run:
             notes.append(f"{t.label}: {t.seeds_not_run}.")
         if t.reached:
-            vs = f"{base.median / s.median:.2f}x" if base.n and s.median else ""
-            if base.n and t is not ttas[0] and is_noise(base, s):
+            c = verdict(base, s, "s", higher_is_better=False)
+            vs = f"{c.gain:.2f}x" if c.comparable and s.median else ""
+            if c.comparable and t is not ttas[0] and c.noise:
                 vs += " (noise)"
             time_cell, steps = f"{s.median:.1f} ({s.low:.1f}-{s.high:.1f})", f"{t.steps.median:.0f}"
         else:
@@ -583,13 +583,12 @@ def markdown_table(results: list[RunResult]) -> str:
             dropped = " (dropped from the rungs above)" if r.extras.get("dropped") else ""
             lines.append(f"| {r.label}{dropped} | {r.status}: {r.error or 'no timed window finished'} | | | | | | |")
             continue
-        vs_base = f"{t.median / base.throughput.median:.2f}x" if base.window_throughput else ""
+        vs_base = f"{verdict(base.throughput, t).ratio:.2f}x" if base.window_throughput else ""
         if below is None or not below.window_throughput:
             vs_prev = ""
-        elif is_noise(below.throughput, t):
-            vs_prev = f"{t.median / below.throughput.median:.2f}x (noise)"
         else:
-            vs_prev = f"{t.median / below.throughput.median:.2f}x"
+            c = verdict(below.throughput, t)
+            vs_prev = f"{c.ratio:.2f}x" + (" (noise)" if c.noise else "")
         if below is not None and vs_prev and only_no_ops(r, below):
             # the same computation as the rung below: a difference is the machine drifting, not the knob
             drifts.append(f"{r.label} ({vs_prev})")
@@ -618,7 +617,7 @@ def markdown_table(results: list[RunResult]) -> str:
               "top, then back down: a steady drift lands on every rung alike). " + (
                   "Data wait: time blocked on the next batch / step time; '+ copy': the host-to-device copy's share, "
                   "apart (without non_blocking it also waits for the previous step's GPU work). " if copies else "") +
-              "'noise': measure.is_noise, the one "
+              "'noise': fastlab.verdicts.is_noise, the one "
               "noise rule: with repeats, a difference that some repeat does not show outside its intervals of the "
               "median; else, intervals of the median that overlap. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
               "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "

@@ -5,7 +5,7 @@ against the baseline (TrainConfig's defaults, on the synthetic set so the page i
 or, where no TrainConfig knob switches the technique on, the technique's own lines read from the fastlab function
 that runs them; how the verdict is decided is the docstring of the function that decides it, the comparison it is
 judges on bundled reference results (fastlab.claim_map.JUDGES), and the rules it applies (the docstrings of the verdict helpers it calls, among
-them the one noise rule, measure.is_noise). Only what a measurement is weighed by is written here, one phrase a
+them the one noise rule, verdicts.is_noise). Only what a measurement is weighed by is written here, one phrase a
 claim. docs/cheatsheet.md is this page; tests/test_cheatsheet.py keeps them equal. Regenerate it with
 
     python -m fastlab.cheatsheet > docs/cheatsheet.md
@@ -33,7 +33,7 @@ from .lessons import (
     mixed_precision,
     optimizers,
 )
-from .measure import is_noise
+from .verdicts import is_noise
 
 BASE = TrainConfig(dataset="synthetic")  # the baseline every diff starts from: TrainConfig's defaults
 REGENERATE = "python -m fastlab.cheatsheet > docs/cheatsheet.md"
@@ -176,7 +176,7 @@ def generate() -> str:
             "its technique against the baseline, TrainConfig's defaults (`fastlab.code` writes each side as a plain "
             "PyTorch script), or the technique's own lines from the fastlab function that runs them. Its verdict "
             "is decided by the named function, from the measurement; a notebook prints it, never types it.", "",
-            f"**The noise rule** (`fastlab.measure.is_noise`, one rule everywhere): {_doc(is_noise)}", ""]
+            f"**The noise rule** (`fastlab.verdicts.is_noise`, one rule everywhere): {_doc(is_noise)}", ""]
     return "\n".join(head + [section(e) + "\n" for e in ENTRIES]).rstrip() + "\n"
 
 

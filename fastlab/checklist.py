@@ -7,7 +7,7 @@ effect is the ratio of two medians:
 
 where "the rung it was built on" is the last rung below it that was kept (a rung dropped as a trap is
 not built on, exactly as run_ladder does). A ratio whose medians lie inside each other's spread is
-marked noise (fastlab.measure.is_noise). A rung that diverged says so: its speed is shown, never credited.
+marked noise (fastlab.verdicts). A rung that diverged says so: its speed is shown, never credited.
 
 Given the time-to-accuracy ladder too (fastlab.bench.run_tta_ladder, or the time to accuracy of the ladder's rungs
 as notebook 09 measures it), each row also says what the technique did to
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .measure import is_noise
 from .outcomes import TimeToAccuracy
 from .results import RunResult
+from .verdicts import verdict
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,12 @@ def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str
     base = built_on(results, i)
     if base is None or not base.window_throughput:
         return "no baseline to compare with"
-    ratio = r.throughput.median / base.throughput.median
-    text = f"{ratio:.2f}x"
+    c = verdict(base.throughput, r.throughput)
+    text = f"{c.ratio:.2f}x"
     if r.status == "diverged":
         step = f" at step {r.diverged_step}" if r.diverged_step is not None else ""
-        text = f"DIVERGED{step} ({r.error or 'non-finite loss'}): {ratio:.2f}x images/s, not credited"
-    elif is_noise(base.throughput, r.throughput):
+        text = f"DIVERGED{step} ({r.error or 'non-finite loss'}): {c.ratio:.2f}x images/s, not credited"
+    elif c.noise:
         text += " (noise)"
     if r.extras.get("dropped"):
         text += ": a trap here, dropped from the rungs above"
@@ -154,9 +154,9 @@ def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: Technique, skipped
     base = _tta_built_on(ttas, i)
     if base is None or base.reached == 0:
         return f"{t.seconds.median:.1f} s to {t.target:.0%} ({t.reached} of {n} seeds); no baseline that reached it"
-    b, o = base.seconds, t.seconds
-    text = f"{b.median / o.median:.2f}x"
-    if is_noise(b, o):
+    c = verdict(base.seconds, t.seconds, "s", higher_is_better=False)
+    text = f"{c.gain:.2f}x"
+    if c.noise:
         text += " (noise)"
     text += f" ({t.reached} of {n} seeds reached {t.target:.0%}; against {base.label})"
     return text

@@ -17,7 +17,7 @@ typed. A verdict reads as one of:
                               a CPU), or the test could not come out otherwise (a schedule that never acted)
 
 A finding that rests on a single pair (a side that is one run, not interleaved with the other: a trap's one
-demonstration, FASTLAB_REPEATS=1; fastlab.measure.single_pair) is printed, never recorded: it cannot tell the
+demonstration, FASTLAB_REPEATS=1; fastlab.verdicts.single_pair) is printed, never recorded: it cannot tell the
 machine's drift from an effect.
 
 Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with

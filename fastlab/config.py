@@ -310,7 +310,7 @@ def time_sizing(profile: str) -> dict[str, float] | None:
 
 # How many times each arm of a speed comparison runs, interleaved (fastlab.train.interleave): two repeats let the
 # noise rule tell a difference that every repeat shows from the machine drifting between runs; with one, a
-# comparison is a single pair and judges nothing (measure.single_pair). Every profile judges, smoke included (a
+# comparison is a single pair and judges nothing (verdicts.single_pair). Every profile judges, smoke included (a
 # shared JupyterHub's room runs it): its runs are short instead (PROFILE_SETTINGS), so its time stays.
 COMPARISON_REPEATS: dict[str, int] = {"smoke": 2, "cpu": 2, "gpu": 3, "mps": 2, "custom": 2}
 

@@ -148,56 +148,6 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return xs[k - 1], xs[n - k]
 
 
-def single_pair(a: Spread, b: Spread) -> bool:
-    """Whether a side is one run that was not interleaved with the other side's (a Spread of one run's windows
-    holds that run as its only repeat: RunResult.throughput): a trap's one demonstration, a run started by hand,
-    FASTLAB_REPEATS=1. Its windows sit in one stretch of the machine's time, so their spread says nothing of how
-    the machine drifted between it and the other side."""
-    return 1 in (len(a.repeats), len(b.repeats))
-
-
-def is_noise(a: Spread, b: Spread) -> bool:
-    """The one noise rule. A side measured in one run, not interleaved with the other (single_pair), cannot be
-    told from the machine drifting between the runs: noise. Two measurements repeated in the same interleaved
-    runs (A B, B A, ...) differ by noise unless every repeat shows the difference, in the same direction, outside
-    that repeat's intervals: a machine that drifts mid-comparison slows both arms of a repeat alike. Otherwise
-    they differ by noise when their intervals of the median overlap. Neither interval widens with the number of
-    timed windows."""
-    if single_pair(a, b):
-        return True
-    if len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats):
-        signs = set()
-        for ra, rb in zip(a.repeats, b.repeats):
-            if _overlap(ra.interval, rb.interval):
-                return True
-            signs.add(rb.median > ra.median)
-        return len(signs) > 1
-    return _overlap(a.interval, b.interval)
-
-
-def detectable_ratio(a: Spread, b: Spread) -> float:
-    """The smallest ratio of the two medians that the noise rule could have told from noise with these spreads:
-    each side's interval of the median kept as measured, relative to its median, the other median moved up (or
-    down, whichever needs more) until the intervals no longer touch; with interleaved repeats, the largest such
-    ratio over the repeats (every one must show it). inf for a single pair: drift between two runs can be any size.
-    A difference under it reads noise whatever the technique does; over it, the rule would have seen it."""
-    if single_pair(a, b):
-        return math.inf
-    paired = len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats)
-    return max(_clearing_ratio(x, y) for x, y in (zip(a.repeats, b.repeats) if paired else [(a, b)]))
-
-
-def _clearing_ratio(a: Spread, b: Spread) -> float:
-    (al, ah), (bl, bh) = a.interval, b.interval
-    if not (a.median > 0 and b.median > 0 and al > 0 and bl > 0):
-        return math.inf
-    return max((ah / a.median) / (bl / b.median), (bh / b.median) / (al / a.median))
-
-
-def _overlap(x: tuple[float, float], y: tuple[float, float]) -> bool:
-    return x[0] <= y[1] and y[0] <= x[1]
-
-
 def environment(device: torch.device | None = None, profile: str = "custom") -> dict:
     """What a result was measured on: versions, device, CPU count, profile, date."""
     device = device or resolve_device()

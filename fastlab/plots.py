@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from .measure import Spread
 from .results import RunResult
-from .verdicts import Comparison, pooled_throughput, runs_verdict, uncredited
+from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, uncredited
 
 
 class ShownFigure(Figure):
@@ -315,7 +315,7 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
         c = runs_verdict(below, r) if below is not None else None
         kind = judged_kind(r, c)
         s = judged_spread(r, c)
-        speed = s.median / base if s.n else math.nan
+        speed = ratio_of(first, s).median if s.n else math.nan
         own = marks_of(r)
         kinds.append(kind)
         marks += own
@@ -339,7 +339,7 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
                         linewidth=1)
             if len(s.repeats) >= 2:
                 repeats = True
-                ax.plot([i] * len(s.repeats), [x.median / base for x in s.repeats], ".", color="black", ms=4)
+                ax.plot([i] * len(s.repeats), [ratio_of(first, x).median for x in s.repeats], ".", color="black", ms=4)
             top = max(speed, prev, hi / base)
         ax.annotate(text, (i, top), textcoords="offset points", xytext=(0, 3), ha="center", va="bottom",
                     fontsize=7.5, color="tab:orange" if kind == "diverged" else "black")

@@ -74,7 +74,7 @@ class RunResult:
         """Images per second: median, min and max over the timed windows (of every repeat, for an arm measured in
         interleaved repeats, whose own windows the noise rule pairs: repeat_windows). A run that ran alone
         (repeats == 1: every run fastlab.train makes, until merged) holds itself as its one repeat: the noise rule
-        then knows it was not interleaved with anything (measure.single_pair)."""
+        then knows it was not interleaved with anything (verdicts.single_pair)."""
         alone = [self.window_throughput] if self.repeats == 1 else None
         return Spread.of(self.window_throughput, self.repeat_windows or alone)
 

@@ -142,7 +142,7 @@ def interleave(arms: list[tuple[str, TrainConfig]] | list[tuple[str, TrainConfig
     """Each arm `repeats` times (default: the profile's comparison_repeats), in turn: A B, then B A, then A B...
     so that a machine that slows down mid-comparison slows every arm alike (the order alternates, so a steady
     drift does not favour the arm that runs first). Each run starts in a fresh process. Returns one result per
-    arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (measure.is_noise).
+    arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (verdicts.is_noise).
     An arm is (label, config) or (label, config, run's keyword arguments: model=, dataset=). An interrupted run
     ends the comparison, keeping every arm that ran."""
     rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])

@@ -1,4 +1,4 @@
-"""Is B better than A? One answer, typed, by the one noise rule (fastlab.measure.is_noise).
+"""Is B better than A? One answer, typed, by the one noise rule (is_noise).
 
     c = verdict(a.throughput, b.throughput)            # two Spreads of a rate: higher is better
     c = verdict(eager_ms, compiled_ms, unit="ms", higher_is_better=False, quantity="latency")
@@ -10,7 +10,7 @@ A difference is `noise` when the noise rule says so (the intervals of the median
 disagree, or a side is one run not interleaved with the other: a single pair, which cannot tell the machine's drift
 from an effect); `not_comparable` when a side measured nothing or a run diverged or failed (its speed is never
 credited), with the reason. Every comparison carries `detectable`, the smallest ratio it could have told from noise
-(fastlab.measure.detectable_ratio: inf for a single pair), and its words say it. Callers decide on `direction`,
+(detectable_ratio: inf for a single pair), and its words say it. Callers decide on `direction`,
 `ratio`, `detectable` and `single_pair`, never on the words.
 """
 
@@ -21,11 +21,67 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .measure import Spread, _overlap, detectable_ratio, is_noise, single_pair
+from .measure import Spread
 from .results import RunResult
 
 Direction = Literal["better", "worse", "noise", "not_comparable"]
 CREDITED = ("ok", "time_limited")  # a time-limited run keeps the windows it finished; other statuses are not credited
+
+
+# ------------------------------------------------------------------ the noise rule
+
+
+def single_pair(a: Spread, b: Spread) -> bool:
+    """Whether a side is one run that was not interleaved with the other side's (a Spread of one run's windows
+    holds that run as its only repeat: RunResult.throughput): a trap's one demonstration, a run started by hand,
+    FASTLAB_REPEATS=1. Its windows sit in one stretch of the machine's time, so their spread says nothing of how
+    the machine drifted between it and the other side."""
+    return 1 in (len(a.repeats), len(b.repeats))
+
+
+def is_noise(a: Spread, b: Spread) -> bool:
+    """The one noise rule. A side measured in one run, not interleaved with the other (single_pair), cannot be
+    told from the machine drifting between the runs: noise. Two measurements repeated in the same interleaved
+    runs (A B, B A, ...) differ by noise unless every repeat shows the difference, in the same direction, outside
+    that repeat's intervals: a machine that drifts mid-comparison slows both arms of a repeat alike. Otherwise
+    they differ by noise when their intervals of the median overlap. Neither interval widens with the number of
+    timed windows."""
+    if single_pair(a, b):
+        return True
+    if len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats):
+        signs = set()
+        for ra, rb in zip(a.repeats, b.repeats):
+            if _overlap(ra.interval, rb.interval):
+                return True
+            signs.add(rb.median > ra.median)
+        return len(signs) > 1
+    return _overlap(a.interval, b.interval)
+
+
+def detectable_ratio(a: Spread, b: Spread) -> float:
+    """The smallest ratio of the two medians that the noise rule could have told from noise with these spreads:
+    each side's interval of the median kept as measured, relative to its median, the other median moved up (or
+    down, whichever needs more) until the intervals no longer touch; with interleaved repeats, the largest such
+    ratio over the repeats (every one must show it). inf for a single pair: drift between two runs can be any size.
+    A difference under it reads noise whatever the technique does; over it, the rule would have seen it."""
+    if single_pair(a, b):
+        return math.inf
+    paired = len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats)
+    return max(_clearing_ratio(x, y) for x, y in (zip(a.repeats, b.repeats) if paired else [(a, b)]))
+
+
+def _clearing_ratio(a: Spread, b: Spread) -> float:
+    (al, ah), (bl, bh) = a.interval, b.interval
+    if not (a.median > 0 and b.median > 0 and al > 0 and bl > 0):
+        return math.inf
+    return max((ah / a.median) / (bl / b.median), (bh / b.median) / (al / a.median))
+
+
+def _overlap(x: tuple[float, float], y: tuple[float, float]) -> bool:
+    return x[0] <= y[1] and y[0] <= x[1]
+
+
+# ------------------------------------------------------------------ the comparison
 
 
 @dataclass(frozen=True)
@@ -105,6 +161,14 @@ class Comparison:
         return self.words
 
 
+def ratio_of(base: Spread, other: Spread) -> Spread:
+    """other / base as a Spread: the ratio of the medians, and the lowest and highest ratios their ranges allow (a
+    speed-up with its range, bars normalised to a baseline)."""
+    if not (base.n and other.n and base.median > 0 and base.low > 0):
+        return Spread.of([])
+    return Spread(other.median / base.median, other.low / base.high, other.high / base.low, min(base.n, other.n))
+
+
 def turns(arms: int, repeats: int) -> Iterator[tuple[int, int]]:
     """(round, arm) in the order compared arms run, everywhere in fastlab: A B, then B A, then A B... A machine
     that slows down mid-comparison slows every arm alike, and a steady drift favours neither the first nor the last."""
@@ -115,7 +179,7 @@ def turns(arms: int, repeats: int) -> Iterator[tuple[int, int]]:
 
 def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_better: bool = True,
             quantity: str = "", fmt: str = ",.0f") -> Comparison:
-    """B against A from two spreads: noise by fastlab.measure.is_noise, else better or worse by the medians."""
+    """B against A from two spreads: noise by the noise rule (is_noise), else better or worse by the medians."""
     kw = dict(unit=unit, higher_is_better=higher_is_better, quantity=quantity, fmt=fmt)
     for side, s in (("base", base), ("other", other)):
         if not s.n or not math.isfinite(s.median):

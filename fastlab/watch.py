@@ -922,7 +922,7 @@ class LoopComparison:
 
     @property
     def ratio(self) -> float:
-        return self.after_speed.median / self.before_speed.median if self.before_speed.median else float("nan")
+        return verdict(self.before_speed, self.after_speed).ratio
 
     def text(self) -> str:
         head = (f"{self.after[0].label.rsplit(' #', 1)[0]} against {self.before[0].label.rsplit(' #', 1)[0]}, "
@@ -938,7 +938,7 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
     """Run your loop's two versions in turns (before, after, after, before, ...), each under a new watch it is
     given (`def before(w): for x, y in w(loader): with w.step(len(x)) as s: ...`), and compare their speed.
 
-    Each run's timed windows are pooled per side and judged by fastlab.measure's one noise rule (is_noise,
+    Each run's timed windows are pooled per side and judged by fastlab.verdicts' one noise rule (is_noise,
     verdict). A side that diverged is not credited; a run that measured nothing says why. options: as for
     fastlab.watch (warmup_steps, window_steps, device, ...)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:

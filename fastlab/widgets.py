@@ -31,12 +31,12 @@ from .advisor import advice_html
 from .arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS, ArmPlan, demonstration_config, plan_arm
 from .code import code_diff
 from .config import CHOICES, TrainConfig, field_names
-from .measure import Spread, is_noise, single_pair
+from .measure import Spread
 from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
 from .results import RunResult
 from .train import describe_changes, run
-from .verdicts import verdict
+from .verdicts import single_pair, verdict
 
 PlotFn = Callable[[list[RunResult]], Any]
 # ipywidgets reads a Dropdown value of None as "nothing selected" and shows it blank, so None travels as this.
@@ -87,7 +87,7 @@ def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, An
     """The variant against the baselines measured beside it: one ratio per pair, their median and range, and the
     one comparison (fastlab.verdicts.verdict) with each baseline paired with the variant it brackets: the plot
     draws the variant's row as that comparison judges it."""
-    ratios = [variant.throughput.median / b.throughput.median for b in base_runs
+    ratios = [verdict(b.throughput, variant.throughput).ratio for b in base_runs
               if b.window_throughput and variant.window_throughput]
     measured = [b for b in base_runs if b.window_throughput]
     base = Spread.of([w for b in measured for w in b.window_throughput], [b.window_throughput for b in measured])
@@ -365,7 +365,7 @@ class Panel:
         now = Spread(paired["baseline"], paired.get("baseline_low", paired["baseline"]),
                      paired.get("baseline_high", paired["baseline"]), 1)
         # the same arm then and now, one after the other: the drift itself, so the windows alone (not as one run)
-        if first is None or not paired["ratios"] or is_noise(Spread.of(first.window_throughput), now):
+        if first is None or not paired["ratios"] or verdict(Spread.of(first.window_throughput), now).noise:
             return []
         word = "busier" if now.median < first.throughput.median else "less busy"
         return [f"The machine is {word} now: the baseline was {first.throughput.median:,.0f} images/s at page load, "

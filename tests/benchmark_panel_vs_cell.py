@@ -30,7 +30,8 @@ import torch
 
 def one_session(profile: str, pairs: int, against: str) -> None:
     import fastlab
-    from fastlab.measure import Spread, is_noise
+    from fastlab.measure import Spread
+    from fastlab.verdicts import is_noise
     from fastlab.widgets import Panel
 
     cfg = fastlab.config_for(profile)

@@ -24,8 +24,8 @@ from fastlab.advisor import (
 )
 from fastlab.bench import ladder
 from fastlab.config import config_for
-from fastlab.measure import is_noise
 from fastlab.results import RunResult, save_results
+from fastlab.verdicts import is_noise
 
 # ----------------------------------------------------------------- real CPU runs
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastlab import cheatsheet, claim_map, claims, config_for, measure
+from fastlab import cheatsheet, claim_map, claims, config_for, verdicts
 from fastlab.code import code, loop_code
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def test_each_verdict_names_the_function_that_decides_it(page):
         for registered in [j for j in claim_map.JUDGES if j.claim == entry.claim]:  # the reference verdict
             assert registered.judge is fn or f"{fn.__name__}(" in inspect.getsource(registered.judge)  # runs it too
             assert f"`{registered.comparison.name}`" in text
-    assert "**The noise rule**" in page and " ".join(inspect.getdoc(measure.is_noise).split()) in page
+    assert "**The noise rule**" in page and " ".join(inspect.getdoc(verdicts.is_noise).split()) in page
 
 
 def test_the_rules_listed_are_the_ones_the_function_calls():

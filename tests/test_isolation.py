@@ -13,9 +13,9 @@ import torch
 
 import fastlab
 from fastlab import isolation, train
-from fastlab.measure import Spread, is_noise, median_interval
+from fastlab.measure import Spread, median_interval
 from fastlab.results import RunResult
-from fastlab.verdicts import verdict
+from fastlab.verdicts import is_noise, verdict
 
 sys.path.insert(0, os.path.dirname(__file__))
 import isolation_probe  # noqa: E402  (a module the run's child can import)

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 
 import fastlab
-from fastlab.measure import Spread, is_noise
+from fastlab.measure import Spread
 from fastlab.results import SCHEMA_VERSION, RunResult, load_document, load_results, save_results
-from fastlab.verdicts import verdict
+from fastlab.verdicts import is_noise, verdict
 
 
 def make(label="r", windows=(100.0, 110.0, 120.0), **kw):

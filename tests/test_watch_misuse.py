@@ -185,7 +185,7 @@ def watched(label: str, windows: list[float], status: str = "ok", error: str = "
 
 def test_the_comparison_is_worded_by_the_one_noise_rule(monkeypatch):
     calls = []
-    real = verdicts.is_noise  # judge_loops asks fastlab.verdicts, which applies measure.is_noise
+    real = verdicts.is_noise  # judge_loops asks fastlab.verdicts, whose rule it is
     monkeypatch.setattr(verdicts, "is_noise", lambda a, b: calls.append((a, b)) or real(a, b))
     clear = watch_mod.judge_loops([watched(f"before #{i}", [100.0, 101.0, 102.0]) for i in (1, 2)],
                                   [watched(f"after #{i}", [200.0, 201.0, 202.0]) for i in (1, 2)])

@@ -18,11 +18,11 @@ from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig, thorough
-from ..measure import bf16_supported, device_name, is_noise, resolve_device
+from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
 from ..train import run
-from ..verdicts import verdict
+from ..verdicts import ratio_of, verdict
 
 NAME = "09_all_together:ladder"
 
@@ -80,7 +80,7 @@ def summary_lines(results: list[RunResult]) -> list[str]:
             lines.append(f"{r.label}: {r.status} ({r.error or 'no timed window finished'})")
         else:
             step = verdict(below.throughput, r.throughput)
-            total = r.throughput.median / naive.throughput.median
+            total = verdict(naive.throughput, r.throughput).ratio
             lines.append(f"{r.label}: {total:.2f}x naive; over the rung it was built on: {step}; "
                          f"peak memory {r.peak_memory_mb:,.0f} MiB")
         if r.extras.get("dropped"):
@@ -98,7 +98,7 @@ def summary_lines(results: list[RunResult]) -> list[str]:
 
 def total_speedup(results: list[RunResult]) -> float:
     """Median images/s at the top of the ladder / median images/s of its naive rung."""
-    return results[top_index(results)].throughput.median / results[0].throughput.median
+    return verdict(results[0].throughput, results[top_index(results)].throughput).ratio
 
 
 def reference_ladders() -> dict[str, list[RunResult]]:
@@ -179,10 +179,9 @@ def retest_lines(retests: list[tuple[str, list[RunResult]]]) -> list[str]:
         if not (top.window_throughput and changed.window_throughput):
             lines.append(f"{title} on top of the ladder: {changed.status} ({changed.error})")
             continue
-        same = is_noise(top.throughput, changed.throughput)
-        lines.append(f"{title} on top of the ladder: {verdict(top.throughput, changed.throughput)}"
-                     + (" -> still no measurable gain here" if same or
-                        changed.throughput.median < top.throughput.median else " -> it pays once the rest is on"))
+        c = verdict(top.throughput, changed.throughput)
+        lines.append(f"{title} on top of the ladder: {c}"
+                     + (" -> it pays once the rest is on" if c.better else " -> still no measurable gain here"))
     return lines
 
 
@@ -354,15 +353,13 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
 def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict[str, Any]]:
     """Per throughput rung: cumulative images/s over naive, and seconds-to-target of naive / the rung's."""
     tta = _by_rung(ttas)
-    naive = results[0].throughput.median if results and results[0].window_throughput else math.nan
+    naive = results[0].throughput if results else Spread.of([])
     naive_tta = ttas[0].seconds if ttas and ttas[0].reached else None
     rows = []
     for r in results:
+        speed = ratio_of(naive, r.throughput)  # NaN where a side finished no timed window
         row: dict[str, Any] = {"label": r.label, "status": r.status, "dropped": bool(r.extras.get("dropped")),
-                               "speed": r.throughput.median / naive if r.window_throughput else math.nan,
-                               "speed_low": r.throughput.low / naive if r.window_throughput else math.nan,
-                               "speed_high": r.throughput.high / naive if r.window_throughput else math.nan,
-                               "tta": None}
+                               "speed": speed.median, "speed_low": speed.low, "speed_high": speed.high, "tta": None}
         name = r.extras.get("rung")
         if r.extras.get("tta_skipped"):
             row["tta"] = "no-op here"
@@ -370,9 +367,8 @@ def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict
             t = tta[name][1]
             diverged = any(x.status == "diverged" for x in t.runs)
             if t.reached and naive_tta is not None and not diverged:
-                s = t.seconds
-                row["tta"] = (naive_tta.median / s.median, naive_tta.median / s.high, naive_tta.median / s.low,
-                              t.reached, len(t.runs), bool(t.runs[0].extras.get("dropped")))
+                gain = ratio_of(t.seconds, naive_tta)  # naive's seconds over the rung's: > 1 is faster to the target
+                row["tta"] = (gain.median, gain.low, gain.high, t.reached, len(t.runs), bool(t.runs[0].extras.get("dropped")))
             else:
                 row["tta"] = "DIVERGED" if diverged else ("not reached" if not t.reached else "no naive time")
         rows.append(row)

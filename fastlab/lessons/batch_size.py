@@ -19,7 +19,7 @@ from .. import claims, outcomes
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import Spread, is_noise, resolve_device
+from ..measure import Spread, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy
 from ..results import RunResult
 from ..train import run, sweep
@@ -354,8 +354,8 @@ def read_powers(results: list[RunResult]) -> list[PowerReading]:
         line = Spread(_interpolate(x, x0, x1, a.median, b.median), _interpolate(x, x0, x1, a.low, b.low),
                       _interpolate(x, x0, x1, a.high, b.high), min(a.n, b.n))
         t = r.throughput
-        # the workbook's noise rule (either median inside the other's range) against the line and its range
-        place = "on" if is_noise(line, t) else "above" if t.median > line.median else "below"
+        c = verdict(line, t)  # the noise rule, against the line and its range
+        place = "on" if c.noise else "above" if c.ratio > 1 else "below"
         out.append(PowerReading(r, lo, hi, line, place))
     return out
 

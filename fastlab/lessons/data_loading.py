@@ -26,7 +26,7 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
-from ..measure import Spread, is_noise, resolve_device, usable_cpu_count
+from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
 from ..train import interleave
@@ -320,7 +320,7 @@ class SweepReading:
             c = self.costs_from
             what = "oversubscription (more workers than cores)" if workers_of(c) > self.cores else "adding workers"
             lines.append(f"{what} costs from num_workers={workers_of(c)} ({workers_of(c) / self.cores:g}x "
-                         f"the cores): {c.throughput.median / p.median:.2f}x the peak's images/s, data wait "
+                         f"the cores): {verdict(p, c.throughput).ratio:.2f}x the peak's images/s, data wait "
                          f"{c.data_wait_fraction():.0%} of step time (the peak's: {self.peak.data_wait_fraction():.0%})")
         else:
             lines.append("no point past the peak was slower than it outside the spread: more workers did not cost here")
@@ -333,9 +333,9 @@ def read_sweep(results: list[RunResult]) -> SweepReading:
     if not ok:
         raise ValueError("read_sweep: no run of the sweep finished a timed window")
     peak = max(ok, key=lambda r: r.throughput.median)
-    near = [workers_of(r) for r in ok if r is peak or is_noise(peak.throughput, r.throughput)]
-    costs = [r for r in ok if workers_of(r) > workers_of(peak) and r.throughput.median < peak.throughput.median
-             and not is_noise(peak.throughput, r.throughput)]
+    near = [workers_of(r) for r in ok if r is peak or verdict(peak.throughput, r.throughput).noise]
+    costs = [r for r in ok if workers_of(r) > workers_of(peak) and verdict(peak.throughput, r.throughput).direction
+             == "worse"]
     return SweepReading(cores_of(results), peak, near, costs[0] if costs else None, last=ok[-1])
 
 
@@ -360,7 +360,7 @@ ON_A_CPU = ("on a CPU the workers compete with training for the same cores: the 
 def _judge_sweep(results: list[RunResult], reading: SweepReading, zero: RunResult | None,
                  advised: list[RunResult], evidence: str) -> Finding:
     n = reading.cores
-    if zero is not None and all(is_noise(zero.throughput, r.throughput) or r.throughput.median <= zero.throughput.median
+    if zero is not None and all(verdict(zero.throughput, r.throughput).direction != "better"
                                 for r in results if r.window_throughput):
         # judged only where a gain that matters would have been seen: at the advised counts (else at every count)
         others = advised or [r for r in results if r.window_throughput and r is not zero]
@@ -379,7 +379,7 @@ def _judge_sweep(results: list[RunResult], reading: SweepReading, zero: RunResul
     best = max(advised, key=lambda r: r.throughput.median)
     return Finding(f"does not hold here (the peak is at num_workers={workers_of(reading.peak)}, "
                    f"{workers_of(reading.peak) / n:g}x the cores; the best of 2-4x the cores reaches "
-                   f"{best.throughput.median / reading.peak.throughput.median:.2f}x of it)", evidence)
+                   f"{verdict(reading.peak.throughput, best.throughput).ratio:.2f}x of it)", evidence)
 
 
 # ---------------------------------------------------------------- C2: the copy alone, pinned or not

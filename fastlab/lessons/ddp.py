@@ -19,9 +19,9 @@ from typing import Any
 from ..comparisons import comparison
 from ..config import TrainConfig, config_for
 from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, plan_batches, run_ddp
-from ..measure import Spread, is_noise
+from ..measure import Spread
 from ..results import RunResult
-from ..verdicts import verdict
+from ..verdicts import ratio_of, verdict
 
 NAME = "11_multi_gpu_ddp:scaling"
 ACCUM_STEPS = 2  # micro-batches per optimiser step in the no_sync demo
@@ -112,9 +112,9 @@ def scaling_of(one: RunResult, many: RunResult) -> Scaling:
             raise ValueError(f"{name}={r.label!r} has no timed window ({r.status}); cannot compute scaling")
     k = world_size(many) / world_size(one)
     a, b = one.throughput, many.throughput
-    speedup = Spread(b.median / a.median, b.low / a.high, b.high / a.low, min(a.n, b.n))
+    speedup = ratio_of(a, b)
     eff = Spread(speedup.median / k, speedup.low / k, speedup.high / k, speedup.n)
-    return Scaling(k, speedup, eff, is_noise(a, b))
+    return Scaling(k, speedup, eff, verdict(a, b).noise)
 
 
 def median_step_ms(result: RunResult) -> float:

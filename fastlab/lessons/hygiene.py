@@ -20,7 +20,7 @@ from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
-from ..measure import Spread, is_noise, preferred_amp, resolve_device
+from ..measure import Spread, preferred_amp, resolve_device
 from ..models import build_model
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
@@ -91,7 +91,7 @@ def describe_eval(results: list[RunResult]) -> str:
                 f"{s.speed.n} repeats); memory rose {s.growth_mb.median:,.1f} MiB during evaluation "
                 f"(min {s.growth_mb.low:,.1f}, max {s.growth_mb.high:,.1f})")
         if base is not None and s is not base:
-            mem = "noise" if is_noise(base.growth_mb, s.growth_mb) else \
+            mem = "noise" if verdict(base.growth_mb, s.growth_mb, "MiB").noise else \
                 f"{s.growth_mb.median - base.growth_mb.median:+,.1f} MiB"
             line += f"\n    against autograd: speed {verdict(base.speed, s.speed, 'eval images/s')}; memory rise {mem}"
         lines.append(line)

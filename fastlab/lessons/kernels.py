@@ -29,10 +29,10 @@ from .. import claims, isolation
 from ..claims import Finding
 from ..comparisons import comparison, run_arms
 from ..config import TrainConfig
-from ..measure import MemoryMeter, Spread, is_noise, low_precision, now, resolve_device
+from ..measure import MemoryMeter, Spread, low_precision, now, resolve_device
 from ..models import build_model
 from ..results import RunResult
-from ..verdicts import Comparison, runs_verdict
+from ..verdicts import Comparison, runs_verdict, verdict
 
 NAME = "03_cudnn_benchmark_and_channels_last"
 FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timing runs at it
@@ -238,9 +238,9 @@ def shape_report(timings: list[ShapeTiming]) -> str:
         fixed = [t for t in timings if t.benchmark == benchmark and len(set(t.sizes)) == 1]
         varying = [t for t in timings if t.benchmark == benchmark and len(set(t.sizes)) > 1]
         if fixed and varying:
-            a, b = fixed[0].step_ms, varying[0].step_ms
-            word = "noise, inside the spread" if is_noise(a, b) else ("slower" if b.median > a.median else "faster")
-            lines.append(f"benchmark {'on' if benchmark else 'off'}: varying sizes take {b.median / a.median:.2f}x "
+            c = verdict(fixed[0].step_ms, varying[0].step_ms, "ms", higher_is_better=False)
+            word = "noise, inside the spread" if c.noise else ("slower" if c.ratio > 1 else "faster")
+            lines.append(f"benchmark {'on' if benchmark else 'off'}: varying sizes take {c.ratio:.2f}x "
                          f"the step time of fixed 32x32 ({word}); they carry "
                          f"{mean_pixel_ratio(varying[0].sizes):.2f}x the pixels per image on average")
     return "\n".join(lines)

@@ -296,10 +296,10 @@ def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool
 
 
 def checkpoint_cost(plain: Spread, checkpointed: Spread) -> str:
-    ratio = checkpointed.median / plain.median
-    from ..measure import is_noise
+    from ..verdicts import verdict
 
-    word = "noise: inside the spread" if is_noise(plain, checkpointed) else f"{ratio:.2f}x the step time"
+    c = verdict(plain, checkpointed, "ms", higher_is_better=False)
+    word = "noise: inside the spread" if c.noise else f"{c.ratio:.2f}x the step time"
     return (f"step time {checkpointed.median:.1f} ms checkpointed vs {plain.median:.1f} ms (median; ranges "
             f"{checkpointed.low:.1f}-{checkpointed.high:.1f} and {plain.low:.1f}-{plain.high:.1f}): {word}")
 

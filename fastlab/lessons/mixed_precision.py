@@ -22,11 +22,11 @@ from ..claims import Finding
 from ..comparisons import comparison, run_arms
 from ..config import THOROUGH_SEEDS, TrainConfig, thorough
 from ..device_support import trap_reasons
-from ..measure import Spread, is_noise, low_precision, resolve_device
+from ..measure import Spread, low_precision, resolve_device
 from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
 from ..plots import data_note
 from ..results import RunResult
-from ..verdicts import runs_verdict
+from ..verdicts import runs_verdict, verdict
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value rounds to exactly zero
 FP16_SMALLEST_NORMAL = float(torch.finfo(torch.float16).tiny)  # 2**-14: below it fp16 loses precision
@@ -430,7 +430,7 @@ def quality_loss(base_runs: list[RunResult], other_runs: list[RunResult]) -> str
     if diverged:
         return f"{len(diverged)} of {len(other_runs)} runs diverged ({diverged[0].error})"
     base, other = accuracy_spread(base_runs), accuracy_spread(other_runs)
-    if base.n >= 2 and other.n >= 2 and not is_noise(base, other) and other.median < base.median:
+    if base.n >= 2 and other.n >= 2 and verdict(base, other, "accuracy").direction == "worse":
         return f"held-out accuracy {other.median:.1%} vs {base.median:.1%}, lower outside the seeds' spread"
     return None
 
@@ -473,7 +473,7 @@ C3_CLAIMED_LOW = 2.0  # the low end of C3's "up to 2-3x faster"
 
 
 def _ratio(base: list[RunResult], other: list[RunResult]) -> float:
-    return claims.pooled_throughput(other).median / claims.pooled_throughput(base).median
+    return verdict(claims.pooled_throughput(base), claims.pooled_throughput(other)).ratio
 
 
 def _batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:

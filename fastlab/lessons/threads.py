@@ -26,8 +26,8 @@ import torch
 from ..config import TrainConfig
 from ..harness import exclusive_run
 from ..loop import TrainingRun
-from ..measure import Spread, is_noise
 from ..results import RunResult
+from ..verdicts import runs_verdict, verdict
 
 THREADS = "08_profiling:threads"
 WHERE = {"main": "the calling thread (a notebook cell's own thread)", "thread": "a new threading.Thread"}
@@ -96,19 +96,18 @@ def describe_thread_effect(results: list[RunResult]) -> str:
     main, other = split_by_thread(results)
     if not main or not other:
         return "Not enough finished runs to compare the two threads."
-    ratios = [o.throughput.median / m.throughput.median for m, o in zip(main, other)]
-    main_all = Spread.of([w for r in main for w in r.window_throughput])
-    other_all = Spread.of([w for r in other for w in r.window_throughput])
-    ratio = statistics.median(ratios)
-    noise = is_noise(main_all, other_all) or min(ratios) <= 1.0 <= max(ratios)
+    ratios = [verdict(m.throughput, o.throughput).ratio for m, o in zip(main, other)]
+    pooled = runs_verdict(main, other, interleaved=True)  # noise unless every pair shows the same difference
+    main_all, other_all, ratio = pooled.base, pooled.other, pooled.ratio
+    noise = pooled.direction in ("noise", "not_comparable")
     pairs = ", ".join(f"{r:.2f}x" for r in ratios)
     head = (f"In a new thread: {other_all.median:,.0f} images/s; in this thread: {main_all.median:,.0f} "
             f"(median over {len(other)} and {len(main)} runs; pair by pair {pairs}). ")
     if noise:
-        verdict = ("Noise: on this machine, with this config, the thread a run executes in makes no difference "
+        said = ("Noise: on this machine, with this config, the thread a run executes in makes no difference "
                    "outside the spread. ")
     else:
-        verdict = (f"The new thread ran at {ratio:.2f}x this thread's speed, outside the noise: "
+        said = (f"The new thread ran at {ratio:.2f}x this thread's speed, outside the noise: "
                    "compare only runs made the same way. ")
     switches = (f"Voluntary context switches per step (threads going to sleep): "
                 f"{statistics.median(r.extras['switches_per_step'] for r in other):,.0f} in the new thread, "
@@ -116,4 +115,4 @@ def describe_thread_effect(results: list[RunResult]) -> str:
     threads = {r.extras.get("torch_threads") for r in main + other}
     team = (f"torch.get_num_threads() was {threads.pop()} in both, so the team size is not the difference."
             if len(threads) == 1 else f"torch.get_num_threads() differed: {sorted(threads)}.")
-    return head + verdict + switches + team
+    return head + said + switches + team
