@@ -1,7 +1,7 @@
 """The advice's claims C1-C15, the verdicts this machine's measurements give them, and where they are kept.
 
 The workbook puts a popular kind of advice to the test (../shared/CLAIMS.md restates it). Each claim is plain
-data here: its id, the claim in the advice's words, its figures, what a fair test needs, and the notebook and
+data (claims.json): its id, the claim in the advice's words, its figures, what a fair test needs, and the notebook and
 section that test it. A notebook quotes it (quote(), a `>` blockquote attributed to "the common advice"),
 measures it, and prints a verdict computed from the measurement by one of the verdict functions below, never
 typed. A verdict reads as one of:
@@ -62,62 +62,8 @@ class Claim:
         return f"{self.notebook}, {self.section}"
 
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim("C1", "Set `num_workers` to use the CPU cores for loading in parallel; the usual recommendation is 2-4 "
-                "times the number of CPU cores.", "workers = 2-4 x cores",
-          "a sweep of num_workers from 0 past 4 x the cores this process may use, data wait and throughput per "
-          "point; where it peaks and where oversubscription starts to cost",
-          "01_data_loading", "§1 num_workers from 0 past 4x the cores"),
-    Claim("C2", "`pin_memory=True` puts batches in page-locked memory and speeds up the transfer to the GPU "
-                "dramatically.", "\"dramatically\"",
-          "the copy time with and without pinning (and with non_blocking), on a GPU; a no-op with its reason on a CPU",
-          "01_data_loading", "§2 the rest of the pipeline", needs_gpu=True),
-    Claim("C3", "Mixed precision (fp16 via autocast) speeds training up with no loss of quality.", "up to 2-3x faster",
-          "fp32 vs fp16 vs bf16: throughput with spread, final loss and held-out accuracy over seeds, at a small "
-          "and a large batch", "02_mixed_precision", "§1 speed and quality, §3 small vs large batch"),
-    Claim("C4", "Mixed precision cuts memory use.", "about 50% less memory",
-          "peak memory of the same runs, with what stays in fp32 (master weights, optimiser state) named",
-          "02_mixed_precision", "§2 memory: what autocast halves and what stays fp32"),
-    Claim("C5", "fp16 needs GradScaler to avoid gradient underflow.", "-",
-          "gradients that underflow without the scaler, kept with it", "02_mixed_precision", "§4 what GradScaler is for"),
-    Claim("C6", "`torch.backends.cudnn.benchmark = True` picks the fastest convolution algorithms when the input "
-                "size is fixed (for example image classification).", "-",
-          "fixed vs varying shapes, on vs off, warm-up apart; each run with a fresh cuDNN plan cache",
-          "03_cudnn_benchmark_and_channels_last", "§1 cudnn.benchmark with fixed shapes, §4 shapes that change",
-          needs_gpu=True),
-    Claim("C7", "Batch sizes that are powers of two (32, 64, 128, ...) are best for the GPU's architecture.",
-          "powers of 2", "powers of two against their neighbours (e.g. 96, 128, 160) at equal images per second measured",
-          "04_batch_size", "§1 powers of two against their neighbours"),
-    Claim("C8", "Make the batch as large as GPU memory allows, to get the most parallelism.", "as large as fits",
-          "throughput and memory against batch size up to the largest that fits, and what a larger batch does to "
-          "the learning rate and to time-to-accuracy", "04_batch_size", "§3 as large as fits, against time-to-accuracy"),
-    Claim("C9", "`torch.no_grad()` during validation or testing saves memory and time.", "-",
-          "validation with autograd vs no_grad vs inference_mode: time and memory",
-          "05_no_grad_detach_item", "§1 evaluation with and without autograd"),
-    Claim("C10", "Use `detach()` where the graph must be cut, so that it holds no memory it does not need.", "-",
-          "memory over steps with and without detach", "05_no_grad_detach_item", "§3 what a kept loss keeps alive"),
-    Claim("C11", "Logging `loss` itself (appending the tensor to a list) keeps the computation graph in memory: a "
-                 "memory leak; log `loss.item()`.", "-",
-          "memory over steps for both, including what really stays alive after backward(), and the cost of "
-          ".item() as a host-device sync", "05_no_grad_detach_item", "§2 total_loss += loss, §4 .item() as a sync"),
-    Claim("C12", "AdamW (decoupled weight decay, e.g. lr 1e-3, weight decay 1e-2) with `CosineAnnealingLR` converges "
-                 "faster and more stably than plain Adam.", "-",
-          "time-to-accuracy and final accuracy over several seeds; one change at a time (optimiser, then schedule)",
-          "06_adamw_and_schedules", "§1-§2 optimisers, then schedules"),
-    Claim("C13", "When GPU utilisation swings hard between 0% and 100%, data loading is the bottleneck; tune "
-                 "num_workers.", "0% / 100% swing",
-          "a utilisation trace of a starved run and a fed run on a GPU; what utilisation does and does not mean "
-          "(a launch-bound run can read high and still be slow)", "01_data_loading", "§3 diagnosing a data bottleneck",
-          needs_gpu=True),
-    Claim("C14", "For edge or NPU deployment, design for TorchScript (tracing) or ONNX export from the start of "
-                 "training.", "-",
-          "TorchScript's status in current PyTorch (deprecated), torch.export and ONNX export with a parity check "
-          "against eager, latency, memory and file size", "07_compile_and_export", "§6-§7 export for deployment"),
-    Claim("C15", "The checklist: DataLoader settings, AMP (fp16), cudnn.benchmark and AdamW together shorten the "
-                 "experiment cycle.", "-",
-          "the checklist's techniques stacked on one run, time-to-accuracy as well as throughput",
-          "09_all_together", "§1-§5 the ladder"),
-)
+CLAIMS: tuple[Claim, ...] = tuple(Claim(**row) for row in json.loads(
+    (Path(__file__).with_name("claims.json")).read_text(encoding="utf-8"))["claims"])  # the table is data
 BY_ID: dict[str, Claim] = {c.id: c for c in CLAIMS}
 
 

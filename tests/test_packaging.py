@@ -104,6 +104,7 @@ def test_the_wheel_holds_every_notebook_and_nothing_only_tests_need(wheel):
     assert not any(n.endswith(("checked_outputs.json", "conftest.py")) for n in names)
     assert "fastlab/tools/install.py" in names and "fastlab/__main__.py" in names
     assert "fastlab/points/h200-plain-pytorch.json" in names  # reference_points' table travels with the package
+    assert "fastlab/claims.json" in names  # the claims table (fastlab.claims reads it)
 
 
 @pytest.mark.timeout(300)  # the build (shared with the test above) and the smallest notebook: about a minute idle
