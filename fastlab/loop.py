@@ -124,19 +124,15 @@ class TrainingRun:
             no_ops["non_blocking"] = "a copy from pageable (unpinned) memory is synchronous; set pin_memory=True"
         if cfg.opt_impl != "default":  # an implementation this machine lacks: torch's default, recorded
             probe = [torch.zeros(1, device=dev, requires_grad=True)]
-            if "opt_impl" in no_ops or _lacks(lambda: builders.build_optimizer(cfg, probe, no_ops), no_ops):
+            had = "opt_impl" in no_ops
+            builders.build_optimizer(cfg, probe, no_ops)  # records a no-op when this machine lacks the implementation
+            if had or "opt_impl" in no_ops:
                 changes["opt_impl"] = "default"
         if cfg.amp != "off" and builders.amp_dtype(cfg, dev, no_ops, self.notes) is None:
             changes["amp"] = "off"
         if cfg.compile != "off":
             torch.compiler.reset()  # fresh compiler caches: the warm-up holds this run's own compilation
         return cfg.replace(**changes) if changes else cfg
-
-
-def _lacks(build: Callable[[], Any], no_ops: dict[str, str]) -> bool:
-    before = "opt_impl" in no_ops
-    build()
-    return not before and "opt_impl" in no_ops
 
 
 def _model_factory(model: ModelArg) -> Callable[[], torch.nn.Module] | None:

@@ -328,8 +328,12 @@ def _sampling(meter: MemoryMeter, every_s: float = 0.002) -> Iterator[None]:
         yield
         return
     done = threading.Event()
-    thread = threading.Thread(target=lambda: [meter.sample() for _ in iter(lambda: done.wait(every_s), True)],
-                              daemon=True)
+
+    def sample_until_done() -> None:
+        while not done.wait(every_s):
+            meter.sample()
+
+    thread = threading.Thread(target=sample_until_done, daemon=True)
     thread.start()
     try:
         yield

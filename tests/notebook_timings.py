@@ -47,10 +47,25 @@ def first_result_seconds(nb) -> float | None:
         ran[0].metadata["execution"]["iopub.execute_input"])
 
 
+def core_path_seconds(nb) -> float | None:
+    """Seconds from the first cell's start to the end of the last code cell before the markdown cell headed
+    "## Going further" (a workshop slot's core path), or None without that heading or when a core cell did not run."""
+    heading = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                    and "".join(c.source).lstrip().startswith(GOING_FURTHER)), None)
+    core = [c for c in nb.cells[:heading] if c.cell_type == "code"] if heading is not None else []
+    timed = [c.metadata.get("execution", {}) for c in core]
+    if not core or not all("iopub.execute_input" in t and "shell.execute_reply" in t for t in timed):
+        return None
+    return _stamp(timed[-1]["shell.execute_reply"]) - _stamp(timed[0]["iopub.execute_input"])
+
+
+GOING_FURTHER = "## Going further"  # the heading that ends a notebook's core path (tests/test_notebooks.py)
+
+
 def time_notebook(path: Path, profile: str, timeout: float, keep: Path | None = None
-                  ) -> tuple[float, str, float, float | None]:
+                  ) -> tuple[float, str, float, float | None, float | None]:
     """(wall seconds, "ok" / "timeout" / "error: ...", mean 1-minute load average over the run, seconds to the
-    first result where a cell is tagged for it)."""
+    first result where a cell is tagged for it, seconds to the end of the core path where there is one)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -75,7 +90,7 @@ def time_notebook(path: Path, profile: str, timeout: float, keep: Path | None = 
     if keep is not None:  # the executed copy, with each cell's timestamps: where the time went
         keep.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, keep / f"{path.stem}.{profile}.ipynb")
-    return seconds, status, (load0 + os.getloadavg()[0]) / 2, first_result_seconds(nb)
+    return seconds, status, (load0 + os.getloadavg()[0]) / 2, first_result_seconds(nb), core_path_seconds(nb)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     where = machine()
     for profile in profiles:
         for name in names:
-            seconds, status, load, first = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout,
-                                                         Path(args.keep) if args.keep else None)
+            seconds, status, load, first, core = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout,
+                                                               Path(args.keep) if args.keep else None)
             key = f"{profile}-thorough" if args.thorough else profile
-            record_timing(args.out, name, key, seconds, status, where, load=load, first_result=first)
+            record_timing(args.out, name, key, seconds, status, where, load=load, first_result=first, core_path=core)
             shown = f", first result after {first:.0f} s" if first is not None else ""
+            shown += f", core path {core:.0f} s" if core is not None else ""
             print(f"{name} [{key}]: {seconds:.0f} s{shown}, {status}, load average {load:.1f}", flush=True)
     write_workshop_table(Path(args.out))
     return 0

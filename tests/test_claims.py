@@ -186,9 +186,11 @@ def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
     assert "| the whole workbook | 47 s | not all measured |" in table
     timings.record_timing(path, "dashboard", "smoke", 30.0, "ok", "CPU (2 cores)", "2026-01-02T00:00", first_result=12.4)
     timings.record_timing(path, "dashboard", "cpu", 50.0, "ok", "CPU (2 cores)", "2026-01-02T00:00")
-    timings.record_timing(path, "01_data_loading", "cpu", 150.0, "ok", "CPU (2 cores)", "2026-01-02T00:00")
+    timings.record_timing(path, "01_data_loading", "cpu", 150.0, "ok", "CPU (2 cores)", "2026-01-02T00:00",
+                          core_path=61.0)
     table = timings.timings_table()
     assert "| `dashboard` | 30 s; first result after 12 s | 50 s |" in table
+    assert "| `01_data_loading` | 47 s | 2.5 min; core path 61 s |" in table
     assert "| the whole workbook | 77 s | 3.3 min |" in table
     # a notebook's own training keeps the cores busy: only a load above them is called other work
     timings.record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
@@ -224,6 +226,11 @@ def test_the_timing_tool_reads_the_first_result_from_the_tagged_cells_timestamps
     assert tool.first_result_seconds(nb) == pytest.approx(12.5)
     del nb.cells[2].metadata["tags"]
     assert tool.first_result_seconds(nb) is None
+    assert tool.core_path_seconds(nb) is None  # no "## Going further": no core path
+    nb.cells.insert(3, nbformat.v4.new_markdown_cell("## Going further\nMore."))
+    assert tool.core_path_seconds(nb) == pytest.approx(12.5)  # from the first cell's start to the core's last end
+    del nb.cells[2].metadata["execution"]
+    assert tool.core_path_seconds(nb) is None  # a core cell that did not run
 
 
 # ---------------------------------------------------------------- the notebooks

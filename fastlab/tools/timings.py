@@ -50,11 +50,12 @@ def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, d
 
 def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
                   machine: str, date: str | None = None, load: float | None = None,
-                  first_result: float | None = None) -> None:
+                  first_result: float | None = None, core_path: float | None = None) -> None:
     """Set one notebook's time on one profile in the timings file (atomically; other entries kept).
 
     load: the machine's 1-minute load average while it ran (other work slows a notebook down; a reader is told).
-    first_result: seconds until its first result (the dashboard's baseline), where the notebook tags that cell."""
+    first_result: seconds until its first result (the dashboard's baseline), where the notebook tags that cell.
+    core_path: seconds until the end of its core path (the cells before "## Going further"), where it has one."""
     path = Path(path)
     notebooks = load_timings(path)
     entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
@@ -63,6 +64,8 @@ def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds:
         entry["load"] = round(float(load), 1)
     if first_result is not None:
         entry["first_result"] = round(float(first_result), 1)
+    if core_path is not None:
+        entry["core_path"] = round(float(core_path), 1)
     notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
     doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +141,7 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
                 machines.add((e["machine"], e["date"][:10]))
                 loads += [e["load"]] if e.get("load") is not None else []
                 first = f"; first result after {_duration(e['first_result'])}" if e.get("first_result") else ""
+                first += f"; core path {_duration(e['core_path'])}" if e.get("core_path") else ""
                 cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})")
                              + first)
                 totals[p] += e["seconds"]
