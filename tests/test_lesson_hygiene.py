@@ -66,6 +66,14 @@ def test_eval_mode_comparison_runs(quick, monkeypatch):
     assert all(r.steps_done == 1 and r.eval_seconds > 0 for r in results)
 
 
+def test_eval_modes_take_turns_like_every_comparison(quick, monkeypatch):
+    monkeypatch.setitem(H.EVAL_REPEATS, "smoke", 2)
+    monkeypatch.setattr(H, "run", lambda cfg, label, progress: RunResult(config={"eval_mode": cfg.eval_mode}))
+    results = H.eval_modes(quick, progress=False)
+    assert [r.config["eval_mode"] for r in results] == [*H.EVAL_MODES, *reversed(H.EVAL_MODES)]
+    assert [r.extras["repeat"] for r in results] == [0, 0, 0, 1, 1, 1]
+
+
 def test_the_sync_comparison_runs_where_nothing_else_syncs(smoke):
     cfg = H.sync_free_config(smoke.replace(amp="fp16", num_workers=2))
     assert cfg.loader == "device" and cfg.num_workers == 0 and cfg.amp in ("bf16", "off")

@@ -22,6 +22,13 @@ def test_the_demo_runs_both_ways_alternately_and_describes_what_it_measured(quic
     assert "Voluntary context switches per step" in text
 
 
+def test_the_two_threads_take_turns(quick, monkeypatch):
+    monkeypatch.setattr(T, "warm_this_thread", lambda: None)
+    monkeypatch.setattr(T, "_execute", lambda cfg, label, where, progress: fake(where, 100.0))
+    assert [r.label for r in T.thread_effect(quick, progress=False, repeats=3)] == [
+        "main", "thread", "thread", "main", "main", "thread"]
+
+
 def test_the_verdict_comes_from_the_numbers():
     slower = [fake("main", 3000, 1), fake("thread", 2200, 140), fake("main", 3100, 1), fake("thread", 2300, 150)]
     text = T.describe_thread_effect(slower)

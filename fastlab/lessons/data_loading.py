@@ -30,7 +30,7 @@ from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
 from ..train import interleave
-from ..verdicts import runs_verdict, verdict
+from ..verdicts import runs_verdict, turns, verdict
 
 # The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
 # each image costs STARVE_BATCH_MS / batch_size milliseconds of sleep (like waiting on a slow disk or network).
@@ -404,21 +404,20 @@ def time_copies(batch_size: int, repeats: int = 20, device: str = "auto") -> lis
         return f"pinned memory only speeds copies to a CUDA GPU; this machine trains on {dev.type}"
     pageable = torch.randn(batch_size, 3, 32, 32)
     pinned = pageable.pin_memory()
-    out = []
-    for label, src, non_blocking in (("pageable", pageable, False), ("pinned", pinned, False),
-                                     ("pinned, non_blocking (host wait only)", pinned, True)):
-        times = []
-        for i in range(repeats + 3):
-            torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            src.to(dev, non_blocking=non_blocking)
-            if not non_blocking:
-                torch.cuda.synchronize(dev)
-            if i >= 3:  # the first copies warm the allocator up
-                times.append(1000 * (time.perf_counter() - t0))
+    arms = (("pageable", pageable, False), ("pinned", pinned, False),
+            ("pinned, non_blocking (host wait only)", pinned, True))
+    times: list[list[float]] = [[] for _ in arms]
+    for i, k in turns(len(arms), repeats + 3):  # the three copies in turns: a busy spell hits each alike
+        _, src, non_blocking = arms[k]
         torch.cuda.synchronize(dev)
-        out.append(CopyTiming(label, Spread.of(times)))
-    return out
+        t0 = time.perf_counter()
+        src.to(dev, non_blocking=non_blocking)
+        if not non_blocking:
+            torch.cuda.synchronize(dev)
+        if i >= 3:  # the first copies warm the allocator up
+            times[k].append(1000 * (time.perf_counter() - t0))
+    torch.cuda.synchronize(dev)
+    return [CopyTiming(label, Spread.of(t)) for (label, _, _), t in zip(arms, times)]
 
 
 def describe_copies(copies: list[CopyTiming] | str) -> str:

@@ -25,7 +25,7 @@ from ..models import build_model
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import run, sweep
-from ..verdicts import verdict
+from ..verdicts import turns, verdict
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
 # Repeats of each evaluation mode: one evaluation is one number, so the spread comes from repeating it.
@@ -41,16 +41,16 @@ def eval_config(base: TrainConfig) -> TrainConfig:
 
 @comparison("05_no_grad_detach_item:eval_mode")
 def eval_modes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """Each eval_mode, repeated (interleaved, so a slow spell of the machine hits every mode alike)."""
+    """Each eval_mode, repeated in turns (fastlab.verdicts.turns: a slow spell of the machine hits every mode
+    alike); one result per run, its repeat in extras["repeat"]."""
     cfg = eval_config(base)
     results = []
-    for i in range(EVAL_REPEATS.get(base.profile, 3)):
-        for mode in EVAL_MODES:
-            r = run(cfg.replace(eval_mode=mode), label=f"eval_mode={mode}", progress=progress)
-            r.extras["repeat"] = i
-            results.append(r)
-            if r.status == "interrupted":
-                return results
+    for i, k in turns(len(EVAL_MODES), EVAL_REPEATS.get(base.profile, 3)):
+        r = run(cfg.replace(eval_mode=EVAL_MODES[k]), label=f"eval_mode={EVAL_MODES[k]}", progress=progress)
+        r.extras["repeat"] = i
+        results.append(r)
+        if r.status == "interrupted":
+            return results
     return results
 
 
@@ -239,6 +239,11 @@ class GraphMemory:
     saved_mb: float  # their size (unique storages, parameters excluded: those live anyway)
     graph_nodes: int  # autograd graph nodes still reachable from what was kept
 
+    def __str__(self) -> str:
+        loop = "forward + backward" if self.backward else "forward only (like evaluation without no_grad)"
+        return (f"{loop:<48} keep {self.keep:<6}: {self.saved_tensors:4d} saved activations alive "
+                f"({self.saved_mb:7.2f} MiB), {self.graph_nodes:4d} graph nodes reachable after {self.steps} steps")
+
 
 class _Saved:
     """What the graph holds for each saved tensor; a weak reference to it tells whether the graph still lives.
@@ -306,15 +311,6 @@ def kept_graph_memory(keep: str, steps: int = 8, backward: bool = False, batch_s
 def graph_memory_table(steps: int = 8, batch_size: int = 32) -> list[GraphMemory]:
     """kept_graph_memory for every keep choice, without and with backward()."""
     return [kept_graph_memory(keep, steps, backward, batch_size) for backward in (False, True) for keep in KEEP_CHOICES]
-
-
-def describe_graph_memory(rows: list[GraphMemory]) -> str:
-    lines = []
-    for g in rows:
-        loop = "forward + backward" if g.backward else "forward only (like evaluation without no_grad)"
-        lines.append(f"{loop:<48} keep {g.keep:<6}: {g.saved_tensors:4d} saved activations alive "
-                     f"({g.saved_mb:7.2f} MiB), {g.graph_nodes:4d} graph nodes reachable after {g.steps} steps")
-    return "\n".join(lines)
 
 
 def growth_with_steps(steps_list: tuple[int, ...] = (1, 2, 4, 8), keep: str = "loss",

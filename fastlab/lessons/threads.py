@@ -27,7 +27,7 @@ from ..config import TrainConfig
 from ..harness import exclusive_run
 from ..loop import TrainingRun
 from ..results import RunResult
-from ..verdicts import runs_verdict, verdict
+from ..verdicts import runs_verdict, turns, verdict
 
 THREADS = "08_profiling:threads"
 WHERE = {"main": "the calling thread (a notebook cell's own thread)", "thread": "a new threading.Thread"}
@@ -76,12 +76,11 @@ def thread_effect(base: TrainConfig, progress: bool = True, repeats: int = 2) ->
     thread has run torch ops. In a notebook, call it from a cell: that is the kernel's main thread."""
     warm_this_thread()
     results = []
-    for i in range(repeats):
-        for where in ("main", "thread"):
-            results.append(_execute(base, f"{'this' if where == 'main' else 'new'} thread {i + 1}", where,
-                                    progress))
-            if results[-1].status == "interrupted":
-                return results
+    for i, k in turns(2, repeats):  # this thread, a new one, then the other way round...
+        where = ("main", "thread")[k]
+        results.append(_execute(base, f"{'this' if where == 'main' else 'new'} thread {i + 1}", where, progress))
+        if results[-1].status == "interrupted":
+            return results
     return results
 
 
