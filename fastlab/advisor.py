@@ -664,8 +664,8 @@ def _loss_tensor_kept(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding |
     if cfg.get("log_loss") != "tensor":
         return None
     evidence = [Evidence("log_loss", "tensor", "'tensor': total_loss += loss keeps each step's graph")]
-    if "kept_loss_tensors" in r.extras:
-        evidence.append(Evidence("loss tensors kept alive", r.extras["kept_loss_tensors"]))
+    if r.kept_loss_tensors is not None:
+        evidence.append(Evidence("loss tensors kept alive", r.kept_loss_tensors))
     if len(r.memory_trace_mb) >= 2:
         evidence.append(Evidence("memory growth over the run", r.memory_trace_mb[-1] - r.memory_trace_mb[0],
                                  unit="MiB"))

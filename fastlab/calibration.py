@@ -109,7 +109,7 @@ def measure_step_seconds(config: TrainConfig) -> list[float]:
     short = config.replace(steps=CALIBRATION_STEPS, warmup_steps=CALIBRATION_WARMUP, windows=CALIBRATION_STEPS,
                            max_seconds=0.0, eval_images=min(config.eval_images, config.batch_size))
     result = run(short, label="calibration", progress=False)
-    return result.extras.get("window_seconds", [])
+    return result.window_seconds
 
 
 def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibration:

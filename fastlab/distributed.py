@@ -353,11 +353,11 @@ def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
     ddp = dict(first.extras["ddp"])
     ddp.pop("rank")
     ddp["per_rank_throughput"] = [r.throughput.median for r in rank_results]
-    windows = [len(r.extras.get("window_seconds", [])) for r in rank_results]
+    windows = [len(r.window_seconds) for r in rank_results]
     n_windows = min(windows)
     cfg = first.config
     steps = list(_window_steps(cfg["warmup_steps"], cfg["steps"], cfg["windows"]))[:n_windows]
-    seconds = [r.extras.get("window_seconds", [])[:n_windows] for r in rank_results]
+    seconds = [r.window_seconds[:n_windows] for r in rank_results]
     env = dict(first.env, world_size=ddp["world_size"], backend=ddp["backend"])
     statuses = {r.status for r in rank_results}
     return RunResult(
@@ -371,7 +371,7 @@ def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
         eval_accuracy=first.eval_accuracy, eval_seconds=first.eval_seconds,
         peak_memory_mb=max(r.peak_memory_mb for r in rank_results), memory_kind=first.memory_kind,
         memory_trace_mb=first.memory_trace_mb, no_ops=first.no_ops, env=env, dataset=first.dataset,
-        extras={"ddp": ddp, "window_seconds": [max(s) for s in zip(*seconds)]})
+        window_seconds=[max(s) for s in zip(*seconds)], extras={"ddp": ddp})
 
 
 def _window_steps(warmup: int, steps: int, windows: int) -> list[int]:

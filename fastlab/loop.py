@@ -153,7 +153,7 @@ def _recorder(w: Watch, res: RunResult) -> Callable[[dict[str, Any]], None]:
             res.grad_scale.append(float(entry["grad_scale"]))
             w.divergence.grad_scale(step, float(entry["grad_scale"]))
         if "kept_loss_tensors" in entry:
-            res.extras["kept_loss_tensors"] = entry["kept_loss_tensors"]
+            res.kept_loss_tensors = entry["kept_loss_tensors"]
 
     return log
 

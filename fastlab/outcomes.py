@@ -212,7 +212,7 @@ class TrapLimits:
 def stopped_by_harness_budget(r: RunResult) -> bool:
     """Whether a time_limited run was stopped by the harness's own budget on its timed steps (config.max_seconds),
     not by a trap limit: that says how long the harness gave it, nothing about the technique."""
-    return r.status == "time_limited" and r.extras.get("stopped_by") == "max_seconds"
+    return r.status == "time_limited" and r.stopped_by == "max_seconds"
 
 
 def seconds_per_image(r: RunResult) -> float | None:
@@ -235,7 +235,7 @@ def median_step_seconds(r: RunResult) -> float:
 
 def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     """A run's time-to-accuracy figures, from its checkpoint curve."""
-    curve = r.extras.get("tta_curve", [])
+    curve = r.tta_curve
     hit = next((c for c in curve if c[2] >= target), None)
     record: dict[str, Any] = {"target": target, "reached": hit is not None, "curve": curve,
                               "best_accuracy": max((c[2] for c in curve), default=r.eval_accuracy),

@@ -17,6 +17,9 @@ SCHEMA_VERSION = 1
 REFERENCE_DIR = Path(__file__).parent / "reference"
 
 
+MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve", "stopped_by", "kept_loss_tensors")
+
+
 @dataclass
 class RunResult:
     config: dict[str, Any]
@@ -59,6 +62,11 @@ class RunResult:
     # repeats: 1 for a run that ran alone (every fastlab.run result, until merged), 0 for one fastlab.run did not make
     repeats: int = 0
     repeat_windows: list[list[float]] = field(default_factory=list)
+    window_seconds: list[float] = field(default_factory=list)  # wall seconds of each timed window
+    # time to accuracy: [training seconds (warm-up included), steps, held-out accuracy] at each checkpoint
+    tta_curve: list[list[float]] = field(default_factory=list)
+    stopped_by: str = ""  # a time_limited run's limit: "max_seconds" (the harness's budget) or "max_training_seconds"
+    kept_loss_tensors: int | None = None  # log_loss="tensor": how many loss tensors (and their graphs) were kept
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
@@ -147,7 +155,7 @@ class RunResult:
         names = {f.name for f in dataclasses.fields(cls)}
         kept = {k: v for k, v in data.items() if k in names}
         extras = dict(kept.get("extras") or {})
-        for key in ("repeats", "repeat_windows"):  # files written before these were fields kept them in extras
+        for key in MOVED_FROM_EXTRAS:  # files written before these were fields kept them in extras
             if key in extras and key not in data:
                 kept[key] = extras.pop(key)
         return cls(**{**kept, "extras": extras})
@@ -163,6 +171,7 @@ def merge_repeats(repeats: list[RunResult]) -> RunResult:
     merged = dataclasses.replace(first, extras=dict(first.extras))
     merged.window_throughput = [w for r in repeats for w in r.window_throughput]
     merged.repeat_windows = [list(r.window_throughput) for r in repeats]
+    merged.window_seconds = [s for r in repeats for s in r.window_seconds]
     merged.repeats = len(repeats)
     merged.timed_seconds = sum(r.timed_seconds for r in repeats)
     merged.peak_memory_mb = max(r.peak_memory_mb for r in repeats)

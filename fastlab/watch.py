@@ -552,7 +552,7 @@ class Watch:
         every = budget.checkpoint_every if budget else 0
         if every and self._steps % every == 0:  # a time-to-accuracy checkpoint: on the curve
             training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
-            res.extras.setdefault("tta_curve", []).append([training, self._steps, float(accuracy)])
+            res.tta_curve.append([training, self._steps, float(accuracy)])
             if budget.target_accuracy is None or accuracy < budget.target_accuracy:
                 return  # not reached: the run's accuracy is its final evaluation's
             self._stop = "reached"
@@ -645,14 +645,14 @@ class Watch:
         if limit and t - self._t_start - self._excluded > limit and self._stop is None:
             res.error = (f"stopped after {t - self._t_start - self._excluded:.0f} s of training without reaching "
                          f"the target (its budget: {limit:.0f} s)")
-            res.extras["stopped_by"] = "max_training_seconds"  # a trap limit (outcomes.TrapLimits)
+            res.stopped_by = "max_training_seconds"  # a trap limit (outcomes.TrapLimits)
             self._stop = "time_limited"
         over = bool(budget.max_seconds) and self.warmup_steps < k < self._total and (
             t - self._window_start + sum(sec for _, sec in self._windows) > budget.max_seconds)
         if budget.agree is not None:  # every rank stops at the same step, or the others wait in the next all-reduce
             over = boundary and k < self._total and budget.agree(over)
         if over and self._stop is None:
-            res.extras["stopped_by"] = "max_seconds"  # the harness's own budget: never a trap
+            res.stopped_by = "max_seconds"  # the harness's own budget: never a trap
             res.error = f"stopped at its max_seconds={budget.max_seconds:g} budget after {k} steps"
             self._stop = "time_limited"
         if budget.on_step is not None:
@@ -808,7 +808,7 @@ class Watch:
         res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
         res.steps_done = self._steps
         if self.budget is not None:
-            res.extras["window_seconds"] = [seconds for _, seconds in self._windows]
+            res.window_seconds = [seconds for _, seconds in self._windows]
         if self.budget is not None:  # the harness's run: its config, environment and data description stay
             self.divergence.agree = None  # each rank judged its logged losses with the others during the run; an
             self._read_losses()  # all-reduce here would hang a rank that failed while the others wait in backward

@@ -65,7 +65,7 @@ def _fake_result(self: train.TrainingRun) -> fastlab.RunResult:
     r.optimizer_step_seconds, r.sampled_step_seconds = [0.001], [0.01]
     r.dataset = {"name": "synthetic", "synthetic": True, "source": "fake", "train_images": 1, "eval_images": 1}
     if self.checkpoints:
-        r.extras["tta_curve"] = [[0.5, self.checkpoints.every, 0.99]]
+        r.tta_curve = [[0.5, self.checkpoints.every, 0.99]]
     return r
 
 

@@ -99,7 +99,7 @@ def _rank_result(rank: int, seconds: list[float], peak: float) -> RunResult:
     ddp = {"world_size": 2, "rank": rank, "backend": "gloo", "global_batch": 16, "per_rank_batch": 8}
     return RunResult(config=cfg, label=f"rank {rank}", images_per_step=8, steps_done=5, peak_memory_mb=peak,
                      window_throughput=[8 * 2 / s for s in seconds],
-                     extras={"ddp": ddp, "window_seconds": seconds}, env={"device_name": "cpu"})
+                     window_seconds=seconds, extras={"ddp": ddp}, env={"device_name": "cpu"})
 
 
 def test_combine_counts_global_images_over_the_slowest_rank():

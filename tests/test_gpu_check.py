@@ -140,16 +140,16 @@ def test_gpu_check_oom_rerun_uses_the_probes_own_configuration(monkeypatch):
 def test_a_stop_by_the_harness_budget_is_not_a_trap():
     below = RunResult(config={}, label="below", window_throughput=[100, 100])
     stopped = RunResult(config={}, status="time_limited", error="stopped at its max_seconds=3 budget",
-                        window_throughput=[90, 95], extras={"stopped_by": "max_seconds"})
+                        window_throughput=[90, 95], stopped_by="max_seconds")
     assert bench.drop_reason(stopped, below) is None
-    slow = RunResult(config={}, status="time_limited", window_throughput=[30, 35], extras={"stopped_by": "max_seconds"})
+    slow = RunResult(config={}, status="time_limited", window_throughput=[30, 35], stopped_by="max_seconds")
     assert "trap" in bench.drop_reason(slow, below)  # judged by its windows, like any rung
-    unmeasured = RunResult(config={}, status="time_limited", extras={"stopped_by": "max_seconds"})
+    unmeasured = RunResult(config={}, status="time_limited", stopped_by="max_seconds")
     assert "not a trap" in bench.drop_reason(unmeasured, below)
     # time to accuracy: a first seed stopped by max_seconds ends nothing, whatever its speed
     tta = {"tta": {"reached": False, "why_not": "time budget spent"}}
     seed = RunResult(config={"warmup_steps": 0}, status="time_limited", window_throughput=[1.0], steps_done=9,
-                     step_seconds=[1.0] * 9, images_per_step=1, extras={**tta, "stopped_by": "max_seconds"})
+                     step_seconds=[1.0] * 9, images_per_step=1, extras=tta, stopped_by="max_seconds")
     assert outcomes.TrapLimits(max_training_seconds=5, max_seconds_per_image=1e-6).trap(seed) is None
 
 
@@ -160,10 +160,10 @@ def test_runs_record_which_budget_stopped_them(monkeypatch, quick):
         time.sleep(0.2)
 
     r = fastlab.run(quick.replace(steps=40, windows=4, max_seconds=0.5), on_step=slow, progress=False)
-    assert r.status == "time_limited" and r.extras["stopped_by"] == "max_seconds"
+    assert r.status == "time_limited" and r.stopped_by == "max_seconds"
     limited = fastlab.time_to_accuracy(quick.replace(warmup_steps=0), target=1.01, seeds=(0,), eval_every=2,
                                        progress=False, limits=outcomes.TrapLimits(max_training_seconds=1e-6))
-    assert limited.runs[0].extras["stopped_by"] == "max_training_seconds"
+    assert limited.runs[0].stopped_by == "max_training_seconds"
 
 
 def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_is_spent(monkeypatch):
@@ -175,7 +175,7 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
         clock[0] += 40.0  # each rung's wall time: set-up, compile, evaluation and all
         budget_stop = len(seen) == 3  # the third rung stops at the harness's budget, at an ordinary speed
         return RunResult(config=cfg.to_dict(), label=label, status="time_limited" if budget_stop else "ok",
-                         window_throughput=[100.0, 100.0], extras={"stopped_by": "max_seconds"} if budget_stop else {})
+                         window_throughput=[100.0, 100.0], stopped_by="max_seconds" if budget_stop else "")
 
     monkeypatch.setattr(bench, "run", fake_run)
     monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
@@ -250,8 +250,8 @@ def test_make_gpu_check_prints_one_line_and_exits_0_without_cuda():
 def _stopped(window_throughput: list[float], step: float, batch: int = 64) -> RunResult:
     return RunResult(config={"warmup_steps": 1}, label="x", status="time_limited", images_per_step=batch,
                      step_seconds=[9.0] + [step] * 10, steps_done=11, window_throughput=window_throughput,
-                     extras={"tta": {"reached": False, "why_not": "time budget spent"},
-                             "stopped_by": "max_training_seconds"})
+                     extras={"tta": {"reached": False, "why_not": "time budget spent"}},
+                     stopped_by="max_training_seconds")
 
 
 def test_time_to_accuracy_traps_are_judged_from_synchronised_windows_not_step_times():

@@ -196,7 +196,7 @@ def test_a_reached_run_keeps_the_checkpoint_as_its_accuracy_and_has_windows(quic
     assert r.config["windows"] == (30 - 1) // 3  # windows about eval_every steps long
     long = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=1.01, seeds=(0,), eval_every=3,
                                     max_steps=10, progress=False).runs[0]
-    assert len(long.window_throughput) == (10 - 1) // 3 == len(long.extras["tta_curve"])
+    assert len(long.window_throughput) == (10 - 1) // 3 == len(long.tta_curve)
 
 
 def test_the_cpu_profile_evaluates_time_to_accuracy_on_fewer_images(monkeypatch):
@@ -284,7 +284,7 @@ def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
     def stopped(batch: int, step: float) -> RunResult:  # synchronised windows of `step` seconds a step
         return RunResult(config={"warmup_steps": 1}, label="x", status="time_limited", images_per_step=batch,
                          step_seconds=[9.0, step, step], steps_done=3, window_throughput=[batch / step],
-                         extras={"tta": {"reached": False, "why_not": "time"}, "stopped_by": "max_training_seconds"})
+                         extras={"tta": {"reached": False, "why_not": "time"}}, stopped_by="max_training_seconds")
 
     limits = TrapLimits(max_training_seconds=10.0, max_seconds_per_image=2 * 0.5 / 64)  # below: 0.5 s a 64-batch
     assert limits.trap(stopped(128, 1.2)) is None  # twice the batch, 1.2x the step: faster per image
@@ -292,7 +292,7 @@ def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
     # stopped in warm-up: warm-up's cost, which every seed repeats from fresh caches
     in_warm_up = RunResult(config={"warmup_steps": 3}, label="x", status="time_limited", images_per_step=64,
                            step_seconds=[50.0], steps_done=1,
-                           extras={"tta": {"reached": False}, "stopped_by": "max_training_seconds"})
+                           extras={"tta": {"reached": False}}, stopped_by="max_training_seconds")
     assert "spent 50.0 s, over its budget, in 1 warm-up step (compilation" in limits.trap(in_warm_up)
 
 

@@ -116,3 +116,14 @@ def test_saved_results_follow_the_umask_like_any_other_file(tmp_path):
         assert (save_results(tmp_path / "private.json", [make("a")]).stat().st_mode & 0o777) == 0o600
     finally:
         os.umask(old)
+
+
+def test_what_a_figure_reads_is_a_field_and_older_files_still_load():
+    old = {"config": {}, "extras": {"repeats": 2, "repeat_windows": [[1.0], [2.0]], "window_seconds": [0.5, 0.6],
+                                    "tta_curve": [[1.0, 5, 0.3]], "stopped_by": "max_seconds",
+                                    "kept_loss_tensors": 7, "comparison": "x"}}
+    r = RunResult.from_dict(old)
+    assert (r.repeats, r.repeat_windows, r.window_seconds) == (2, [[1.0], [2.0]], [0.5, 0.6])
+    assert (r.tta_curve, r.stopped_by, r.kept_loss_tensors) == ([[1.0, 5, 0.3]], "max_seconds", 7)
+    assert r.extras == {"comparison": "x"}  # what no figure reads stays where it was
+    assert RunResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r

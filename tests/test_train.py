@@ -114,7 +114,7 @@ def test_other_errors_are_not_swallowed(quick):
 def test_loss_tensor_logging_keeps_every_step(quick):
     r = fastlab.run(quick.replace(log_loss="tensor", log_every=2), progress=False)
     total = quick.warmup_steps + quick.steps
-    assert r.extras["kept_loss_tensors"] == total
+    assert r.kept_loss_tensors == total
     assert [s for s, _ in r.losses] == [1, 3, 4]  # every log_every steps, and the last step (read after the run)
 
 

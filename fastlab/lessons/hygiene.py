@@ -148,7 +148,7 @@ def describe_log_loss(results: list[RunResult]) -> str:
     by_mode = {r.config["log_loss"]: r for r in results}
     lines = []
     for mode, r in by_mode.items():
-        kept = r.extras.get("kept_loss_tensors", 0)
+        kept = r.kept_loss_tensors or 0
         lines.append(f"log_loss={mode}: memory ({r.memory_kind.replace('_', ' ')}) changed "
                      f"{memory_growth_mb(r):+,.2f} MiB over {len(r.memory_trace_mb)} steps; loss tensors kept: {kept}")
     if {"item", "tensor"} <= by_mode.keys():
