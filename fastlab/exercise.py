@@ -105,7 +105,9 @@ class Technique:
     line: str  # what to write, as the learner would
     shown: Callable[[dict, dict], bool | None]  # (the loop's facts, the given loop's): None where nothing showed
     seen: Callable[[dict], str]  # what the watch saw of it, in words
-    quantity: str = "speed"  # what it changes: "speed" (images/s) or "memory" (peak memory)
+    # what it changes, measured beside the speed: "speed" alone, "memory" (peak), "loss" (the final training loss)
+    # or "lr" (the learning rate the optimiser held, against the batch it trained on)
+    quantity: str = "speed"
 
 
 def _evaluation(f: dict) -> bool | None:
@@ -129,7 +131,8 @@ TECHNIQUES: dict[str, Technique] = {
     "batch_size": Technique(
         "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
         lambda f, g: f["images_per_step"] > g["images_per_step"] and (f["lr"] or 0) > (g["lr"] or 0),
-        lambda f: f"{f['images_per_step']} images a step at lr " + ("unknown" if f["lr"] is None else f"{f['lr']:.3g}")),
+        lambda f: f"{f['images_per_step']} images a step at lr " + ("unknown" if f["lr"] is None else f"{f['lr']:.3g}"),
+        quantity="lr"),
     "no_grad": Technique(
         "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
         lambda f, g: _evaluation(f),
@@ -138,7 +141,8 @@ TECHNIQUES: dict[str, Technique] = {
     "adamw_schedule": Technique(
         "torch.optim.AdamW(...) and a scheduler (CosineAnnealingLR) stepped every batch",
         lambda f, g: f["optimizer"] == "AdamW" and f["scheduled"],
-        lambda f: f"{f['optimizer']}, " + ("a scheduler attached" if f["scheduled"] else "no scheduler")),
+        lambda f: f"{f['optimizer']}, " + ("a scheduler attached" if f["scheduled"] else "no scheduler"),
+        quantity="loss"),
     "export": Technique(
         "torch.export.export(model, (example,), dynamic_shapes=...).module()",
         lambda f, g: f["graph_module"], lambda f: f"the model called as {f['model']}"),
@@ -181,6 +185,27 @@ def peak_memory(comparison: LoopComparison) -> Comparison:
                    quantity="peak memory", fmt=",.1f")
 
 
+def final_loss(comparison: LoopComparison) -> Comparison:
+    """Each run's last logged training loss, lower is better, by the one noise rule: what an optimiser and its
+    schedule change (the loops train on the same batches for the same steps)."""
+    def side(runs: list) -> Spread:
+        return Spread.of([r.losses[-1][1] for r in runs if r.losses])
+
+    return verdict(side(comparison.before), side(comparison.after), "", higher_is_better=False,
+                   quantity="final training loss", fmt=".3f")
+
+
+def learning_rate(comparison: LoopComparison) -> str:
+    """The learning rate each loop's optimiser held at its first step, against the images of that step: a batch k
+    times larger wants about sqrt(k) times the rate for Adam-family optimisers (k for SGD)."""
+    mine, given = (runs[0].extras.get("watch", {}).get("facts") or {} for runs in (comparison.after, comparison.before))
+    if not (mine.get("lr") and given.get("lr") and mine.get("images_per_step") and given.get("images_per_step")):
+        return "the learning rate: not read (no optimiser step seen)"
+    k = mine["images_per_step"] / given["images_per_step"]
+    return (f"the learning rate: {given['lr']:.3g} -> {mine['lr']:.3g} ({mine['lr'] / given['lr']:.2f}x) for "
+            f"{k:.2f}x the images a step (square-root rule: {k ** 0.5:.2f}x; linear: {k:.2f}x)")
+
+
 def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats: int = 2,
           labels: tuple[str, str] | None = None, **options: Any) -> LoopComparison | None:
     """Measure `mine` against the unedited `given` with fastlab.compare_loops (in turns, the noise rule), print
@@ -209,9 +234,14 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
                       None: f"the watch could not see the technique in {_name(mine)} ({seen})"}[shown])
         if t.quantity == "memory":
             lines.append(f"  training peak memory: {peak_memory(result).words}")
+        elif t.quantity == "loss":
+            lines.append(f"  final training loss: {final_loss(result).words}")
+        elif t.quantity == "lr":
+            lines.append(f"  {learning_rate(result)}")
     print("\n".join([result.text(), *lines]))
     return result
 
 
-__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "check", "images", "loop_source", "peak_memory", "pick",
+__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "check", "final_loss", "images", "learning_rate", "loop_source",
+           "peak_memory", "pick",
            "solution_diff", "solution_runs", "technique_shown", "unchanged"]

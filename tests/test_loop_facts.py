@@ -120,6 +120,27 @@ def test_an_exercise_weighs_peak_memory_run_by_run_lower_is_better():
     assert judged(side(100.0, 120.0), side(110.0, 130.0)) == "noise"  # the runs' peaks overlap
 
 
+def test_an_exercise_weighs_the_final_loss_and_reads_the_learning_rate():
+    from fastlab.exercise import final_loss, learning_rate
+    from fastlab.measure import Spread
+    from fastlab.results import RunResult
+    from fastlab.watch import LoopComparison
+
+    def side(*finals: float, lr: float = 1e-3, images: int = 32) -> list[RunResult]:
+        facts = {"watch": {"facts": {"lr": lr, "images_per_step": images}}}
+        return [RunResult(config={}, label="x", losses=[(0, 2.3), (9, f)], extras=facts) for f in finals]
+
+    def compared(before: list[RunResult], after: list[RunResult]) -> LoopComparison:
+        return LoopComparison(before, after, Spread.of([]), Spread.of([]), "", "")
+
+    assert final_loss(compared(side(1.50, 1.52), side(1.10, 1.12))).direction == "better"
+    assert final_loss(compared(side(1.50, 1.60), side(1.55, 1.65))).direction == "noise"
+    said = learning_rate(compared(side(1.0), side(1.0, lr=1.414e-3, images=64)))
+    assert said.startswith("the learning rate: 0.001 -> 0.00141 (1.41x) for 2.00x the images a step")
+    assert "square-root rule: 1.41x" in said
+    assert "not read" in learning_rate(compared(side(1.0, lr=0.0), side(1.0)))
+
+
 def test_an_exercise_check_refuses_a_technique_it_does_not_know():
     import pytest
 
