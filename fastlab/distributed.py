@@ -25,7 +25,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,6 +51,7 @@ from .parallel import (  # noqa: F401  (re-exported: the names notebooks and tes
     shard_indices,
     window_throughput,
 )
+from .processes import run_with_timeout
 from .results import RunResult, load_document, save_results
 
 RESULT_LAYOUT = "results[0] is the whole job (all ranks); results[1:] are the ranks in order"
@@ -188,51 +188,6 @@ def run_ddp(config: TrainConfig, nproc: int | None = None, *, options: DDPOption
             label: str = "", **launch_kwargs: Any) -> DDPRun:
     """One DDP job in one launch (see `launch` for the keyword arguments)."""
     return launch([DDPJob(config, options or DDPOptions(), label)], nproc, **launch_kwargs)[0]
-
-
-def run_with_timeout(cmd: Sequence[str], log_path: Path, timeout_s: float, *, env: dict[str, str] | None = None,
-                     stop: threading.Event | None = None) -> tuple[int | None, bool, bool]:
-    """Run cmd with its output in log_path; kill its whole process group past timeout_s or when stop is set.
-
-    Returns (exit code, timed out, stopped). The command runs in a new session, so killing the group also
-    ends the worker processes torchrun started, not just torchrun.
-    """
-    deadline = time.monotonic() + timeout_s
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while True:
-                try:
-                    return proc.wait(timeout=0.2), False, False
-                except subprocess.TimeoutExpired:
-                    pass
-                if stop is not None and stop.is_set():
-                    _kill_group(proc)
-                    return proc.returncode, False, True
-                if time.monotonic() > deadline:
-                    _kill_group(proc)
-                    return proc.returncode, True, False
-        except BaseException:  # KeyboardInterrupt in a notebook: never leave the workers behind
-            _kill_group(proc)
-            raise
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group (torchrun forwards it to its workers), then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace)
-            # torchrun may be gone while a worker lingers: sweep the group once more
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        return
 
 
 def _tail(text: str, lines: int = 25) -> str:

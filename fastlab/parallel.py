@@ -32,8 +32,10 @@ class Parallel(Protocol):
     rank: int
     world: int
     no_sync: bool  # accumulation micro-batches but the last skip the gradient all-reduce
+    sync_batchnorm: bool  # BatchNorm statistics over the global batch (GPU modules only)
+    bucket_cap_mb: float  # gradients are all-reduced in buckets of this size, overlapping backward
 
-    def wrap(self, net: nn.Module) -> nn.Module: ...  # the model that trains (DDP around the bare net)
+    def watch(self, model: nn.Module) -> None: ...  # fastlab's count of the all-reduces (a comm hook)
 
     def shard(self, array: Any) -> Any: ...  # this rank's part of the training set (the device loader)
 
@@ -222,24 +224,16 @@ class DDPMode:
         self.ctx, self.options, self.plan = ctx, options, plan
         self.evaluates = ctx.rank == 0
         self.comm = _CommCounter()
-        self.sync_bn = options.sync_batchnorm
+        # SyncBatchNorm works on GPU modules only: elsewhere each rank keeps its own statistics (a no-op, in finish)
+        self.sync_bn = self.sync_batchnorm = options.sync_batchnorm and ctx.device.type == "cuda"
+        self.bucket_cap_mb = options.bucket_cap_mb
         self.calls_timed = self.bytes_timed = 0
-
-    def wrap(self, net):
-        from torch import nn
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        dev = self.ctx.device
-        if self.sync_bn and dev.type != "cuda":
-            self.sync_bn = False  # recorded as a no-op in finish()
-        if self.sync_bn:
-            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
-        self.start_params = _flat(list(net.parameters())).cpu()
-        model = DDP(net, device_ids=[dev.index] if dev.type == "cuda" else None,
-                    bucket_cap_mb=self.options.bucket_cap_mb)
-        model.register_comm_hook(None, self.comm.hook())
         self.torch_version = torch.__version__
-        return model
+
+    def watch(self, model) -> None:
+        """Before the first step: the parameters as DDP broadcast them, and a comm hook that counts the all-reduces."""
+        self.start_params = _flat(list(model.module.parameters())).cpu()
+        model.register_comm_hook(None, self.comm.hook())
 
     @property
     def rank(self) -> int:

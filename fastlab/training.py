@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
 from .config import TrainConfig
@@ -105,9 +106,13 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         raw_model = make_model().to(device)
     if cfg.channels_last:
         raw_model = raw_model.to(memory_format=torch.channels_last)  # NHWC weights: what tensor cores want
+    if parallel is not None and parallel.sync_batchnorm:
+        raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)  # BatchNorm statistics over the global batch
     model = raw_model
-    if parallel is not None:
-        ddp_model = model = parallel.wrap(raw_model)  # DistributedDataParallel: gradients all-reduced in backward
+    if parallel is not None:  # one process per device; DDP all-reduces the gradients in buckets during backward
+        ddp_model = model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
+                                bucket_cap_mb=parallel.bucket_cap_mb)
+        parallel.watch(ddp_model)  # fastlab counts the all-reduces (a comm hook): a script leaves this line out
 
     # ---- optimiser and schedule
     impl: dict[str, bool] = {}
