@@ -108,3 +108,39 @@ def test_the_core_path_check_catches_a_long_one():
     nb = {"cells": cells + [{"cell_type": "markdown", "source": ["## Going further\n", "What follows."]}]}
     assert len(core_path(nb)) == 16 and core_path({"cells": cells}) is None
     assert core_path({"cells": [{"cell_type": "markdown", "source": ["## Going further, and more"]}]}) is None
+
+
+def redefined_signatures(nb: dict) -> list[str]:
+    """Top-level functions a notebook defines twice with different parameters: re-running the earlier cell's caller
+    after the later cell ran would call the wrong one (a TypeError in a learner's face)."""
+    import ast
+
+    seen: dict[str, list[str]] = {}
+    found = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse("".join(line for line in cell["source"] if not line.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+                if node.name in seen and seen[node.name] != params:
+                    found.append(f"{node.name}({', '.join(seen[node.name])}) is defined again as "
+                                 f"{node.name}({', '.join(params)})")
+                seen[node.name] = params
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_function_name_keeps_its_signature(path):
+    assert redefined_signatures(json.loads(path.read_text())) == []
+
+
+def test_the_signature_check_catches_a_redefinition():
+    nb = {"cells": [{"cell_type": "code", "source": ["def my_loop(w):\n", "    pass\n"]},
+                    {"cell_type": "code", "source": ["def my_loop(w):  # the learner's copy\n", "    return 1\n"]},
+                    {"cell_type": "code", "source": ["def my_loop(w, loader):\n", "    pass\n"]}]}
+    assert redefined_signatures(nb) == ["my_loop(w) is defined again as my_loop(w, loader)"]
