@@ -588,7 +588,8 @@ def markdown_table(results: list[RunResult]) -> str:
             vs_prev = ""
         else:
             c = verdict(below.throughput, t)
-            vs_prev = f"{c.ratio:.2f}x" + (" (noise)" if c.noise else "")
+            # one pass (a single pair) cannot tell the machine's drift from an effect of any size: not "noise"
+            vs_prev = f"{c.ratio:.2f}x" + (" (one run each)" if c.single_pair else " (noise)" if c.noise else "")
         if below is not None and vs_prev and only_no_ops(r, below):
             # the same computation as the rung below: a difference is the machine drifting, not the knob
             drifts.append(f"{r.label} ({vs_prev})")
@@ -618,8 +619,8 @@ def markdown_table(results: list[RunResult]) -> str:
                   "Data wait: time blocked on the next batch / step time; '+ copy': the host-to-device copy's share, "
                   "apart (without non_blocking it also waits for the previous step's GPU work). " if copies else "") +
               "'noise': fastlab.verdicts.is_noise, the one "
-              "noise rule: with repeats, a difference that some repeat does not show outside its intervals of the "
-              "median; else, intervals of the median that overlap. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
+              "noise rule: a difference that some repeat does not show outside its intervals of the median; 'one run "
+              "each': a single pass, where the machine's drift cannot be told from an effect of any size. Peak memory: " + (results[0].memory_kind or "?").replace("_", " ") + ". Held-out accuracy "
               "is one run per rung: a difference between rungs cannot be told from seed noise (`--metric "
               "time-to-accuracy` measures the outcome over seeds). A diverged rung's speed is shown, never credited."]
     return "\n".join(lines) + "\n"

@@ -93,6 +93,7 @@ def quote(claim_id: str, width: int = 112) -> str:
 # "could not tell here", never "does not hold here".
 MIN_GAIN = 1.2
 TO_TELL = "to tell: a quieter machine, the thorough version (FASTLAB_THOROUGH=1) or a GPU"
+TO_TELL_ON_A_GPU = "to tell: a quieter machine or the thorough version (FASTLAB_THOROUGH=1)"
 
 VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "could not tell here", "no-op here",
                  "not testable here")
@@ -127,14 +128,15 @@ def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
     return None
 
 
-def unseen(c: Comparison, what: str = "no difference detected") -> str:
+def unseen(c: Comparison, what: str = "no difference detected", on_gpu: bool = False) -> str:
     """Why a test that lacked the power could not tell: what it saw, the smallest change it could have seen, and
     what would tell (the words inside "could not tell here (...)")."""
+    to_tell = TO_TELL_ON_A_GPU if on_gpu else TO_TELL
     if not math.isfinite(c.detectable):  # a single pair: no size of change can be told from drift
         return (f"{what}, {c.gain:.2f}x, but a side is one run, not interleaved with the other: the machine's "
-                f"drift between them cannot be told from an effect of any size; {TO_TELL}")
+                f"drift between them cannot be told from an effect of any size; {to_tell}")
     return (f"{what}, {c.gain:.2f}x, but on this machine now a change under {c.detectable:.2f}x could not have "
-            f"been seen: measurements varied ±{c.variation:.0%}; {TO_TELL}")
+            f"been seen: measurements varied ±{c.variation:.0%}; {to_tell}")
 
 
 def _range(s: Spread, fmt: str = ",.0f") -> str:
@@ -158,7 +160,8 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
         return Finding(f"no-op here ({why})", f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
     c = runs_verdict(base, other, unit=unit)
     if c.comparable:
-        return verdict_faster(c.base, c.other, claimed_ratio, unit=unit, what="windows")
+        return verdict_faster(c.base, c.other, claimed_ratio, unit=unit, what="windows",
+                              on_gpu=other[0].env.get("device_type") == "cuda")
     summaries = "; ".join(r.summary() for r in (other if c.side == "other" else base))
     if c.side == "base":
         return Finding(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
@@ -168,7 +171,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
 
 
 def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
-                   what: str = "measurements") -> Finding:
+                   what: str = "measurements", on_gpu: bool = False) -> Finding:
     """verdict_speedup's rule on two spreads of a rate (higher is better)."""
     c = verdict(b, o, unit)
     if not c.comparable:
@@ -180,7 +183,7 @@ def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, 
         return _single_pair(c, evidence)
     matters = claimed_ratio or MIN_GAIN
     if c.noise and c.detectable > matters:
-        return Finding(f"{COULD_NOT_TELL} ({unseen(c)})", evidence)
+        return Finding(f"{COULD_NOT_TELL} ({unseen(c, on_gpu=on_gpu)})", evidence)
     if c.noise:
         return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x, where a {matters:g}x "
                        f"gain would have been seen: under {c.detectable:.2f}x could not)", evidence)

@@ -44,11 +44,21 @@ def test_run_ladder_report_comes_from_the_results_file(tmp_path, quick):
 
 
 def test_table_marks_noise_and_failures():
-    base = fastlab.RunResult(config={}, label="naive", window_throughput=[100, 110, 120])
-    same = fastlab.RunResult(config={}, label="same", window_throughput=[105, 112, 118])
+    base = fastlab.RunResult(config={}, label="naive", window_throughput=[100, 110, 120, 100, 110, 120],
+                             repeat_windows=[[100, 110, 120], [100, 110, 120]])
+    same = fastlab.RunResult(config={}, label="same", window_throughput=[105, 112, 118, 105, 112, 118],
+                             repeat_windows=[[105, 112, 118], [105, 112, 118]])
     fail = fastlab.RunResult(config={}, label="big", status="failed", error="out of memory at batch_size=9")
     table = markdown_table([base, same, fail])
-    assert "(noise)" in table and "out of memory at batch_size=9" in table
+    assert "1.02x (noise)" in table and "out of memory at batch_size=9" in table
+
+
+def test_a_single_pass_reads_one_run_each_not_noise():
+    # gpu-check's one-pass ladder on an H200 printed "6.96x (noise)": one run a rung cannot tell drift from anything
+    base = fastlab.RunResult(config={}, label="naive", window_throughput=[100, 101, 102], repeats=1)
+    big = fastlab.RunResult(config={}, label="+batch 1024", window_throughput=[700, 701, 702], repeats=1)
+    table = markdown_table([base, big])
+    assert "6.94x (one run each)" in table and "(noise)" not in table.split("images/s =")[0]
 
 
 def test_a_trap_rung_is_shown_then_dropped(quick):

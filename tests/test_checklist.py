@@ -213,6 +213,13 @@ def test_reference_ladders_fall_back_to_a_bundled_bench_ladder(monkeypatch):
     monkeypatch.setattr(at, "reference_for", lambda name: {})
     monkeypatch.setattr(at, "load_reference", lambda: {"NVIDIA H200": [other, *bench], "A100": [bench[1]]})
     assert at.reference_ladders() == {"NVIDIA H200": bench}  # a set not starting at naive is no ladder
+    resnet, compact = ([rung("naive", [1000] * 3), rung("workers", [2000] * 3)] for _ in range(2))
+    for r in compact:
+        r.config["model"] = "compact"
+    resnet[0].config["model"] = "resnet18"
+    monkeypatch.setattr(at, "load_reference", lambda: {"NVIDIA H200": resnet + compact})
+    # the bundled H200 file holds two ladders: each is its own, not one ladder climbing from ResNet-18 to the net
+    assert at.reference_ladders() == {"NVIDIA H200, resnet18": resnet, "NVIDIA H200, compact": compact}
     tagged = {"L4": [rung("naive", [10] * 3)]}
     monkeypatch.setattr(at, "reference_for", lambda name: tagged if name == at.NAME else {})
     assert at.reference_ladders() is tagged

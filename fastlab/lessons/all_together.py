@@ -109,9 +109,14 @@ def reference_ladders() -> dict[str, list[RunResult]]:
         return found
     out = {}
     for device, results in load_reference().items():
-        rungs = [r for r in results if r.extras.get("rung")]
-        if rungs and rungs[0].extras["rung"] == "naive":
-            out[device] = rungs
+        ladders: list[list[RunResult]] = []  # a file may hold several (one per model): each starts at naive
+        for r in results:
+            if r.extras.get("rung") == "naive":
+                ladders.append([r])
+            elif r.extras.get("rung") and ladders:
+                ladders[-1].append(r)
+        for rungs in ladders:
+            out[device if len(ladders) == 1 else f"{device}, {rungs[0].config.get('model')}"] = rungs
     return out
 
 

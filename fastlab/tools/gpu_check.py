@@ -8,17 +8,9 @@ failed; each check's outcome is printed as it finishes and written to <out>/chec
 (CHECK_DEADLINE_S; the ladders their budget and LADDER_OVERRUN_S): past it the check is stopped as a Ctrl-C would
 stop it and fails (within_deadline).
 
-How long, on one H200 (an estimate, not a measurement: no GPU has run it yet). Basis: DESIGN.md's H200 figures
-(ResNet-18 4.4k images/s naive to 52k at batch 512; the compact net 4.8k to 286k), every run in a fresh process
-(~0.1 s, plus ~1-2 s of CUDA context and cuBLAS/cuDNN set-up in each), torch.compile ~25 s (compact net) to
-~60 s (ResNet-18) of inductor compilation on the host.
-- the checks: ~130 s (the out-of-memory search ~14 probes of ~2 s; two reduce-overhead runs ~45 s; the one-rank
-  DDP launch ~15 s; the rest a few seconds each);
-- the ladders: each rung's timed steps stop at LADDER_RUNG_SECONDS (3 s), plus ~3 s of set-up, warm-up and
-  evaluation, so ~55 s for ResNet-18's first eight rungs and ~40 s for the compact net's, and then each ladder's
-  compiled rung (~65 s and ~30 s): ~190 s. No rung starts once a ladder has run its share of --ladder-budget-s
-  (120 s together, 60 s each), so slower machines lose their last rungs rather than run long.
-- together about 5.5 minutes, import and start-up included.
+How long: 240 s on one H200 (torch 2.11, 16 host CPUs), 2026-12-04, with the default --ladder-budget-s of 120:
+the checks about 95 s (compile reduce-overhead 25 s, the one-rank DDP launch 16 s, the out-of-memory search 12 s),
+the ladders the rest. ResNet-18's ladder spent its 60 s share before its batch-512 and compiled rungs.
 """
 
 from __future__ import annotations
@@ -318,6 +310,63 @@ def _nvml() -> str:
     r = fastlab.run(_small(model="resnet18", steps=60, windows=3, batch_size=512), progress=False)
     assert r.ok and r.gpu_util, r.extras.get("gpu_util_note", "no samples")
     return f"{len(r.gpu_util)} samples, median {sorted(u for _, u in r.gpu_util)[len(r.gpu_util) // 2]:.0f}%"
+
+
+def plain_loop(amp: bool = False, workers: int = 0, channels_last: bool = False, device: str = "cuda",
+               images: int = 2048, batch_size: int = 128, model: str = "compact") -> Callable[[Any], None]:
+    """A loop as a reader writes it, on CUDA, under the watch's touches: what an exercise measures in a GPU room."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ..models import build_model
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(images, 3, 32, 32, generator=g), torch.randint(0, 10, (images,), generator=g))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def loop(w: Any) -> None:
+        torch.manual_seed(0)
+        net = build_model(model).to(device, memory_format=fmt)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        loader = DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=workers, pin_memory=workers > 0)
+        for x, y in w(loader):
+            with w.step(len(x)) as s:
+                x = x.to(device, non_blocking=True).contiguous(memory_format=fmt)
+                y = y.to(device, non_blocking=True)
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=amp):
+                    loss = nn.functional.cross_entropy(net(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                s.loss = loss
+
+    return loop
+
+
+@check("the watch on a hand-written CUDA loop: exercise checks see each technique")
+def _watched_loops() -> str:
+    return watched_loops("cuda")
+
+
+def watched_loops(device: str, **sizes: Any) -> str:
+    """compare_loops in turns as an exercise's check runs it (the loops differ in their arguments here, not in their
+    source, so exercise.check's unchanged-source guard is bypassed), and what the watch saw of each technique."""
+    from ..exercise import technique_shown
+    from ..watch import compare_loops
+
+    given = plain_loop(device=device, **sizes)
+    found = []
+    for technique, edited in (("autocast", plain_loop(amp=True, device=device, **sizes)),
+                              ("workers", plain_loop(workers=2, device=device, **sizes)),
+                              ("channels_last", plain_loop(channels_last=True, device=device, **sizes))):
+        c = compare_loops(given, edited, repeats=2, labels=("given", technique), facts=True, device=device,
+                          warmup_steps=3, window_steps=3)
+        shown, seen = technique_shown(technique, c)
+        assert shown, (technique, seen)
+        runs = c.before + c.after
+        assert all(r.ok and r.window_throughput and r.peak_memory_mb > 0 for r in runs), [r.summary() for r in runs]
+        assert c.outcome in ("faster", "slower", "no measurable difference"), c.outcome
+        found.append(f"{technique} {c.ratio:.2f}x ({c.outcome}; seen: {seen})")
+    return "; ".join(found)
 
 
 @check("a one-process nccl DDP run finishes")
