@@ -53,7 +53,7 @@ class TrainConfig:
     loader: str = "dataloader"  # "dataloader": torch DataLoader + per-image transforms; "device": whole set on the device, batch-wise augmentation
     num_workers: int = 0  # DataLoader worker processes; 0 loads in the training process
     pin_memory: bool = False  # page-locked host batches: faster, async host-to-GPU copies (CUDA only)
-    non_blocking: bool = False  # .to(device, non_blocking=True): lets the copy overlap compute (needs pin_memory)
+    non_blocking: bool = False  # .to(device, non_blocking=True): the host goes on while the copy queues (needs pin_memory)
     persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches each worker loads ahead; None = torch's default (needs num_workers > 0)
     # --- precision ---

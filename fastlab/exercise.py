@@ -185,6 +185,16 @@ def peak_memory(comparison: LoopComparison) -> Comparison:
                    quantity="peak memory", fmt=",.1f")
 
 
+def saved_activations(comparison: LoopComparison) -> Comparison:
+    """The activations autograd saved for backward in each run's first step (MiB; loop_facts' saved_mb), lower is
+    better: exact, where a CPU's peak resident set hides a small model's activations under torch's own memory."""
+    def side(runs: list) -> Spread:
+        return Spread.of([f["saved_mb"] for r in runs if (f := r.extras.get("watch", {}).get("facts"))])
+
+    return verdict(side(comparison.before), side(comparison.after), "MiB", higher_is_better=False,
+                   quantity="activations saved for backward (first step)", fmt=",.1f")
+
+
 def final_loss(comparison: LoopComparison) -> Comparison:
     """Each run's last logged training loss, lower is better, by the one noise rule: what an optimiser and its
     schedule change (the loops train on the same batches for the same steps)."""
@@ -234,6 +244,7 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
                       None: f"the watch could not see the technique in {_name(mine)} ({seen})"}[shown])
         if t.quantity == "memory":
             lines.append(f"  training peak memory: {peak_memory(result).words}")
+            lines.append(f"  activations saved for backward: {saved_activations(result).words}")
         elif t.quantity == "loss":
             lines.append(f"  final training loss: {final_loss(result).words}")
         elif t.quantity == "lr":
@@ -243,5 +254,5 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
 
 
 __all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "check", "final_loss", "images", "learning_rate", "loop_source",
-           "peak_memory", "pick",
+           "peak_memory", "pick", "saved_activations",
            "solution_diff", "solution_runs", "technique_shown", "unchanged"]

@@ -8,8 +8,10 @@ in the learner's loop (fastlab.exercise.TECHNIQUES), never its source text.
 Recorded through torch's global module forward hooks and optimiser step hooks during that one step only (they
 are removed when it ends, so no timed step is hooked): the outermost module called, the memory layout of its input
 and of its first convolution's weights, the autocast dtype around it, evaluation forwards and whether they
-recorded a graph, forwards that backward ran again (activation checkpointing), the optimiser's class, fused flag
-and learning rate, and whether a scheduler is attached. A torch.compile'd model compiles again at the next step
+recorded a graph, forwards that backward ran again (activation checkpointing), the bytes of activations autograd
+saved for backward during the step's forwards (saved_mb: exact, so a CPU, whose resident set hides a small
+model's activations, still sees what no_grad and checkpointing change; a checkpointed segment's own saves are its
+hooks', not counted), the optimiser's class, fused flag and learning rate, and whether a scheduler is attached. A torch.compile'd model compiles again at the next step
 (the hooks it was traced with are gone): on a compiled loop, count one more warm-up step.
 """
 
@@ -41,12 +43,15 @@ class FirstStepFacts:
         self.facts: dict[str, Any] = {
             "model": None, "graph_module": False, "autocast": None, "input_layout": None, "weights_layout": None,
             "eval_forwards": 0,
-            "eval_with_grad": 0, "recomputed": 0, "optimizer": None, "fused": None, "lr": None, "scheduled": False,
+            "eval_with_grad": 0, "recomputed": 0, "saved_mb": 0.0, "optimizer": None, "fused": None, "lr": None, "scheduled": False,
             "cudnn_benchmark": torch.backends.cudnn.benchmark}
         self._thread = threading.get_ident()
         self._depth = 0
         self._handles: list[Any] = []
         self._warnings = warnings.catch_warnings()
+        self._saving: Any = None  # saved-tensor hooks around the whole step
+        self._saved: dict[int, int] = {}  # storage address -> bytes, each storage once
+        self._params: set[int] = set()  # the model's own storages: saved weights are not activations
 
     def __enter__(self) -> FirstStepFacts:
         self._warnings = warnings.catch_warnings()
@@ -55,9 +60,13 @@ class FirstStepFacts:
         self._handles = [register_module_forward_pre_hook(self._pre),
                          register_module_forward_hook(self._post, always_call=True),
                          register_optimizer_step_pre_hook(self._optimizer_step)]
+        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._saving.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop_saving()
+        self.facts["saved_mb"] = sum(self._saved.values()) / 2**20
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -88,6 +97,19 @@ class FirstStepFacts:
                 f["autocast"] = str(torch.get_autocast_dtype(self.device_type)).removeprefix("torch.")
             f["input_layout"] = layout(next((a for a in args if isinstance(a, torch.Tensor)), None))
             f["weights_layout"] = layout(next((p for p in module.parameters() if p.dim() == 4), None))
+        self._params |= {p.data_ptr() for p in module.parameters()}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        # the outermost hooks: checkpoint's own (entered inside the step) take its segments' saves
+        if t.layout == torch.strided and t.data_ptr() not in self._params:
+            storage = t.untyped_storage()
+            self._saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def _stop_saving(self) -> None:
+        if self._saving is not None:
+            self._saving.__exit__(None, None, None)
+            self._saving = None
 
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         if self._ours() and torch._C._current_graph_task_id() == -1:

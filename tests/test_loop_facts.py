@@ -151,3 +151,37 @@ def test_an_exercise_check_refuses_a_technique_it_does_not_know():
 
     with pytest.raises(ValueError, match=r"check\(technique='warp'\) is not allowed: one of workers, autocast"):
         exercise.check(loop, loop, technique="warp")
+
+
+def test_the_activations_saved_for_backward_are_counted_exactly_and_no_grad_and_checkpointing_lower_them():
+    # a CPU's resident set hides a small model's activations (issue 39 item 5); autograd's saves do not
+    block = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU())
+    head = nn.Linear(16 * 8 * 8, 10)
+
+    def saved(checkpointed: bool) -> float:
+        with FirstStepFacts("cpu") as seen:
+            h = checkpoint(block, X, use_reentrant=False) if checkpointed else block(X)
+            F.cross_entropy(head(h.flatten(1)), Y).backward()
+        return seen.facts["saved_mb"]
+
+    plain, checkpointed = saved(False), saved(True)
+    mib = 4 * 16 * 8 * 8 * 4 / 2**20  # one 16-channel activation of the batch, fp32
+    assert plain >= 2 * mib and checkpointed < 0.6 * plain  # the ReLUs' saves inside the block are checkpoint's
+    assert saved(False) == plain  # exact: the same step saves the same bytes
+    model = nn.Sequential(block, nn.Flatten(), head).eval()
+    for grad, expected in ((True, plain), (False, 0.0)):
+        with FirstStepFacts("cpu") as seen, torch.set_grad_enabled(grad):
+            model(X)
+        assert (seen.facts["saved_mb"] > 0) == (expected > 0)  # evaluation under no_grad saves nothing
+
+
+def test_an_exercise_weighs_the_saved_activations_by_the_one_comparison():
+    from fastlab.exercise import saved_activations
+    from fastlab.watch import LoopComparison
+
+    def runs(mb: float) -> list[fastlab.RunResult]:
+        return [fastlab.RunResult(config={}, extras={"watch": {"facts": {"saved_mb": mb}}}) for _ in range(2)]
+
+    nan = fastlab.Spread.of([])
+    c = saved_activations(LoopComparison(runs(8.0), runs(2.0), nan, nan, "faster", ""))
+    assert c.direction == "better" and abs(c.ratio - 0.25) < 1e-9
