@@ -1,6 +1,7 @@
 """Test settings: the smoke profile, no display, and a data folder that starts empty (no downloads)."""
 
 import os
+import signal
 import tempfile
 
 os.environ["FASTLAB_PROFILE"] = "smoke"
@@ -8,6 +9,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["FASTLAB_DATA_DIR"] = tempfile.mkdtemp(prefix="fastlab-data-")
 os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-results-")  # claim verdicts
 os.environ.pop("FASTLAB_DATA", None)
+# A job started in the background (`nohup make test &`, some CI runners) inherits Ctrl-C ignored, and so does every
+# process it starts: the tests that send a Ctrl-C need Python's own handler (children inherit it as the default).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
