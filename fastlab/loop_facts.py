@@ -22,6 +22,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -50,7 +51,8 @@ class FirstStepFacts:
         self._handles: list[Any] = []
         self._warnings = warnings.catch_warnings()
         self._saving: Any = None  # saved-tensor hooks around the whole step
-        self._saved: dict[int, int] = {}  # storage address -> bytes, each storage once
+        self._saved: dict[int, StorageWeakRef] = {}  # storage address -> the storage saved there (each counted once)
+        self._saved_bytes = 0
         self._params: set[int] = set()  # the model's own storages: saved weights are not activations
 
     def __enter__(self) -> FirstStepFacts:
@@ -66,7 +68,8 @@ class FirstStepFacts:
 
     def __exit__(self, *exc: object) -> None:
         self._stop_saving()
-        self.facts["saved_mb"] = sum(self._saved.values()) / 2**20
+        self.facts["saved_mb"] = self._saved_bytes / 2**20
+        self._saved.clear()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -103,7 +106,10 @@ class FirstStepFacts:
         # the outermost hooks: checkpoint's own (entered inside the step) take its segments' saves
         if t.layout == torch.strided and t.data_ptr() not in self._params:
             storage = t.untyped_storage()
-            self._saved[storage.data_ptr()] = storage.nbytes()
+            seen = self._saved.get(storage.data_ptr())
+            if seen is None or seen.expired():  # a new storage (an address freed by backward may come back)
+                self._saved[storage.data_ptr()] = StorageWeakRef(storage)
+                self._saved_bytes += storage.nbytes()
         return t
 
     def _stop_saving(self) -> None:

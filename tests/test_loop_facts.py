@@ -168,6 +168,17 @@ def test_the_activations_saved_for_backward_are_counted_exactly_and_no_grad_and_
     mib = 4 * 16 * 8 * 8 * 4 / 2**20  # one 16-channel activation of the batch, fp32
     assert plain >= 2 * mib and checkpointed < 0.6 * plain  # the ReLUs' saves inside the block are checkpoint's
     assert saved(False) == plain  # exact: the same step saves the same bytes
+    # backward frees a pass's saves; at real sizes (mmap'd blocks) the next pass reuses their addresses
+    big_x, big_head = torch.randn(64, 3, 32, 32), nn.Linear(16 * 32 * 32, 10)
+
+    def passes(n: int) -> float:
+        with FirstStepFacts("cpu") as seen:
+            for _ in range(n):
+                F.cross_entropy(big_head(block(big_x).flatten(1)), Y.repeat(16)).backward()
+        return seen.facts["saved_mb"]
+
+    once, twice = passes(1), passes(2)  # big_x is one storage saved by both passes; the targets are new each time
+    assert abs(twice - (2 * once - big_x.nbytes / 2**20)) < 1e-9, (once, twice)  # a reused address: counted again
     model = nn.Sequential(block, nn.Flatten(), head).eval()
     for grad, expected in ((True, plain), (False, 0.0)):
         with FirstStepFacts("cpu") as seen, torch.set_grad_enabled(grad):
