@@ -39,6 +39,14 @@ def single_pair(a: Spread, b: Spread) -> bool:
     return 1 in (len(a.repeats), len(b.repeats))
 
 
+def paired(a: Spread, b: Spread) -> bool:
+    """Whether the two sides were interleaved in repeats that each have a spread of their own (two timed windows
+    or more): then each repeat is judged against its partner. A repeat of one window has no spread to judge by,
+    so its side is judged as a whole, by how far its repeats differ from each other."""
+    return (len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats)
+            and all(r.n >= 2 for r in (*a.repeats, *b.repeats)))
+
+
 def is_noise(a: Spread, b: Spread) -> bool:
     """The one noise rule. A side measured in one run, not interleaved with the other (single_pair), cannot be
     told from the machine drifting between the runs: noise. Two measurements repeated in the same interleaved
@@ -48,7 +56,7 @@ def is_noise(a: Spread, b: Spread) -> bool:
     timed windows."""
     if single_pair(a, b):
         return True
-    if len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats):
+    if paired(a, b):
         signs = set()
         for ra, rb in zip(a.repeats, b.repeats):
             if _overlap(ra.interval, rb.interval):
@@ -66,8 +74,7 @@ def detectable_ratio(a: Spread, b: Spread) -> float:
     A difference under it reads noise whatever the technique does; over it, the rule would have seen it."""
     if single_pair(a, b):
         return math.inf
-    paired = len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats)
-    return max(_clearing_ratio(x, y) for x, y in (zip(a.repeats, b.repeats) if paired else [(a, b)]))
+    return max(_clearing_ratio(x, y) for x, y in (zip(a.repeats, b.repeats) if paired(a, b) else [(a, b)]))
 
 
 def _clearing_ratio(a: Spread, b: Spread) -> float:
@@ -193,17 +200,17 @@ def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_be
     return Comparison("better" if up == higher_is_better else "worse", ratio, base, other, **kw)
 
 
-def _varied(*spreads: Spread) -> float:
-    """How far the intervals of the median reach from their medians (0.3: ±30%), the widest of the spreads (or
-    of their repeats, where they were interleaved)."""
-    parts = [r for s in spreads for r in (s.repeats or (s,))]
+def _varied(base: Spread, other: Spread) -> float:
+    """How far the intervals of the median reach from their medians (0.3: ±30%), the wider side (or the widest
+    repeat, where the repeats are paired)."""
+    parts = [*base.repeats, *other.repeats] if paired(base, other) else [base, other]
     return max((max(hi / s.median - 1, 1 - lo / s.median) for s in parts if s.median > 0
                 for lo, hi in (s.interval,)), default=math.nan)
 
 
 def _dissent(base: Spread, other: Spread) -> str:
     """Which interleaved repeat did not show the pooled difference: inside its own spread, or the other way."""
-    if len(base.repeats) < 2 or len(base.repeats) != len(other.repeats):
+    if not paired(base, other):
         return ""
     up = other.median > base.median
     said = []

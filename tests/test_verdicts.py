@@ -175,3 +175,18 @@ def test_a_difference_seen_says_what_the_measurement_could_see_too():
     # a memory saving measured on a CPU (tensor sizes: exact) says so in the claim's evidence
     f = claims.verdict_less(1000.0, 520.0, 0.5)
     assert f.verdict.startswith("holds (48% less memory)") and "a change over 1.00x would have shown here" in f.evidence
+
+
+def test_repeats_of_one_window_each_are_judged_by_how_far_the_repeats_differ():
+    # 12's checkpointing exercise under the cpu profile (8 batches: one timed window a run) printed "0.41x (slower)
+    # ... a change over 1.00x would have shown here" for 56 against 136 images/s, ranges 38-74 and 60-212: a window
+    # has no spread of its own, so each repeat's "interval" was a point and any difference cleared it
+    base = Spread.of([100, 200], [[100], [200]])
+    other = Spread.of([60, 120], [[60], [120]])
+    c = verdict(base, other)
+    assert c.direction == "noise" and c.detectable > 1.5, (c.direction, c.detectable)
+    assert "a change under" in c.words and "±" in c.words
+    # with windows of their own, each repeat is judged against its partner, as before
+    tight = verdict(Spread.of([100, 101, 200, 201], [[100, 101], [200, 201]]),
+                    Spread.of([60, 61, 120, 121], [[60, 61], [120, 121]]))
+    assert tight.direction == "worse" and tight.detectable < 1.05
