@@ -4,19 +4,10 @@
     advice = fastlab.advise(result, verify=True)       # ... and the top one tried: advice.verification
     fastlab.verify(result)                             # the same measurement on its own
 
-Each rule reads numbers the run measured (data-wait share, optimiser share, step time, peak memory,
-GPU utilisation) or knobs it ran with, compares them with a named threshold below, and, when it fires,
-proposes a config change (`Finding.changes`, applicable with TrainConfig.replace) and the notebook
-that teaches it. Rules that cannot apply where the run was measured (tensor cores, GPU memory,
-host-device syncs on a CPU) are never given: they read result.env, not this machine.
-
-A run that diverged (non-finite loss) is named first: its speed is not credited, and what to try is a
-change that makes it learn again (verify checks the rerun's loss stays finite). Runs of your own loop
-(fastlab.watch, extras["watched"]) get the same rules where their numbers exist, plus a leak rule that reads
-their memory trace; they cannot be re-run by fastlab, so verify refuses them and points to
-fastlab.compare_loops, which runs the reader's before and after in turns. The data-bound remedy for such a loop
-weighs the cores, the batch size and each batch's trip between processes, says how sure it is, and never proposes
-a loader setting that an earlier watched run of the same data in this session measured no faster.
+Each rule holds a measured number (or a knob) against a named threshold below and, when it fires, proposes a
+config change (`Finding.changes`) and the notebook that teaches it. Rules read result.env, not this machine, so
+none is given where it cannot apply. A diverged run is named first. Runs of your own loop (fastlab.watch) cannot be
+re-run: verify refuses them and points to fastlab.compare_loops.
 """
 
 from __future__ import annotations
@@ -34,72 +25,49 @@ from .train import describe_changes, run
 from .verdicts import runs_verdict, turns, verdict
 
 # --------------------------------------------------------------------------- thresholds
-# Removing a share s of every step can speed training up by at most 1 / (1 - s) (Amdahl). The reference
-# runs in DESIGN.md vary by about +-15% between windows, so a share is worth naming only when even its
-# best case, 1 / (1 - s), clears that noise: s >= 0.15 gives 1.18x.
+# Removing a share s of a step gains at most 1 / (1 - s) (Amdahl): s >= 0.15 (1.18x) clears +-15% window noise.
 DATA_WAIT_SHARE = 0.15  # data wait / step time at or above which the loader sets the pace
 OPTIMIZER_SHARE = 0.15  # optimizer.step() / step time (sampled in warm-up) at or above which its implementation matters
-# Eager PyTorch spends roughly 10-20 us of host time per op (Python, dispatcher, kernel launch) and a CNN
-# training step is of the order of a thousand ops (forward, backward, optimiser): 10-20 ms of host work.
-# A GPU step shorter than this is paced by the host, not the GPU (launch- or overhead-bound).
+# ~10-20 us of host time per op x ~1000 ops a CNN step: a shorter GPU step is paced by the host (overhead-bound).
 SHORT_STEP_S = 0.015
-# On a CPU the host does both the per-op overhead and the math, so step time cannot tell them apart;
-# the batch is the signal instead: each op's fixed cost (dispatch, waking the intra-op thread pool) is
-# paid per micro-batch, and a batch this small gives the cores too little work per op to amortise it.
+# On a CPU step time cannot separate overhead from maths: a batch this small gives too little work per op.
 CPU_SMALL_BATCH = 8
-# NVML utilisation: a share of samples this low, while the host also waits on data, means the GPU starves
-# between batches. Needs enough samples to be a pattern (the sampler reads every 50 ms).
+# This share of NVML samples under GPU_UTIL_LOW_PCT, with some data wait, means the GPU starves between batches.
 GPU_UTIL_LOW_PCT = 60.0
 GPU_UTIL_LOW_SHARE = 0.25
 GPU_UTIL_MIN_SAMPLES = 10
-# Utilisation swings count as data-bound evidence only with at least this much measured data wait: the
-# host runs ahead of an asynchronous GPU, so its wait understates the GPU's idle time, but low utilisation
-# with no data wait at all is launch overhead, not the loader.
+# Low utilisation counts as data-bound only with this much data wait: with none at all it is launch overhead.
 DATA_WAIT_SHARE_WITH_UTIL = DATA_WAIT_SHARE / 2
-# Peak memory of a CNN is mostly activations, which grow about linearly with the batch: under 40% of the
-# device, doubling the batch still leaves a 20% margin for allocator fragmentation and cuDNN workspaces.
+# Activations grow about linearly with the batch: under 40% of the device, doubling it still leaves a margin.
 MEMORY_HEADROOM_SHARE = 0.40
 # Above 90% of the device, fragmentation alone can turn the next larger shape into an out-of-memory error.
 MEMORY_LIMIT_SHARE = 0.90
 # Tensor cores arrived with Volta (compute capability 7.0); bf16 needs Ampere (8.0).
 TENSOR_CORE_CC = 7.0
 BF16_CC = 8.0
-# The data-bound remedy for a loop fastlab did not write weighs what worker processes cost: a DataLoader worker
-# pickles each batch and the training process unpickles it (a fixed cost per batch, plus its bytes), and the
-# workers compete with training for the same cores. On PyTorch's CIFAR-10 tutorial (batch 4, 2 workers, 2 cores)
-# num_workers=0 ran 2.2x faster (NOTES.md, 2026-12-01).
+# For the reader's own loop: DataLoader workers pickle every batch (a fixed cost each) and compete for the cores.
 LOADER_SMALL_BATCH = 16  # images per batch at or under which that per-batch cost is a large share of the batch
 LOADER_SMALL_BATCH_BYTES = 2**20  # or under 1 MiB a batch: the copy is cheap, the fixed cost per batch is not
 LOADER_MIN_CORES = 3  # workers plus the training process need this many cores not to take training's
-# A loader whose wait keeps the CPU busy for under this share of it mostly sleeps (a disk, the network, decoding
-# that waits on a lock): a worker that waits needs no core of its own, so workers help on two cores too. A wait that
-# computes stays near 100% unless other processes take the core.
+# A wait with CPU time under this share mostly sleeps (disk, network): workers then need no core of their own.
 LOADER_OFF_CPU_SHARE = 0.25
 LOADER_MAX_WORKERS = 8
 LOG_EVERY = 10  # a loss read every 10 steps: one host-device sync per 10 steps (the bench ladder's choice)
 BATCH_GROWTH = 4  # the overhead-bound remedy: 4x the batch (fixed costs shared by 4x the images)
-# A probable leak (C11): memory after each timed step rising steadily, and still rising at the end. "Steadily":
-# the medians of LEAK_CHUNKS consecutive stretches of steps each higher than the one before (a one-off jump, such
-# as the allocator growing its cache once, rises in one stretch only), and the rise over the steps, read from a
-# robust slope (Theil-Sen: the median of the slopes between all pairs of steps), both above the memory's floor and
-# above LEAK_NOISE_FACTOR times the trace's own noise (median distance of a step from the fitted line). "Still
-# rising": the last stretch's own slope at least LEAK_TAIL_SHARE of the whole run's. Growth that stops (start-up:
-# DataLoader workers' pages, allocator arenas, a cache filled in the first pass) is not a leak.
+# A probable leak (C11): each of LEAK_CHUNKS stretches' median above the last (a one-off jump rises once), a robust
+# (Theil-Sen) rise above the floor and LEAK_NOISE_FACTOR x the noise, and the last stretch still rising at
+# LEAK_TAIL_SHARE of the run's slope. Growth that stops (start-up, a cache filled once) is not a leak.
 LEAK_MIN_STEPS = 8  # timed steps needed to call a trend
 LEAK_CHUNKS = 4
 LEAK_NOISE_FACTOR = 4.0
 LEAK_CHUNK_NOISE = 1.0  # each stretch's median must exceed the previous one by this many noise units too
 LEAK_TAIL_SHARE = 0.5
-# The floor of a rise worth naming, by what the trace reads. CUDA: allocated tensor memory, exact. A CPU's process
-# resident set: whole pages and glibc's heap, which serves requests below its mmap threshold (which adapts up to
-# 32 MiB on 64-bit Linux) and keeps what it grew: a rise of that size is the allocator, not the loop.
+# The smallest rise worth naming: a CPU's resident set holds glibc heap growth (up to 32 MiB) that is not the loop.
 LEAK_MIN_MB = {"process_rss": 32.0}
 LEAK_MIN_MB_DEFAULT = 4.0
 
-# Rank: a run that stopped learning first (its speed means nothing), then one that ran out of memory or is
-# heading there (a leak), then measured bottlenecks in the order they hide each other (the data wall hides
-# everything; launch overhead hides what precision or the optimiser could give), then advice read from the
-# config and the device.
+# Rank: divergence, then memory (out of memory, a leak), then bottlenecks in the order they hide each other, then
+# advice read from the config and the device.
 PRIORITY = ("diverged", "out_of_memory", "memory_leak", "data_bound", "overhead_bound", "optimizer_bound",
             "fp32_on_tensor_cores", "layout_and_kernels", "host_sync_every_step", "memory_near_limit",
             "memory_headroom", "loss_tensor_kept", "eval_with_autograd")
@@ -154,8 +122,7 @@ class Finding:
     changes: dict[str, Any]  # apply with TrainConfig.from_dict(result.config).replace(**changes)
     why: str
     alternatives: tuple[dict[str, Any], ...] = ()
-    metric: str = "train"  # what verify compares: "train" (training images/s), "eval" (held-out images/s) or
-    #   "finite" (whether the rerun's loss stays finite: the diverged finding)
+    metric: str = "train"  # what verify compares: "train" or "eval" images/s, or "finite" (the loss stays finite)
     confidence: str = ""  # how sure the remedy is, and why ("high: ..."); empty where the rule does not weigh it
 
     def text(self) -> str:
@@ -237,7 +204,7 @@ def _divergence_remedies(r: RunResult, cfg: dict[str, Any]) -> list[tuple[dict[s
     if amp == "fp16":  # fp16's narrow range overflows; bf16 has fp32's range where it is native
         native_bf16 = r.env.get("device_type") == "cpu" or _compute_capability(r) >= BF16_CC
         out.append(({"amp": "bf16" if native_bf16 else "off"}, NOTEBOOKS["amp"]))
-    if comp not in (None, "off"):  # a compiled kernel may accumulate in low precision (NOTES: compile + bf16 on CPU)
+    if comp not in (None, "off"):  # a compiled kernel may accumulate in low precision
         out.append(({"compile": "off"}, NOTEBOOKS["compile"]))
         if comp != "default":
             out.append(({"compile": "default"}, NOTEBOOKS["compile"]))
@@ -251,7 +218,7 @@ def _divergence_remedies(r: RunResult, cfg: dict[str, Any]) -> list[tuple[dict[s
 def _diverged(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     if r.status != "diverged":
         return None
-    step = getattr(r, "diverged_step", None)  # fields of the outcomes issue; getattr keeps old results readable
+    step = getattr(r, "diverged_step", None)  # getattr: older results lack these fields
     last = getattr(r, "last_finite_loss", None)
     evidence = [Evidence("status", f"diverged{f' at step {step}' if step is not None else ''}: "
                                    f"{r.error or 'a non-finite loss'}", "loss, grad scale or parameters non-finite")]
@@ -302,9 +269,8 @@ def _theil_sen(ys: list[float], xs: list[float] | None = None) -> tuple[float, f
 
 
 def memory_rise(trace: list[float], steps: list[int] | None = None) -> tuple[float, float, bool]:
-    """(rise over the trace in MiB from its robust slope, the trace's noise in MiB, whether it rose steadily and
-    still rises in its last stretch). steps: the step of each sample where memory was not sampled every step
-    (fastlab.watch on short CPU steps)."""
+    """(rise in MiB from a robust slope, noise in MiB, whether it rose steadily and still rises at the end).
+    steps: each sample's step, where memory was not sampled every step."""
     import statistics
 
     if len(trace) < LEAK_MIN_STEPS:
@@ -401,15 +367,13 @@ Remedy = tuple[dict[str, Any], str, str]  # (DataLoader change, what to do in wo
 
 def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
                          ) -> tuple[dict[str, Any], tuple[dict[str, Any], ...], str, str, list[Evidence]]:
-    """What to change in the reader's own loader, weighing what worker processes cost here: (changes,
-    alternatives, technique, confidence, the evidence weighed). Never a setting this loop already has, nor one
-    an earlier watched run of the same data in this session measured no faster."""
+    """(changes, alternatives, technique, confidence, evidence) for the reader's own loader, weighing what workers
+    cost here; never a setting the loop has, nor one an earlier watched run found no faster."""
     cores = int(r.env.get("cpu_count") or 1)
     batch = int(r.images_per_step or cfg.get("batch_size") or 1)
     nbytes = int((r.extras.get("watch") or {}).get("batch_bytes") or 0)
     small = batch <= LOADER_SMALL_BATCH or 0 < nbytes < LOADER_SMALL_BATCH_BYTES
-    # the training process's CPU time over its wait tells a sleeping loader from a computing one only where the
-    # loading happens in that process (no workers: with them it waits on a queue, off the CPU, either way)
+    # CPU time over the wait tells a sleeping loader from a computing one only without workers
     share = (r.extras.get("watch") or {}).get("data_cpu_share")
     share = share if _finite(share) and not cfg.get("num_workers") else None
     weighed = [Evidence("usable CPU cores", cores, f"workers need >= {LOADER_MIN_CORES} to leave training a core"
@@ -443,8 +407,7 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
 
 def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool,
                        off_cpu: bool = False) -> list[Remedy]:
-    """The loader changes worth trying, most likely first, each with how sure it is. off_cpu: the wait was
-    measured mostly off the CPU, so workers need no spare core."""
+    """The loader changes worth trying, most likely first, each with how sure it is. off_cpu: the wait sleeps."""
     workers = int(cfg.get("num_workers") or 0)
     costs = "collate, the trip between processes, per-op overhead" if workers else "collate, per-op overhead"
     bigger: Remedy = ({"batch_size": batch * BATCH_GROWTH}, f"a larger batch ({batch * BATCH_GROWTH})",
@@ -720,8 +683,7 @@ class Verification:
     metric: str  # "training images/s" or "held-out images/s"
     before: Spread
     after: Spread
-    outcome: str  # "gain", "no measurable gain", "slower", "inconclusive", "diverged", "failed";
-    #   for a diverged run's finding: "fixed" or "still diverges"
+    outcome: str  # "gain", "no measurable gain", "slower", "inconclusive", "diverged", "failed", "fixed", ...
     sentence: str
     notes: list[str] = field(default_factory=list)
 
@@ -768,8 +730,7 @@ OUTCOMES = {"better": "gain", "worse": "slower", "noise": "no measurable gain"}
 
 def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str,
                                                                                                list[str]]:
-    # A time-limited run keeps its finished windows (comparable, with a note); a diverged, failed or stopped one is
-    # not credited (fastlab.verdicts). Each repeat ran baseline then change back to back: the noise rule pairs them.
+    # a time-limited run keeps its finished windows, with a note; the noise rule pairs the back-to-back repeats
     notes = [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
     c = runs_verdict(base_runs, new_runs, interleaved=True)
     if not c.comparable:
@@ -829,11 +790,8 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
            dataset: Any = None, model: Any = None, progress: bool = False, runner: Runner = run) -> Verification | None:
     """Apply a finding's changes (default: the top finding that has any), run it, and report the effect.
 
-    The baseline is a fresh run of `result`'s own config in this session, not the stored result, so both
-    sides see the same machine load; with repeats > 1 the runs take turns (fastlab.verdicts.turns: baseline,
-    changed, then changed, baseline) so a drift in load falls on both. A difference inside the spread is reported as "no measurable gain".
-    dataset / model: pass what the original run was given (fastlab.run's dataset= and model=), if anything.
-    Returns None when no finding has a change to try.
+    The baseline is rerun fresh, in turns with the change, so both see the same machine load. dataset / model:
+    what the original run was given, if anything. Returns None when no finding has a change to try.
     """
     _refuse_watched(result)
     findings = findings_for(result)
@@ -883,9 +841,7 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
 
 def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advice:
     """The ranked findings of `result`; with verify=True the top one is also tried (advice.verification).
-
-    verify_args go to fastlab.verify (finding, repeats, dataset, model, progress).
-    """
+    verify_args go to fastlab.verify (finding, repeats, dataset, model, progress)."""
     advice = Advice(result, findings_for(result))
     if verify:
         advice.verification = _verify(result, **verify_args)

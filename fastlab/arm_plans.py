@@ -1,9 +1,6 @@
 """What to do with one arm of a comparison: train it, skip it as a no-op here, or run it once as a trap.
 
-An arm whose every changed knob is a no-op on this device is not trained (its result says no-op and why); an arm
-that is a known trap on this device (bf16 autocast on a CPU without native bf16) runs once, short, as a
-demonstration. train.compare/sweep, bench's ladder and comparisons.run_arms all plan their arms here, so this
-module imports none of them.
+train.compare/sweep, bench's ladder and comparisons.run_arms all plan their arms here, so it imports none of them.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from .results import RunResult
 # Fields an arm may differ in without being a different computation (the seed, the labels' budget).
 _NOT_KNOBS = ("seed", "max_seconds", "profile")
 DEMONSTRATION_STEPS = 3  # timed steps of a trap's one demonstration run (enough for a median step time)
-# A trap can cost a hundred times the baseline's step: past this many seconds of timed steps the demonstration
-# stops (as time_limited, with the steps it finished), so one trap never eats a notebook's slot.
+# A trap can cost a hundred times the baseline's step: its demonstration stops after this many timed seconds.
 DEMONSTRATION_SECONDS = 10.0
 DEMONSTRATION_EVAL_IMAGES = 16  # its accuracy is never compared: a few held-out images keep the record complete
 
@@ -61,9 +57,7 @@ def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
 
 
 def demonstration_config(arm: TrainConfig) -> TrainConfig:
-    """A trap's demonstration run: one warm-up step, then at most DEMONSTRATION_STEPS timed ones in one window
-    (fewer once DEMONSTRATION_SECONDS have passed), and a few held-out images (its accuracy after so few steps
-    says nothing; its step time says it all)."""
+    """A trap's demonstration: one warm-up step, DEMONSTRATION_STEPS timed (or DEMONSTRATION_SECONDS), few images."""
     budget = min(arm.max_seconds, DEMONSTRATION_SECONDS) if arm.max_seconds else DEMONSTRATION_SECONDS
     return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1, max_seconds=budget,
                        eval_images=min(arm.eval_images, arm.batch_size, DEMONSTRATION_EVAL_IMAGES))

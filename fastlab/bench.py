@@ -47,12 +47,7 @@ class Rung:
 
 
 def ladder(base: TrainConfig) -> list[Rung]:
-    """The rungs for this machine. Changes are cumulative: each rung keeps those before it.
-
-    The naive rung is what a newcomer's plain PyTorch loop does: torch's own defaults (conv TF32 on, the
-    optimiser implementation torch picks, full-precision fp32 matmuls), loading in the training process.
-    Each rung above it adds one technique, named in its title.
-    """
+    """The rungs for this machine, cumulative: naive (torch's defaults), then one technique per rung (its title)."""
     device = resolve_device(base.device)
     small, large = LADDER_BATCH.get(base.profile, (base.batch_size, base.batch_size * 2))
     if base.profile == "gpu" and base.model == "compact":
@@ -90,8 +85,7 @@ def ladder(base: TrainConfig) -> list[Rung]:
     ]
 
 
-# What a rung does on a CUDA GPU, on a CPU, and on another device (MPS): the ladder prints it beside each rung, so
-# it must be true on the device it runs on.
+# What a rung does on a CUDA GPU, a CPU and another device (MPS): printed beside each rung, true where it runs.
 RUNG_WHY: dict[str, tuple[str, str, str]] = {
     "workers": ("the DataLoader settings: worker processes decode and augment in parallel; pinned memory lets "
                 "the copy to the GPU run asynchronously (non_blocking)",
@@ -133,15 +127,13 @@ def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[st
     return keep
 
 
-# A rung that makes this machine more than this much slower than the rung below it (or fails, diverges, or runs
-# out of its time budget) is a trap here, not a step up: it is shown, then left out of the rungs above it.
-# Smaller slowdowns are kept, since techniques combine (bf16 pays once channels_last and a large batch join it).
+# A rung under this speed ratio to the rung below (or failed, diverged, out of time) is a trap, not carried up.
+# Milder slowdowns are kept: techniques combine (bf16 pays once channels_last and a large batch join it).
 DROP_BELOW_RATIO = 0.5
 
 
 def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
-    """Why a rung's change should not be carried up the ladder, or None to keep it. A rung stopped by the harness's
-    own time budget is never a trap: it is judged by the windows it finished, like any other rung."""
+    """Why a rung's change should not be carried up the ladder, or None; a stop by the harness's budget is no trap."""
     if below is None:
         return None
     if stopped_by_harness_budget(result) and not result.window_throughput:
@@ -165,18 +157,12 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                max_seconds: float | Callable[[], float] | None = None, budget_s: float | None = None,
                not_run: dict[str, str] | None = None, repeats: int | None = None,
                on_update: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
-    """Run the rungs cumulatively; a rung that is a trap here (see drop_reason) is not carried up.
-    Stops early (keeping what ran) when a run is interrupted. on_result(result) is called after each rung of the
-    first pass (to save as it goes). max_seconds: each rung's budget on its timed steps, a number (the same for
-    every rung) or a function called before each rung. budget_s: no rung of the first pass is started once the
-    ladder has run this many seconds of wall time (set-up, compilation and evaluation included); not_run (when
-    given) gets each such rung's title and why.
+    """Run the rungs cumulatively; a trap here (see drop_reason) is not carried up; stops when a run is interrupted.
 
-    repeats (default: the profile's comparison_repeats): after the first pass decides the ladder, each measured
-    rung runs again, in reverse order, then forward again...: naive, +a, +b, +b, +a, naive. A steady drift of the
-    machine then lands on every rung alike, and each rung is paired with the rung below it in every pass, so the
-    noise rule (fastlab.verdicts.is_noise) sees the repeats. on_update(results) is called after every run, with each rung's
-    repeats merged so far."""
+    on_result(result): after each rung of the first pass. max_seconds: each rung's budget on its timed steps (a
+    number, or a function called before each rung). budget_s: no first-pass rung starts after this much wall time;
+    not_run gets each such rung's title and why. repeats (default: the profile's): later passes alternate direction
+    (naive, +a, +b, +b, +a, naive) so a steady drift lands on every rung alike. on_update(results): after every run."""
     results: list[RunResult] = []
     configs: list[TrainConfig] = []
     kept: dict[str, Any] = {}
@@ -231,8 +217,7 @@ def idle_rung(rung: Rung, cfg: TrainConfig, device) -> str | None:
 
 
 def _run_rung(rung: Rung, cfg: TrainConfig, progress: bool) -> RunResult:
-    """One throughput rung: not trained when it can teach nothing here, one short run when it is a known trap
-    (arm_plans.plan_arm's rules), else a full run."""
+    """One throughput rung: not trained when a no-op here, one short run when a known trap, else a full run."""
     from .arm_plans import demonstration_config, not_trained
 
     device = resolve_device(cfg.device)
@@ -288,9 +273,7 @@ def tta_drop_reason(tta: TimeToAccuracy) -> str | None:
 
 
 def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
-    """The limits of a rung above naive, from the rung it builds on and the throughput ladder's trap rule (under
-    DROP_BELOW_RATIO = 0.5x): each seed may train 2x the slowest seed's seconds to the target there, and a first
-    seed stopped while taking 2x longer per image than there is a speed trap (see outcomes.TrapLimits)."""
+    """A rung's trap limits from the rung it builds on, by DROP_BELOW_RATIO (see outcomes.TrapLimits)."""
     if below is None or not below.reached:
         return None
     per_image = [s for r in below.runs if (s := seconds_per_image(r)) is not None]  # synchronised windows
@@ -301,8 +284,7 @@ def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
 def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
                    progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None,
                    not_run: dict[str, str] | None = None) -> list[TimeToAccuracy]:
-    """The ladder on time-to-accuracy: each rung trained over `seeds` until the profile's target accuracy.
-    A rung whose every knob is a no-op on this device is not run; not_run (when given) gets its reason."""
+    """The ladder on time-to-accuracy over `seeds`; a rung of no-ops here is not run (not_run gets its reason)."""
     out: list[TimeToAccuracy] = []
     kept: dict[str, Any] = {}
     below: TimeToAccuracy | None = None
@@ -312,7 +294,6 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
         cfg = base.replace(**{**kept, **rung.changes})
         idle = idle_rung(rung, cfg, device)
         if idle:
-            # every knob of this rung is a no-op on this device: recorded with the reason, not trained 3 times
             if not_run is not None:
                 not_run[rung.title] = idle
             if bar is not None:
@@ -350,8 +331,7 @@ METRICS = ("throughput", "time-to-accuracy")
 def bench(out_dir: str | Path | None = None, profile: str | None = None, model: str | None = None,
           only: list[str] | None = None, skip: list[str] | None = None, progress: bool = True,
           metric: str = "throughput", seeds: int = len(DEFAULT_SEEDS)) -> Path:
-    """Run the ladder, write results.json, bench.png and bench.md into out_dir; returns out_dir.
-    results.json is rewritten after every rung, so a run cut short keeps what it measured."""
+    """Run the ladder and write results.json (after every rung), bench.png and bench.md into out_dir; returns it."""
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r} is not allowed: choose one of {', '.join(map(repr, METRICS))}")
     base = config_for(profile)
@@ -479,8 +459,8 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
 
 
 def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
-    """A time-to-accuracy rung's kind (plots.KINDS) as outcomes.tta_verdict judges it against the rung it builds on
-    (v None: the first rung): a gain the verdict does not credit is no difference detected."""
+    """A time-to-accuracy rung's kind (plots.KINDS) by tta_verdict against the rung it builds on (v None: first);
+    a gain the verdict does not credit is "noise"."""
     if any(r.status == "diverged" for r in t.runs):
         return "diverged"
     if not t.reached:
@@ -493,9 +473,7 @@ def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
 
 
 def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy", not_run: dict[str, str] | None = None):
-    """Bars of training seconds to target per rung, each drawn as outcomes.tta_verdict judges it against the rung it
-    builds on (colour and legend from plots.KINDS; whiskers: the interval of the median it compares); not reached,
-    diverged and dropped rungs marked; the rungs not run (every knob a no-op here, not_run) last, with their why."""
+    """Bars of seconds to target per rung, drawn as tta_verdict judges each against the rung it builds on."""
     from .plots import KINDS, ShownFigure, _short_label, kind_hatch, legend_handles
 
     fig = ShownFigure(figsize=(8.0, 5.6), layout="constrained")

@@ -1,13 +1,8 @@
 """Runs sized by time: a short calibration turns a profile's seconds into steps.
 
-A profile counted in steps cannot fit a workshop slot on every machine of one kind: the same naive cpu-profile
-run has measured several times faster on one CPU than on another. So a profile says how long a run and a
-comparison should take (config.TIME_SIZING), and a calibration measures a few steps of the comparison's baseline
-once per machine and kernel (cached on disk under the machine's fingerprint: CPU model, instruction set, native
-bf16, cores, OS kernel, torch, device) and turns the seconds into steps. Every arm of one comparison gets the
-same steps (they are derived from one sized baseline), and each result records the calibration it used.
-
-The smoke profile has no time sizing: its fixed steps keep nbval's checked outputs the same on every machine.
+Steps that fit a workshop slot on one CPU can take several times longer on another, so a profile says how long a
+run and a comparison take (config.TIME_SIZING). A few steps of the baseline are timed once per machine (cached
+under its fingerprint) and turned into steps; every arm of a comparison gets the same steps. Smoke keeps fixed steps.
 """
 
 from __future__ import annotations
@@ -101,9 +96,7 @@ _KERNEL_CACHE: dict[str, Calibration] = {}  # this kernel's calibrations (the di
 
 
 def measure_step_seconds(config: TrainConfig) -> list[float]:
-    """Wall times of CALIBRATION_STEPS timed steps of `config` (after CALIBRATION_WARMUP), in a run of its own.
-    Each step is a window, so each time is read after a synchronise: on CUDA a step between two syncs holds only
-    the time to launch its kernels."""
+    """Wall times of CALIBRATION_STEPS steps of `config`, each a synchronised window (CUDA launches are async)."""
     from .train import run
 
     short = config.replace(steps=CALIBRATION_STEPS, warmup_steps=CALIBRATION_WARMUP, windows=CALIBRATION_STEPS,
@@ -142,8 +135,7 @@ def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibratio
 
 
 def seconds_per_run(profile: str, arms: int) -> float | None:
-    """Timed seconds each run of a comparison of `arms` runs gets: the profile's run time, or its share of the
-    comparison's time when that is smaller. None when the profile is not sized by time."""
+    """Timed seconds for each of `arms` runs (the run time, or the comparison's share if less); None: not sized."""
     sizing = time_sizing(profile)
     if sizing is None:
         return None
@@ -160,8 +152,7 @@ def steps_for(cal: Calibration, seconds: float, profile: str, windows: int = 1) 
 
 
 def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple[TrainConfig, dict[str, Any] | None]:
-    """`base` with the steps that fit its profile's time for one of `arms` runs, and the record of how (None,
-    and `base` unchanged, where the profile keeps fixed steps). Arms derived from the result share its steps."""
+    """`base` with the steps that fit its profile's time for one of `arms` runs, and how (None: fixed steps)."""
     seconds = seconds_per_run(base.profile, arms)
     if seconds is None:
         return base, None

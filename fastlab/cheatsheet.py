@@ -1,12 +1,7 @@
 """The cheat sheet: each claim C1-C15 beside its PyTorch lines and how its verdict is decided, on one page.
 
-One source: the claims are fastlab.claims.CLAIMS; a claim's code is fastlab.code_diff of its technique's knobs
-against the baseline (TrainConfig's defaults, on the synthetic set so the page is the same on every machine),
-or, where no TrainConfig knob switches the technique on, the technique's own lines read from the fastlab function
-that runs them; how the verdict is decided is the docstring of the function that decides it, the comparison it is
-judges on bundled reference results (fastlab.claim_map.JUDGES), and the rules it applies (the docstrings of the verdict helpers it calls, among
-them the one noise rule, verdicts.is_noise). Only what a measurement is weighed by is written here, one phrase a
-claim. docs/cheatsheet.md is this page; tests/test_cheatsheet.py keeps them equal. Regenerate it with
+A claim's code is fastlab.code_diff against the baseline (synthetic set: the same page everywhere), else its own
+lines; its verdict, the docstrings of the functions that decide it. docs/cheatsheet.md is this page. Regenerate with
 
     python -m fastlab.cheatsheet > docs/cheatsheet.md
 """

@@ -1,22 +1,11 @@
 """The checklist table: each technique, whether it applies here, what it did here and on the reference GPU.
 
-Every figure in the table is computed from ladder results (fastlab.bench.run_ladder). A technique's
-effect is the ratio of two medians:
+Every figure is computed from ladder results (fastlab.bench.run_ladder):
 
     effect = median images/s of the rung that added it / median images/s of the rung it was built on
-
-where "the rung it was built on" is the last rung below it that was kept (a rung dropped as a trap is
-not built on, exactly as run_ladder does). A ratio whose medians lie inside each other's spread is
-marked noise (fastlab.verdicts). A rung that diverged says so: its speed is shown, never credited.
-
-Given the time-to-accuracy ladder too (fastlab.bench.run_tta_ladder, or the time to accuracy of the ladder's rungs
-as notebook 09 measures it), each row also says what the technique did to
-the training seconds to the target accuracy, over seeds:
-
     outcome effect = median seconds to target of the rung it was built on / median seconds of the rung that added it
 
-so a technique that is faster per image but slower to a result reads above 1 in one column and below 1 in the
-other. No pandas: the table is plain Markdown.
+"The rung it was built on" is the last rung below it that was kept, as in run_ladder.
 """
 
 from __future__ import annotations
@@ -41,7 +30,7 @@ class Technique:
     elsewhere: str = ""  # for a technique off the ladder: where the workbook measures it
 
 
-# The order of the checklist (the ladder's order), mapped onto the rungs of fastlab.bench.ladder.
+# In the ladder's order, mapped onto the rungs of fastlab.bench.ladder.
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("DataLoader workers", "workers", ("num_workers",)),
     Technique("pin_memory + non_blocking", "workers", ("pin_memory", "non_blocking")),
@@ -53,8 +42,6 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("device-resident loader", "device_loader", ("loader",)),
     Technique("larger batch", "large_batch", ("batch_size",)),
     Technique("torch.compile", "all_on", ("compile",)),
-    # Conv TF32 is on in every rung, as in stock PyTorch (torch.backends.cudnn.allow_tf32 defaults to True), and the
-    # ladder keeps fp32 matmuls at torch's default: TF32 is not a rung. Notebook 03 compares it on its own.
     Technique("TF32", "", ("tf32", "matmul_precision"),
               elsewhere="not a ladder rung: conv TF32 is on in every rung, as in stock PyTorch; notebook 03 "
                         "(03_cudnn_benchmark_and_channels_last:tf32) compares strict fp32, conv TF32 and TF32 matmuls"),
@@ -80,8 +67,7 @@ def _rung_index(results: Sequence[RunResult], rung: str) -> int | None:
 
 
 def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
-    """The rung that results[index] was built on: the last one below it not dropped as a trap, nor left untrained
-    (every change a no-op here: it measured nothing)."""
+    """The rung that results[index] was built on: the last one below it neither dropped nor left untrained."""
     for r in reversed(results[:index]):
         if not r.extras.get("dropped") and r.status != "no_op":
             return r
@@ -131,9 +117,7 @@ def _tta_built_on(ttas: Sequence[TimeToAccuracy], index: int) -> TimeToAccuracy 
 
 
 def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: Technique, skipped: dict[str, str] | None = None) -> str:
-    """What adding `technique` did to the training seconds to the target accuracy, over seeds, against the last
-    rung below it that was measured to the target and not dropped (named, as it may lie further down than in the
-    throughput ladder when not every rung was measured)."""
+    """What adding `technique` did to seconds to target over seeds, against the last rung below that reached it."""
     if not technique.rung:
         return "not a ladder rung"
     rungs = [t.runs[0].extras.get("rung") if t.runs else None for t in ttas]
@@ -167,14 +151,9 @@ def build_checklist(results: Sequence[RunResult], techniques_here: Sequence[tupl
                     skipped: dict[str, str] | None = None,
                     tta: Sequence[TimeToAccuracy] | None = None,
                     tta_skipped: dict[str, str] | None = None) -> list[ChecklistRow]:
-    """One row per technique of the ladder.
-
-    techniques_here: (name, applies?, why) as from fastlab.environment_report.techniques_here().
-    reference: bundled ladder results by device name (fastlab.reference_for(...)); empty or None when none.
-    skipped: rung name -> why it was not run here.
-    tta: the time-to-accuracy ladder on this machine (adds the outcome column); tta_skipped: rung -> why its
-    time to accuracy was not measured.
-    """
+    """One row per technique of the ladder. techniques_here: (name, applies?, why) as from
+    fastlab.environment_report.techniques_here(); reference: bundled ladder results by device name; skipped: rung
+    -> why it was not run; tta: the time-to-accuracy ladder (adds the outcome column); tta_skipped: likewise."""
     if not results:
         raise ValueError("results is empty: build_checklist needs the ladder's results (fastlab.bench.run_ladder)")
     applies = {name: (ok, why) for name, ok, why in techniques_here}

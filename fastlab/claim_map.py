@@ -1,8 +1,7 @@
 """Notebook 00's map of the claims: each with the reader's latest verdict, else the bundled GPU reference's.
 
-A claim is judged on bundled reference results (fastlab.results.reference_for) by the same lesson function that
-judges the reader's own runs. Which function judges which claim on which comparison's results is the explicit
-list JUDGES below, so this module imports exactly the lessons it names and nothing registers itself on import.
+A claim is judged on bundled reference results by the lesson function that judges the reader's own runs, as the
+explicit list JUDGES names: nothing registers itself on import.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ JUDGES: tuple[ClaimJudge, ...] = (
 
 
 def reference_verdicts(judges: Sequence[ClaimJudge] = JUDGES) -> dict[str, Verdict]:
-    """The verdict of each judged claim on the bundled reference results (one device: the first found); none
-    from a finding that may not be recorded (a single pair)."""
+    """Each judged claim's verdict on the first device's bundled reference results (none from a single pair)."""
     out: dict[str, Verdict] = {}
     for entry in judges:
         if entry.claim in out:
@@ -72,8 +70,7 @@ def _verdict_line(v: Verdict | None, missing: str = "not measured yet") -> str:
 
 
 def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
-    """The claims in three groups: what this machine showed, what only a GPU can show, what is not measured here.
-    A claim about a GPU (needs_gpu) stays in the second group until a GPU of the reader's has judged it."""
+    """The claims grouped: what this machine showed, what only a GPU can show, what is not measured here."""
     sections: dict[str, list[Claim]] = {"here": [], "gpu": [], "rest": []}
     for c in CLAIMS:
         v = mine.get(c.id)
@@ -92,10 +89,8 @@ MAP_HEADINGS = {"here": "What this machine showed (your latest runs)",
 
 def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
               width: int = 110) -> str:
-    """Each claim, where it is tested, and its verdict, in three groups: what this machine showed (the reader's
-    latest verdicts), what only a GPU can show (this machine's "not testable here" beside the bundled GPU reference
-    results, when there are some), and the rest (the reference's verdict, else "not measured yet").
-    mine/reference default to the store and the bundled results."""
+    """Each claim, where it is tested, and its verdict, grouped by _map_sections (the reader's latest verdicts,
+    else the bundled GPU reference's). mine/reference default to the store and the bundled results."""
     mine = latest_verdicts() if mine is None else mine
     if reference is None:
         reference = reference_verdicts()

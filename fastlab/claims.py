@@ -1,29 +1,19 @@
 """The advice's claims C1-C15, the verdicts this machine's measurements give them, and where they are kept.
 
-The workbook puts a popular kind of advice to the test (../shared/CLAIMS.md restates it). Each claim is plain
-data (claims.json): its id, the claim in the advice's words, its figures, what a fair test needs, and the notebook and
-section that test it. A notebook quotes it (quote(), a `>` blockquote attributed to "the common advice"),
-measures it, and prints a verdict computed from the measurement by one of the verdict functions below, never
-typed. A verdict reads as one of:
+Each claim is plain data (claims.json). A notebook quotes it (quote()), measures it, and prints a verdict
+computed by one of the verdict functions below, never typed. A verdict reads as one of:
 
     holds                     the measurement supports the claim, figures included
     holds only when ...       it holds under some of the conditions measured, not the others
     does not hold here        no gain outside the spread where the claimed one would have been seen, the
                               opposite, or well short of the claimed figure
-    could not tell here (...) the test could not have seen the claimed effect (or MIN_GAIN where the claim gives
-                              no figure): the smallest difference it could detect, and what would tell
-    no-op here (why)          the technique cannot act on this machine (a knob that does nothing here)
-    not testable here: ...    the claim is about a device this machine does not have (pinned copies to a GPU on
-                              a CPU), or the test could not come out otherwise (a schedule that never acted)
+    could not tell here (...) the test could not have seen the claimed effect (or MIN_GAIN): what would tell
+    no-op here (why)          the technique cannot act on this machine
+    not testable here: ...    the claim is about a device this machine does not have, or the test could not
+                              come out otherwise
 
-A finding that rests on a single pair (a side that is one run, not interleaved with the other: a trap's one
-demonstration, FASTLAB_REPEATS=1; fastlab.verdicts.single_pair) is printed, never recorded: it cannot tell the
-machine's drift from an effect.
-
-Verdicts are appended to a small store (a JSON file under FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/), with
-the date, device and profile, so that notebook 00's claim map can show the reader's own latest verdicts. Where
-the reader has none, fastlab.claim_map judges a claim on the bundled reference results from a real GPU
-(fastlab.results.reference_for) with the lesson function its explicit list names; else it is "not measured yet".
+A finding on a single pair is printed, never recorded: it cannot tell drift from an effect. Verdicts are kept in a
+store (FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/) for notebook 00's claim map.
 """
 
 from __future__ import annotations
@@ -89,8 +79,7 @@ def quote(claim_id: str, width: int = 112) -> str:
 
 # ---------------------------------------------------------------- verdicts, computed from measurements
 
-# The smallest gain that matters where a claim gives no figure of its own: a test that could not have seen it says
-# "could not tell here", never "does not hold here".
+# The gain that matters where a claim gives no figure: a test that could not see it says "could not tell here".
 MIN_GAIN = 1.2
 TO_TELL = "to tell: a quieter machine, the thorough version (FASTLAB_THOROUGH=1) or a GPU"
 TO_TELL_ON_A_GPU = "to tell: a quieter machine or the thorough version (FASTLAB_THOROUGH=1)"
@@ -129,8 +118,7 @@ def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
 
 
 def unseen(c: Comparison, what: str = "no difference detected", on_gpu: bool = False) -> str:
-    """Why a test that lacked the power could not tell: what it saw, the smallest change it could have seen, and
-    what would tell (the words inside "could not tell here (...)")."""
+    """The words of "could not tell here (...)": what it saw, the smallest change it could see, what would tell."""
     to_tell = TO_TELL_ON_A_GPU if on_gpu else TO_TELL
     if not math.isfinite(c.detectable):  # a single pair: no size of change can be told from drift
         return (f"{what}, {c.gain:.2f}x, but a side is one run, not interleaved with the other: the machine's "
@@ -148,9 +136,8 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
                     unit: str = "images/s") -> Finding:
     """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows.
 
-    The direction comes from fastlab.verdicts.runs_verdict. A difference inside the spread (fastlab.is_noise) is no gain. A run that diverged or stopped early is not
-    credited. knob: when every other run recorded it as a no-op, the verdict is "no-op here (why)".
-    """
+    A run that diverged or stopped early is not credited. knob: when every `other` run recorded it as a no-op, the
+    verdict is "no-op here (why)"."""
     base = [base_runs] if isinstance(base_runs, RunResult) else list(base_runs)
     other = [other_runs] if isinstance(other_runs, RunResult) else list(other_runs)
     if not base or not other:
@@ -344,8 +331,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _entries(path: Path) -> list | None:
-    """The store's verdict entries: [] when there is no store, None when the file is not one this version reads
-    (corrupt, or another version's)."""
+    """The store's verdict entries: [] when there is none, None when this version cannot read the file."""
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -406,8 +392,7 @@ def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]
 
 def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *, save: bool = True,
              result_summary: str | None = None) -> Verdict:
-    """The notebook's one call per claim: build the verdict from the finding, record it (unless the finding may
-    not be: a single pair), return it to print."""
+    """The notebook's one call per claim: the verdict from the finding, recorded unless it may not be, returned."""
     v = verdict_for(claim_id, finding, results, result_summary=result_summary)
     if save and finding.recorded:
         record(v)

@@ -1,9 +1,7 @@
 """The run's clocks and checks: timed windows read after a synchronise, and divergence seen in values read anyway.
 
-window_ends says where the timed windows end (fastlab.watch reads the clock only there, after a synchronise, so
-queued GPU work is always counted and no step pays a sync of its own). DivergenceWatch, the one divergence rule (fastlab.run
-and fastlab.watch), checks the losses and GradScaler scales the loop reads anyway for non-finite or blown-up values,
-and the parameters once at the end.
+window_ends says where the timed windows end (the only places the clock is read, so no step pays a sync of its
+own). DivergenceWatch is the one divergence rule, for fastlab.run and fastlab.watch alike.
 
     throughput of a window = images per step x steps in the window / window wall time
 """
@@ -21,9 +19,7 @@ from .results import RunResult
 
 # Below fp16's smallest subnormal a GradScaler scale means every recent step overflowed: the run has diverged.
 MIN_GRAD_SCALE = 2.0**-24
-# A finite loss this many times the run's first loss has blown up, though no NaN appeared: three orders of magnitude
-# is far beyond the wobble of a training loss. The first loss is taken before any update, so a blow-up at the very
-# first update still counts.
+# A finite loss this many times the run's first (taken before any update) has blown up: far beyond a loss's wobble.
 BLOWUP_FACTOR = 1000.0
 
 
@@ -39,10 +35,8 @@ def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
 
 
 class DivergenceWatch:
-    """The one divergence rule, for fastlab's own runs and a watched loop alike: a loss that is non-finite, or
-    BLOWUP_FACTOR times the first loss of the run (given with first_loss, read only when a later loss is read),
-    a collapsed GradScaler scale, or non-finite parameters. It checks only values the run reads anyway: no
-    host-device sync of its own during timed steps."""
+    """The one divergence rule: a loss that is non-finite or BLOWUP_FACTOR times the first, a collapsed GradScaler
+    scale, or non-finite parameters. It checks only values the run reads anyway: no sync of its own."""
 
     def __init__(self, result: RunResult, agree: Callable[[bool], bool] | None = None) -> None:
         self.res = result
@@ -60,8 +54,7 @@ class DivergenceWatch:
         return bad
 
     def first_loss(self, loss: torch.Tensor | float) -> None:
-        """The run's first loss (kept as given, a tensor is not read here): the blow-up rule's reference. Later
-        calls are ignored."""
+        """The run's first loss, kept unread: the blow-up rule's reference. Later calls are ignored."""
         if self.reference is None:
             self.reference = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
 

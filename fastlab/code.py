@@ -1,12 +1,8 @@
 """The code of any run: `code(cfg)` is the training function fastlab.run runs, specialised to cfg, as one script.
 
-The script is fastlab.training's own source (train and evaluate), rewritten for cfg by fastlab.specialise: knob
-values written in, branches not taken removed, the watch touches removed, comments kept. The definitions it
-needs (the synthetic set or CIFAR-10 through torchvision, the per-image Dataset, the device-resident loader,
-the model) are fastlab's own source too, copied with `inspect.getsource`. It imports torch and torchvision
-(and numpy), never fastlab, and prints each logged loss and the held-out accuracy. What a script does not need
-stays in the harness (fastlab.loop): timing, Ctrl-C, out-of-memory, time budgets, divergence, progress bars,
-and the no-op fallbacks (an optimiser implementation this machine lacks is an error in the script).
+The script is fastlab.training's own source rewritten for cfg by fastlab.specialise, with the definitions it needs
+(data, loader, model) copied from fastlab's source. It imports torch and torchvision, never fastlab; timing,
+Ctrl-C, budgets and the no-op fallbacks stay in the harness (fastlab.loop).
 """
 
 from __future__ import annotations
@@ -218,10 +214,8 @@ def _snippet_source(fn: object, name: str) -> str:
 
 def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
                  changed_name: str | None = None) -> SnippetDiff:
-    """What `changed` adds to `base`: two runnable functions' own source (inspect.getsource), diffed whole.
-
-    The code shown is the code that ran: pass the functions the notebook calls. Both are shown under base's name
-    and without their docstrings, so the diff holds only the technique's lines."""
+    """What `changed` adds to `base`: two runnable functions' own source, diffed whole under base's name and
+    without docstrings. Pass the functions the notebook calls, so the code shown is the code that ran."""
     for label, fn in (("base", base), ("changed", changed)):
         if not callable(fn):
             raise TypeError(f"snippet_diff: {label} must be a function (its source is diffed), got {type(fn).__name__}")
@@ -234,8 +228,7 @@ __all__ = ["code", "code_diff", "CodeDiff", "snippet_diff", "SnippetDiff"]
 
 
 def loop_code(cfg: TrainConfig) -> str:
-    """train() of code(cfg), as it is written there: data, model, optimiser, the loop and the evaluation. Notebook
-    00 shows it: the plain loop a run is."""
+    """train() of code(cfg), as written there: the plain loop a run is (notebook 00 shows it)."""
     script = code(cfg)
     start = script.index("def train(")
     return script[start:script.index('\n\n\nif __name__ == "__main__":', start)] + "\n"

@@ -1,14 +1,7 @@
 """A notebook's comparison is a plain function it calls: `mixed_precision.compare_precision(cfg)`.
 
-@comparison(name, arms=...) wraps a lesson's function fn(base, progress=True, **options) -> list[RunResult]:
-calling it sizes `base` by time first (fastlab.calibration: every arm built from it gets the same steps, and each
-result records the calibration in extras["calibration"]), then tags each result with the comparison's name
-(extras["comparison"]), which is how bundled reference results are matched to a notebook's runs. Nothing is
-registered: the GPU reference run (fastlab.tools.reference_run) holds its own explicit list of what it repeats.
-
-run_arms runs a comparison's arms, except those that can teach nothing here: an arm whose every changed knob is a
-no-op on this device is not trained (its result says no-op and why), and an arm that is a known trap on this device
-(bf16 autocast on a CPU without native bf16) runs once, short, as a demonstration instead of once per seed.
+@comparison(name, arms=...) wraps a lesson's function: calling it sizes `base` by time (fastlab.calibration), then
+tags each result with the name (extras["comparison"]) that matches bundled reference results to a notebook's runs.
 """
 
 from __future__ import annotations
@@ -40,11 +33,9 @@ class NamedComparison(Protocol):
 
 def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[[ComparisonFn], NamedComparison]:
     """Wrap fn(base: TrainConfig, progress: bool = True, **options) -> list[RunResult] as the comparison `name`.
-    `arms`: how many runs share the comparison's time (config.TIME_SIZING), a function of the base config giving
-    that number (a sweep whose values depend on the machine), or None where its steps are not sized
-    by time (time to accuracy trains until a target within the profile's max_steps; a ladder sizes its own rungs);
-    repeated: whether each arm runs the profile's comparison_repeats times (interleaved), False for one run each
-    (e.g. one per seed, already counted in `arms`)."""
+    arms: how many runs share the comparison's time (config.TIME_SIZING), a function of the base config giving it,
+    or None where steps are not sized by time. repeated: whether each arm runs the profile's comparison_repeats
+    times (interleaved); False for one run each (e.g. one per seed, already counted in `arms`)."""
     if ":" not in name:
         raise ValueError(f"comparison names look like 'NN_notebook:what', got {name!r}")
     if arms is not None and not callable(arms) and (isinstance(arms, bool) or not isinstance(arms, int) or arms < 1):
@@ -77,11 +68,9 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
 def run_arms(baseline: TrainConfig, arms: Sequence[tuple[str, TrainConfig]], seeds: Sequence[int] | None = None,
              progress: bool = True, device: torch.device | str | None = None,
              runner: Callable[..., RunResult] | None = None) -> list[RunResult]:
-    """Each arm (label, config), planned by plan_arm against `baseline`: a no-op arm is not trained (one
-    not_trained result), a trap runs once, short (extras["trap"] says why), and the others train: with `seeds`,
-    once per seed, one after another (accuracy over seeds); without, interleaved with the profile's repeats
-    (train.interleave), or once each through `runner` when one is given. Results come in the arms' order and
-    carry extras["variant"] = the arm's label. Stops, keeping what ran, when a run is interrupted."""
+    """Each arm (label, config), planned by plan_arm against `baseline`: a no-op is not trained, a trap runs once,
+    short, and the others train once per seed with `seeds`, else interleaved with the profile's repeats (or once
+    each through `runner`). Results in the arms' order, with extras["variant"]; stops when a run is interrupted."""
     from . import train
 
     plans = [(label, cfg, plan_arm(baseline, cfg, device)) for label, cfg in arms]

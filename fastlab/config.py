@@ -91,9 +91,8 @@ class TrainConfig:
     train_images: int = 50_000  # training-set size (synthetic size, or a cap on CIFAR-10)
     eval_images: int = 2_000  # held-out images for the accuracy figure
     seed: int = 0
-    max_seconds: float = 0.0  # wall-time budget of the timed steps, warm-up (and so compile) excluded; 0 = none.
-    #   A run over it stops with status "time_limited", keeping its steps: a knob that is very slow on this
-    #   machine then costs a bounded time, and the result says so instead of stalling the notebook.
+    max_seconds: float = 0.0  # wall-time budget of the timed steps, warm-up excluded; 0 = none. A run over it
+    #   stops as "time_limited", keeping its steps, so a very slow knob costs a bounded time
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" or "mps"
     profile: str = "custom"  # which preset this came from (recorded with every result)
     notes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -191,21 +190,16 @@ def _on_cuda(device: str) -> bool:
 
 # Presets as plain data: each is a set of overrides on the TrainConfig defaults.
 PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
-    # CI and shared rooms: a tiny net on a few hundred synthetic images, a few seconds a run (each arm of a
-    # comparison runs twice, interleaved: COMPARISON_REPEATS).
+    # CI and shared rooms: a tiny net on a few hundred synthetic images, a few seconds a run.
     "smoke": dict(model="tiny", dataset="synthetic", batch_size=32, steps=10, warmup_steps=3, windows=2,
                   train_images=640, eval_images=256, lr=3e-3, max_seconds=60.0),
     # A laptop: the compact net, a comparison of two runs in about a minute.
     "cpu": dict(model="compact", batch_size=64, steps=25, warmup_steps=3, windows=5,
                 train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=45.0),
-    # A real GPU: real sizes, enough steps for stable timing.
-    # The device-resident loader: a GPU lesson measures the GPU, not PIL decoding in the training process
-    # (the data-loading lesson and the ladder's first rungs choose the DataLoader themselves). The loss is read
-    # every 10 steps: each read is a host-device sync. Sized to fit a 15 GB GPU (Colab's T4).
+    # A real GPU, sized for 15 GB: the device loader (time the GPU, not PIL), the loss read (a sync) every 10 steps.
     "gpu": dict(model="resnet18", loader="device", log_every=10, batch_size=512, steps=200, warmup_steps=30,
                 windows=5, train_images=50_000, eval_images=10_000, lr=2e-3),
-    # An Apple GPU (a laptop's: PyTorch's mps device): between cpu and gpu in size. The compact net, not ResNet-18,
-    # the DataLoader (the device loader is untested on mps), and a time budget: a laptop GPU varies widely.
+    # An Apple GPU (mps): the DataLoader (the device loader is untested on mps), a budget (laptop GPUs vary).
     "mps": dict(model="compact", batch_size=128, steps=60, warmup_steps=5, windows=5,
                 train_images=20_000, eval_images=2_000, lr=2e-3, max_seconds=90.0),
 }
@@ -240,12 +234,8 @@ def config_for(profile: str | None = None, **changes: Any) -> TrainConfig:
     return TrainConfig(**data).replace(**changes)
 
 
-# Time-to-accuracy per profile: the held-out accuracy to reach, on the synthetic set and on real CIFAR-10, how
-# often to evaluate, for how long to try and (optionally) how many held-out images each evaluation reads. Each
-# synthetic target is one the profile's naive configuration reaches within max_steps (measured: README, "Time to
-# accuracy"). The cpu profile evaluates on 256 images (binomial standard error about 3 points at 50%): every
-# evaluation is a forward pass over them, and on a 2-core CPU a pass over 1,000 cost as much as 8 training steps.
-# Its target is where its naive run's accuracy curve climbs steeply (10-20 steps of the compact net).
+# Time-to-accuracy per profile: targets its naive configuration reaches within max_steps, how often to evaluate,
+# and optionally on how many held-out images (cpu: 256, since every evaluation costs training time).
 TIME_TO_ACCURACY: dict[str, dict[str, Any]] = {
     "smoke": dict(synthetic=0.50, cifar10=0.40, eval_every=5, max_steps=120),
     "cpu": dict(synthetic=0.50, cifar10=0.50, eval_every=5, max_steps=150, eval_images=256),
@@ -265,11 +255,8 @@ def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
 
 
 
-# Runs sized by time (fastlab.calibration): how many seconds of timed steps one run should take, and a whole
-# comparison (its arms share it), on the machine at hand; a short calibration turns them into steps, within
-# min_steps (enough for the windows to mean something) and max_steps. None: the profile keeps its fixed `steps`
-# (smoke: nbval's checked outputs must not depend on the machine's speed). Warm-up, evaluation and data set-up
-# come on top of these seconds.
+# Runs sized by time (fastlab.calibration): seconds of timed steps for one run and for a whole comparison, turned
+# into steps within min_steps and max_steps. None: fixed `steps` (smoke: nbval's outputs must not depend on speed).
 TIME_SIZING: dict[str, dict[str, float] | None] = {
     "smoke": None,
     "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60),
@@ -279,8 +266,7 @@ TIME_SIZING: dict[str, dict[str, float] | None] = {
 }
 
 
-# FASTLAB_THOROUGH=1: the thorough version of a notebook. Runs and comparisons get this many times the seconds (and
-# steps) of the fast default, and the lessons that compare accuracy over seeds use THOROUGH_SEEDS.
+# FASTLAB_THOROUGH=1: runs and comparisons get this many times the seconds, and accuracy over seeds THOROUGH_SEEDS.
 THOROUGH_SCALE = 4.0
 THOROUGH_SEEDS = (0, 1, 2, 3, 4)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -296,8 +282,7 @@ def thorough() -> bool:
 
 
 def time_sizing(profile: str) -> dict[str, float] | None:
-    """The profile's time sizing (see TIME_SIZING), scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1, or None
-    where it keeps fixed steps."""
+    """The profile's TIME_SIZING, scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1; None for fixed steps."""
     if profile not in TIME_SIZING:
         raise ValueError(f"profile={profile!r} is not allowed: choose one of {', '.join(map(repr, TIME_SIZING))}")
     sizing = TIME_SIZING[profile]
@@ -308,10 +293,8 @@ def time_sizing(profile: str) -> dict[str, float] | None:
             "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
 
 
-# How many times each arm of a speed comparison runs, interleaved (fastlab.train.interleave): two repeats let the
-# noise rule tell a difference that every repeat shows from the machine drifting between runs; with one, a
-# comparison is a single pair and judges nothing (verdicts.single_pair). Every profile judges, smoke included (a
-# shared JupyterHub's room runs it): its runs are short instead (PROFILE_SETTINGS), so its time stays.
+# How many times each arm of a speed comparison runs, interleaved: two or more let the noise rule tell an effect
+# from the machine drifting between runs; one is a single pair and judges nothing (verdicts.single_pair).
 COMPARISON_REPEATS: dict[str, int] = {"smoke": 2, "cpu": 2, "gpu": 3, "mps": 2, "custom": 2}
 
 

@@ -1,8 +1,6 @@
 """Data: CIFAR-10 from torchvision's on-disk layout, an offline synthetic set of the same shape,
 and the two ways of feeding a model (DataLoader with per-image transforms, or device-resident batches).
-
-Every class here is importable from `fastlab.data`, so DataLoader workers started with the
-`spawn` method can unpickle them.
+Every class is importable from here, so spawned DataLoader workers can unpickle them.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-# Per-channel statistics of the CIFAR-10 training set; the synthetic set uses them too so both
-# paths normalise identically.
+# Per-channel statistics of the CIFAR-10 training set, used for the synthetic set too
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 NUM_CLASSES = 10
@@ -343,10 +340,7 @@ class forever:  # noqa: N801 (used as a function: for batch in forever(loader))
 
 def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
     """Can a DataLoader worker started with spawn (macOS and Windows default) rebuild this dataset? And why.
-
-    A spawned worker is a fresh Python process: it unpickles the dataset, which imports its class by module
-    and name. A class defined in a notebook lives in __main__, which in the worker is not the notebook.
-    """
+    A spawned worker imports the dataset's class by name, so a class from a notebook's __main__ fails."""
     cls = type(dataset)
     where = f"{cls.__module__}.{cls.__qualname__}"
     if cls.__module__ == "__main__":

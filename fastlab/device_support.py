@@ -1,8 +1,7 @@
 """Which knobs do nothing on a device, and why: one pure function the training loop records as no-ops.
 
-A knob counts when it is moved from its TrainConfig default (in either direction: turning TF32 off on a CPU
-changes nothing either) and the device has nothing for it to act on. The run still goes ahead; the result
-says what did not apply. CUDA capability is a parameter so the rules can be tested without a GPU.
+A knob counts when moved from its TrainConfig default (either way) and the device has nothing for it to act on.
+CUDA capability is a parameter so the rules can be tested without a GPU.
 """
 
 from __future__ import annotations
@@ -68,8 +67,7 @@ def no_op_reasons(config: TrainConfig, device: torch.device | str,
 
 
 def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, str]:
-    """Knob -> why it is a known trap on `device`: it runs, but far slower than the baseline, so one short
-    demonstration run shows it better than a full arm per seed. Judged from the hardware, never the device type."""
+    """Knob -> why it is a known trap on `device` (far slower: one short run shows it), judged from the hardware."""
     device = torch.device(device)
     out: dict[str, str] = {}
     from .measure import cpu_isa, cpu_model
@@ -79,8 +77,6 @@ def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, s
                       f"amx_bf16): bf16 autocast converts to fp32 and back around every op, so it runs far slower "
                       f"than fp32 here; one short run shows by how much")
     elif config.amp == "fp16" and device.type == "cpu":
-        # Seen on this project's machines: a Xeon with avx512_fp16 (and AMX for bf16 only) took over 100 times
-        # longer per step in fp16 autocast than in fp32. fp16 + GradScaler is the recipe for GPUs without bf16.
         out["amp"] = (f"fp16 autocast on a CPU ({cpu_model()}, {cpu_isa()}): torch's CPU convolutions have no fast "
                       f"fp16 path on the CPUs this workbook was measured on, so it runs far slower than fp32 (fp16 "
                       f"with GradScaler is a GPU recipe; a CPU's half precision is bf16); one short run shows by how "

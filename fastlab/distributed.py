@@ -1,20 +1,12 @@
 """Data-parallel training with DistributedDataParallel (DDP), launched by torchrun.
 
-What runs where: `torchrun --nproc-per-node N` starts N copies of this module (one process per GPU, or per
-CPU core). Each process is a *rank*: it builds the same model from the same seed, trains on its own shard
-of the data, and in backward DDP averages the gradients of all ranks with an all-reduce (nccl between GPUs,
-gloo between CPU processes), so every rank takes the same optimiser step and the replicas stay identical.
-
-Each rank trains through fastlab's one loop (fastlab.loop) in DDP mode (fastlab.parallel.DDPMode, which also
-holds the batch and learning-rate arithmetic); this module starts the ranks, sets up the process group and
-gathers what they measured.
-
-Run it yourself (every TrainConfig field is a flag):
+Each rank trains through fastlab's one loop in DDP mode (fastlab.parallel.DDPMode); this module starts the ranks,
+sets up the process group and gathers what they measured. Every TrainConfig field is a flag:
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m fastlab.distributed --profile smoke --out ddp-out
 
-From Python (a notebook, a test) call `launch` / `run_ddp`: they build that command, run it with a timeout and
-raise DistributedRunError naming the failing rank, its exit code and the log tail when a rank crashes.
+From Python call `launch` / `run_ddp`: they run that command with a timeout and raise DistributedRunError
+naming the failing rank when one crashes.
 """
 
 from __future__ import annotations
@@ -108,11 +100,8 @@ def default_nproc() -> int:
 
 
 def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
-    """The torchrun command line, run by this interpreter (so the venv's torch and fastlab are used).
-
-    --standalone starts a rendezvous store on a free port, so launches running side by side never collide;
-    --max-restarts 0: a crashed rank ends the job instead of restarting the group.
-    """
+    """The torchrun command line, run by this interpreter (the venv's torch and fastlab). --standalone: a free
+    port, so side-by-side launches never collide; --max-restarts 0: a crashed rank ends the job."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r} is not allowed: an integer >= 1 (processes to start)")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -122,15 +111,11 @@ def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
 def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | os.PathLike | None = None,
            timeout_s: float = 300.0, crash_rank: int | None = None, crash_step: int = 0,
            stop: threading.Event | None = None, quiet: bool = True, retry_native_crash: bool = True) -> list[DDPRun]:
-    """Run `jobs` one after another in one torchrun launch of `nproc` processes; one DDPRun per job.
+    """Run `jobs` one after another in one torchrun launch of `nproc` processes (started once); one DDPRun per job.
 
-    Processes start once (importing torch costs seconds per process), then train each job in turn.
-    timeout_s bounds the whole launch: past it the processes are killed and DistributedRunError is raised,
-    as it is when any rank fails (naming the rank, its exit code and the end of the log).
-    crash_rank / crash_step make that rank raise at that step (to see what a crash looks like).
-    stop: set it from another thread to kill the launch (raises DistributedRunError).
-    retry_native_crash: a rank killed by a signal (SIGABRT, SIGSEGV: a crash in native code, not in the training
-    code) gets the launch run once more, with a warning; a Python error, a timeout or a stop never does.
+    timeout_s bounds the whole launch; past it, or when a rank fails, DistributedRunError is raised.
+    crash_rank / crash_step make that rank raise at that step. stop: set it to kill the launch.
+    retry_native_crash: a rank killed by a signal (a crash in native code) gets the launch run once more.
     """
     if not jobs:
         raise ValueError("launch needs at least one DDPJob")
@@ -151,7 +136,7 @@ def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | o
     cmd = torchrun_command(nproc, args)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if not _uses_cuda(jobs[0].config):
-        # N processes share the cores: one thread each, or they fight over them (torchrun would set this too).
+        # N processes share the cores: one thread each, or they fight over them
         env.setdefault("OMP_NUM_THREADS", "1")
     log_path = out / "launch.log"
     t0 = time.perf_counter()
@@ -163,8 +148,7 @@ def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | o
         left = timeout_s - seconds
         if not (retry_native_crash and _died_in_native_code(error) and left > 30):
             raise error
-        # a rank killed by a signal from native code (gloo has aborted a rank on a loaded 2-core machine, rarely,
-        # with no Python error): the same launch once more, in the time left, the first failure kept in the log
+        # a rank killed in native code: the same launch once more, in the time left, the first failure kept
         warnings.warn(f"fastlab.distributed: {error.args[0].split(';')[0]}; launching once more", RuntimeWarning,
                       stacklevel=2)
         (out / "launch.first-failure.log").write_text(log)
@@ -217,9 +201,7 @@ def _launch_error(out: Path, log: str, code: int | None, timed_out: bool, stoppe
     if stopped:
         return DistributedRunError(f"the DDP launch was stopped; its {nproc} processes were killed", exit_code=code,
                                    log_tail=tail)
-    # torchrun's root-cause report names the first rank to fail; the others usually fail after it, when
-    # their next all-reduce finds the peer gone ("Connection closed by peer")
-    # (after a timeout, the report only says who our SIGTERM reached first: ignore it then)
+    # torchrun's root-cause report names the first rank to fail (after a timeout, only who our SIGTERM reached first)
     root = log[log.find("Root Cause"):] if "Root Cause" in log and not timed_out else ""
     m = re.search(r"rank\s*:\s*(\d+)", root)
     rank = int(m.group(1)) if m else None
@@ -300,10 +282,8 @@ def _train_job(job: DDPJob, ctx: Rank, crash_rank: int | None, crash_step: int) 
 
 
 def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
-    """The whole job as one RunResult: global images per step over the slowest rank's window times.
-
-    Losses, accuracy and the per-step lists are rank 0's; peak memory is the largest of any one process.
-    """
+    """The whole job as one RunResult: global images per step over the slowest rank's window times; losses,
+    accuracy and per-step lists are rank 0's, peak memory the largest of any one process."""
     first = rank_results[0]
     ddp = dict(first.extras["ddp"])
     ddp.pop("rank")

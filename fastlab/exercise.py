@@ -9,15 +9,9 @@
     exercise.check(given, exercise.pick(mine, solution), technique="workers")  # measured in turns
     print(exercise.solution_diff(given, solution))         # the answer, as the lines that changed
 
-Which loop is measured: the learner's, whatever the profile (a workshop room under smoke measures its own edits),
-unless FASTLAB_SOLUTION=1 asks for the solution: CI and `make test` set it, since nobody edits a cell there and
-the solution must run.
-
-What is checked: the technique itself, as the watch saw the loop's first step (fastlab.loop_facts: the loader's
-workers, the forward's autocast dtype, the input's layout, the optimiser, evaluation without a graph, recomputed
-forwards), never the source text: the check says whether the technique's line is in the learner's loop and, when
-it is not, what the watch saw instead. Then the quantity the technique changes, measured in turns against the given
-loop: speed, or peak memory (TECHNIQUES says which).
+The learner's loop is measured, unless FASTLAB_SOLUTION=1 (set by CI and `make test`, where nobody edits a cell).
+The check reads the technique from what the watch saw of the loop's first step (fastlab.loop_facts), never from the
+source text, then measures the quantity it changes (TECHNIQUES) in turns against the given loop.
 """
 
 from __future__ import annotations
@@ -93,8 +87,7 @@ def _statements(fn: LoopFn) -> str:
 
 
 def unchanged(given: LoopFn, mine: LoopFn) -> bool:
-    """True when the learner's loop runs the same code as the given one (its name, comments and layout aside):
-    an edit that changes no statement has nothing to measure."""
+    """True when the learner's loop runs the same code as the given one (name, comments and layout aside)."""
     return _statements(given) == _statements(mine)
 
 
@@ -105,8 +98,7 @@ class Technique:
     line: str  # what to write, as the learner would
     shown: Callable[[dict, dict], bool | None]  # (the loop's facts, the given loop's): None where nothing showed
     seen: Callable[[dict], str]  # what the watch saw of it, in words
-    # what it changes, measured beside the speed: "speed" alone, "memory" (peak), "loss" (the final training loss)
-    # or "lr" (the learning rate the optimiser held, against the batch it trained on)
+    # what it changes: "speed" alone, "memory" (peak), "loss" (final training loss) or "lr" (against the batch)
     quantity: str = "speed"
 
 
@@ -186,8 +178,7 @@ def peak_memory(comparison: LoopComparison) -> Comparison:
 
 
 def saved_activations(comparison: LoopComparison) -> Comparison:
-    """The activations autograd saved for backward in each run's first step (MiB; loop_facts' saved_mb), lower is
-    better: exact, where a CPU's peak resident set hides a small model's activations under torch's own memory."""
+    """Activations saved for backward in each run's first step (MiB), lower is better: exact where RSS is not."""
     def side(runs: list) -> Spread:
         return Spread.of([f["saved_mb"] for r in runs if (f := r.extras.get("watch", {}).get("facts"))])
 
@@ -196,8 +187,7 @@ def saved_activations(comparison: LoopComparison) -> Comparison:
 
 
 def final_loss(comparison: LoopComparison) -> Comparison:
-    """Each run's last logged training loss, lower is better, by the one noise rule: what an optimiser and its
-    schedule change (the loops train on the same batches for the same steps)."""
+    """Each run's last logged training loss, lower is better, by the one noise rule."""
     def side(runs: list) -> Spread:
         return Spread.of([r.losses[-1][1] for r in runs if r.losses])
 
@@ -218,11 +208,9 @@ def learning_rate(comparison: LoopComparison) -> str:
 
 def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats: int = 2,
           labels: tuple[str, str] | None = None, **options: Any) -> LoopComparison | None:
-    """Measure `mine` against the unedited `given` with fastlab.compare_loops (in turns, the noise rule), print
-    whether its first step shows `technique` (a key of TECHNIQUES) and the verdict on the quantity the technique
-    changes; return the comparison. None, with the technique's line, when `mine` is still the given loop.
-    repeats: 2 (the interleaved pairs the noise rule compares: one pair cannot tell the machine's drift from the
-    edit); under smoke the runs are short instead. options: as for fastlab.watch."""
+    """Measure `mine` against the unedited `given` in turns, print whether its first step shows `technique` (a key
+    of TECHNIQUES) and the verdict on what it changes; return the comparison, or None when `mine` is unchanged.
+    repeats: interleaved pairs (one cannot tell drift from the edit). options: as for fastlab.watch."""
     if technique is not None and technique not in TECHNIQUES:
         raise ValueError(f"exercise.check(technique={technique!r}) is not allowed: one of {', '.join(TECHNIQUES)}")
     t = TECHNIQUES[technique] if technique is not None else None

@@ -1,11 +1,7 @@
 """Deployment export: torch.export, ONNX through the dynamo exporter, and inference in onnxruntime.
 
-Also what replaced TorchScript: torch.jit.script / trace still run in current PyTorch but are deprecated;
-torchscript_warnings() captures what they say, so a notebook prints it rather than asserting it.
-
-Latency is measured like training throughput: warm-up calls excluded, every call timed on its own
-(with a sync on CUDA), median with min and max. onnx / onnxruntime are the optional `export` extra and
-are imported only when used.
+torchscript_warnings() captures what the deprecated torch.jit.script / trace say, so a notebook prints it rather
+than asserting it. onnx / onnxruntime are the optional `export` extra, imported only when used.
 """
 
 from __future__ import annotations
@@ -29,10 +25,7 @@ TORCHSCRIPT_APIS = ("torch.jit.script", "torch.jit.trace")
 
 
 def torchscript_warnings(model: nn.Module, example: torch.Tensor) -> dict[str, list[str]]:
-    """The distinct warnings torch.jit.script and torch.jit.trace emit on `model` (empty list: none here).
-
-    A model TorchScript cannot handle gives an entry "error: ..." instead of failing the caller.
-    """
+    """The distinct warnings torch.jit.script and torch.jit.trace emit on `model`; a failure is an "error:" entry."""
     out: dict[str, list[str]] = {}
     model = copy.deepcopy(model).to(example.device).eval()  # scripting must not touch the caller's module
     for api in TORCHSCRIPT_APIS:
@@ -84,11 +77,8 @@ class ExportResult:
 
 def export_model(model: nn.Module, example: torch.Tensor, folder: str | Path, *, name: str = "model",
                  opset: int | None = None) -> ExportResult:
-    """Export `model` (eval mode, on the CPU) with a dynamic batch dimension.
-
-    Writes name.pt (state_dict, for the size comparison), name.pt2 (torch.export) and name.onnx (the dynamo
-    ONNX exporter, weights embedded in the one file) into folder.
-    """
+    """Export `model` (eval mode, on the CPU) with a dynamic batch dimension into folder: name.pt (state_dict, for
+    the size comparison), name.pt2 (torch.export) and name.onnx (dynamo exporter, weights embedded)."""
     _check_example(example)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,5 @@
 """The harness around a run in this process: one run at a time, a fresh thread, Ctrl-C and out-of-memory.
-
-A run's own process (fastlab.isolation) and the in-process path (a fresh thread, for a model that cannot be sent
-to a process) both end a run the same way here: Ctrl-C keeps the steps done, marked "interrupted"; an
-out-of-memory error keeps them, marked "failed" with the batch size named; any other error is raised.
+Ctrl-C and out-of-memory keep the steps done (marked "interrupted" or "failed"); any other error is raised.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""Every run in a fresh process: the harness that keeps two compared runs from sharing any state.
+"""Every run in a fresh process, so that two compared runs share no state.
 
-A thread is not enough. cuDNN keeps convolution plans per thread, and backward convolutions run on autograd's
-worker thread, which lives as long as the process; torch 2.11 keeps CUDA-graph trees in the thread that imported
-them; on a CPU each calling thread gets its own OpenMP team; the allocator, torch.compile's caches and every
-global a run sets (cudnn.benchmark, matmul precision, the thread count) outlive it. A fresh process starts with
-none of these, by construction.
-
-How: a `multiprocessing` forkserver whose server imports torch and fastlab once and never runs an op or touches
-CUDA. Each run is a child forked from it (about 0.1 s from start to its first op, instead of the 3-5 s of
-`import torch`); it is not daemonic, so it can start DataLoader workers. The child streams its progress to the
-caller, who drives the progress bar and `on_step`; Ctrl-C or a Stop in the caller asks the child to stop at its
-next step, keeping its steps (`interrupted`); a second Ctrl-C, or STOP_GRACE_SECONDS after a stop without a word
-from the child (stuck in a CUDA call or a DataLoader deadlock), kills it; a child that dies (killed, crashed) is
-a `failed` result with the reason, and the next run starts a new child. An exception in the child (a clear
-ValueError, say) is raised again in the caller.
-
-A model or dataset that a child cannot import (a class or function defined in a notebook cell or a script's
-`__main__`, a lambda) runs in-process, in a fresh thread, and the result says so and why (`extras["isolation"]`).
-FASTLAB_ISOLATION=thread asks for the in-process path everywhere (tests that mock a function in this process).
-
-Each child also starts at a random memory layout (_shift_layout): children forked from one server otherwise place
-their arrays alike for a whole session, and on a CPU that placement alone moved one arm against another by up to
-a quarter, the same way in every repeat, where interleaving cannot cancel it and the noise rule cannot see it.
+A thread is not enough: cuDNN plans, autograd's worker thread, CUDA-graph trees, OpenMP teams, the allocator,
+torch.compile's caches and every global a run sets outlive it. Each run is a child of a forkserver that imported
+torch and fastlab once. Ctrl-C or a Stop asks the child to stop at its next step; a second Ctrl-C, or
+STOP_GRACE_SECONDS of silence after a stop, kills it (a `failed` result); an exception in the child is raised again
+in the caller. A model or dataset a child cannot import (defined in __main__, a lambda) runs in a fresh thread
+instead, and `extras["isolation"]` says why; FASTLAB_ISOLATION=thread asks for that everywhere. Each child starts
+at a random memory layout (_shift_layout), so a placement bias becomes spread between runs that repeats can see.
 """
 
 from __future__ import annotations
@@ -74,9 +59,7 @@ class RunSpec:
     checkpoints: Any
     cold_compile_caches: bool
     setup: tuple  # the caller's environment, import path, folder, threads and worker start method (_adopt)
-    # The config's own images from the caller's cache (fastlab.data.load_images), pickled here: sent as tensors,
-    # multiprocessing would move them to shared memory, which the run then reads as a mapped file.
-    images: bytes | None = None
+    images: bytes | None = None  # the caller's cached images, pickled (as tensors they would go by shared memory)
 
 
 def why_in_process(training: Any) -> tuple[str | None, bytes]:
@@ -106,8 +89,8 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
         result.extras["isolation"] = f"in-process (fresh thread): {reason}"
         return result
     images = None
-    if training.dataset_arg is None:  # this process's cache has them after the first run: generating 10,000
-        from .builders import load_data  # synthetic images in every child cost about 1.4 s a run on a 2-core CPU
+    if training.dataset_arg is None:  # loaded once here, from this process's cache, not in every child
+        from .builders import load_data
 
         images = pickle.dumps(load_data(training.cfg, None)[0], protocol=pickle.HIGHEST_PROTOCOL)
     spec = RunSpec(training.cfg, training.result.label, payload, training.checkpoints, cold_compile_caches,
@@ -116,8 +99,8 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
 
 
 class StopFlag:
-    """A stop request the child reads at every step: one shared byte, no lock. (A multiprocessing Event takes a
-    lock to set and to read; a Ctrl-C landing while the caller held it would leave the child waiting forever.)"""
+    """A stop request the child reads at every step: one shared byte, no lock (a Ctrl-C while the caller held an
+    Event's lock would leave the child waiting forever)."""
 
     def __init__(self, ctx: Any) -> None:
         self.flag = ctx.RawValue("b", 0)
@@ -130,8 +113,7 @@ class StopFlag:
 
 
 def _receive(conn: Any) -> Any:
-    """conn.recv() with Ctrl-C held back until the message is read whole: an interrupt in the middle of a read
-    would leave the pipe mid-message. (Python runs signal handlers in the main thread only.)"""
+    """conn.recv() with Ctrl-C held back until the message is read whole, so the pipe is never left mid-message."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         return conn.recv()
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -197,9 +179,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
 
 @contextlib.contextmanager
 def _without_main() -> Any:
-    """Start a child that does not re-run the caller's __main__ (multiprocessing's default under spawn and
-    forkserver): a reader's script need not guard itself with `if __name__ == "__main__"`, and nothing the child
-    runs refers to __main__ (why_in_process checked)."""
+    """Start a child without re-running the caller's __main__, so a script needs no `if __name__ == "__main__"`."""
     from multiprocessing import spawn
 
     original = spawn.get_preparation_data
@@ -264,9 +244,8 @@ def _bar(training: Any) -> Any:
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """fn(*args, **kwargs) in a fresh process (a child of the same forkserver), waited for: its return value, or
-    its exception raised here. For a measurement that is not a training run (a lesson's own timing loop): fn and
-    its arguments must be importable or picklable, as for a run."""
+    """fn(*args, **kwargs) in a fresh process, waited for: its return value, or its exception raised here. For a
+    measurement that is not a training run; fn and its arguments must be importable or picklable."""
     ctx = _mp_context()
     here, there = ctx.Pipe(duplex=False)
     setup = _setup()
@@ -308,9 +287,8 @@ def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kw
 
 
 def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int, start_method: str) -> None:
-    """The caller's environment, import path, folder, torch thread count (the server's date from its start) and
-    the way its DataLoader workers would start: a forkserver child would otherwise start them through a forkserver
-    of its own, which imports torch again (about 4 s for two workers, measured) where the caller forks them."""
+    """The caller's environment, import path, folder, thread count and worker start method (else a forkserver
+    child would start its DataLoader workers through a forkserver of its own, importing torch again)."""
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path
@@ -331,14 +309,9 @@ _RESERVE = 64 << 20  # bytes
 
 
 def _shift_layout() -> tuple[int, int]:
-    """Move where the run's arrays land, at random, before it allocates: reserve address space, a random number
-    of pages more than 64 MB (no access, so no memory), which every later mapping (large arrays, worker threads'
-    stacks and arenas) lands below, changing its place against 2 MB huge-page boundaries; and take heap blocks of
-    random sizes, which moves a smaller allocation when it would have used a free chunk they take (not every one: a chunk already
-    free and large enough stays where it was). Children forked from one server otherwise lay out alike: two arms
-    whose specs differed only by a label's length leaned 0.78x to 1.26x for a whole session, the same way in every
-    repeat (tests/benchmark_panel_vs_cell.py). Random per run, that bias becomes spread between runs, which repeats
-    and the noise rule see. Returns (pages, heap bytes)."""
+    """Move where the run's arrays land, at random, before it allocates: reserve a random amount of address space
+    (no memory) that later mappings land below, and take heap blocks of random sizes. Children of one server
+    otherwise lay out alike, a bias the noise rule cannot see. Returns (pages, heap bytes)."""
     rng = random.Random(os.urandom(8))  # never the training seed's generator
     pages, heap = rng.randrange(0, 512), rng.randrange(0, 1 << 16, 64)
     # 64 MB: more than a gap between the server's libraries, where padding would move nothing
@@ -352,8 +325,7 @@ def _shift_layout() -> tuple[int, int]:
 
 
 def _begin(setup: tuple) -> tuple[int, int]:
-    """A child's first step: the caller's setup, then a random layout (FASTLAB_LAYOUT=fixed keeps every child's
-    alike, to show the bias). Returns the shift: (pages, heap bytes)."""
+    """A child's first step: the caller's setup, then a random layout (not with FASTLAB_LAYOUT=fixed); its shift."""
     _adopt(*setup)
     return (0, 0) if os.environ.get("FASTLAB_LAYOUT") == "fixed" else _shift_layout()
 

@@ -1,11 +1,8 @@
 """The harness around the one training function: fastlab.training.train, measured by a fastlab.watch.
 
-TrainingRun loads the data, checks the reader's own model and data before any timing, resolves what does
-nothing on this machine (a knob it cannot apply runs as the stock setting and is recorded with the reason),
-and then calls train(cfg, w, data) with a watch under a Budget: the config's timed windows, stop events, the
-time budgets, divergence and time-to-accuracy checkpoints. The run ends with a status, never an exception: "ok",
-"interrupted", "time_limited", "diverged" or "failed" (out of memory). fastlab.isolation runs it in a fresh
-process; Ctrl-C and out-of-memory keep the steps done.
+TrainingRun loads the data, checks the reader's own model and data before any timing, runs a knob that cannot
+apply here at its stock setting (recording why), and calls train(cfg, w, data) with a watch under a Budget.
+The run ends with a status, never an exception: "ok", "interrupted", "time_limited", "diverged" or "failed".
 """
 
 from __future__ import annotations

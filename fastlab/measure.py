@@ -133,10 +133,8 @@ class Spread:
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval of the median: the k-th smallest and k-th largest value, with k the largest
-    rank for which the chance that the true median lies outside is at most 1 - confidence (the binomial sign
-    test). It narrows as windows are added, where [min, max] widens; up to 8 values it is [min, max] (94% for
-    5 values, 88% for 4)."""
+    """A distribution-free interval of the median (the binomial sign test): the k-th smallest and largest values.
+    It narrows as windows are added, where [min, max] widens; up to 8 values it is [min, max]."""
     xs, n = sorted(values), len(values)
     k, below = 0, 0.0  # below = P(Binomial(n, 1/2) <= k - 1)
     while k < n // 2:
@@ -202,9 +200,8 @@ def _mac_chip() -> str:
     return out or platform.machine()
 
 
-# /proc/cpuinfo flags that mean the CPU computes in bf16 itself (x86: AVX-512 BF16, AMX; Arm: FEAT_BF16).
-# Without one, bf16 autocast on a CPU converts to fp32 and back around every op: on an AVX2-only AMD EPYC it was
-# measured an order of magnitude slower than fp32, while an AVX-512 BF16 CPU ran it faster (issue 27).
+# /proc/cpuinfo flags of native bf16 (x86: AVX-512 BF16, AMX; Arm: FEAT_BF16). Without one, bf16 autocast on a CPU
+# converts to fp32 and back around every op, and can run far slower than fp32.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
@@ -243,8 +240,7 @@ def cpu_model(text: str | None = None) -> str:
 
 
 def cpu_isa() -> str:
-    """The instruction set torch's CPU kernels use here: torch.backends.cpu.get_cpu_capability() ("AVX2",
-    "AVX512", "DEFAULT", ...; torch 2.0+, so 2.11 has it too), or "unknown"."""
+    """The instruction set torch's CPU kernels use here ("AVX2", "AVX512", "DEFAULT", ...), or "unknown"."""
     get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     try:
         return str(get()) if get is not None else "unknown"
@@ -253,9 +249,8 @@ def cpu_isa() -> str:
 
 
 def cpu_native_bf16(flags: set[str] | None = None) -> bool:
-    """Whether this CPU has bf16 instructions. The flags decide where /proc/cpuinfo lists them; elsewhere
-    oneDNN's own check (torch.ops.mkldnn._is_mkldnn_bf16_supported, which also accepts AVX-512 without BF16,
-    where oneDNN's bf16 kernels are still fast), and False where neither can be read."""
+    """Whether this CPU has bf16 instructions: from /proc/cpuinfo's flags where it lists them, else oneDNN's own
+    check, else False."""
     flags = cpu_flags() if flags is None else flags
     if flags:
         return any(f in flags for f in NATIVE_BF16_FLAGS)
@@ -267,17 +262,15 @@ def cpu_native_bf16(flags: set[str] | None = None) -> bool:
 
 
 def bf16_supported(device: torch.device) -> bool:
-    """Native bf16 only. torch.cuda.is_bf16_supported() also answers True where bf16 is emulated (compute
-    capability below 8.0: T4, V100), which is slower than fp16 there, so the capability decides; on a CPU the
-    CPU's own instructions decide (cpu_native_bf16), never the device type: every CPU *runs* bf16 autocast."""
+    """Native bf16 only: compute capability 8.0+ on CUDA (is_bf16_supported() also counts emulation), the CPU's own
+    instructions on a CPU."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)
     return device.type == "cpu" and cpu_native_bf16()
 
 
 def bf16_is_trap(device: torch.device) -> bool:
-    """bf16 autocast runs here, but without native bf16: the known trap (on a CPU), worth one short demonstration
-    run rather than full arms. On a GPU without native bf16 it is emulated too, yet fp16 is the answer there."""
+    """bf16 autocast on a CPU without native bf16: the known trap, worth one short run rather than full arms."""
     return device.type == "cpu" and not bf16_supported(device)
 
 
@@ -290,9 +283,8 @@ def preferred_amp(device: torch.device) -> str:
 
 
 def low_precision(device: torch.device | str = "auto") -> str:
-    """The half precision to compare with fp32 on this device: bf16 where it is native; on a GPU without it fp16
-    with GradScaler; on a CPU without native bf16, bf16 all the same: the known trap, which the comparisons
-    show in one short demonstration run (comparisons.run_arms) rather than as a full arm."""
+    """The half precision to compare with fp32 here: preferred_amp, but bf16 on a CPU without native bf16 (the
+    known trap, shown in one short run)."""
     dev = resolve_device(device) if isinstance(device, str) else device
     amp = preferred_amp(dev)
     return "bf16" if amp == "off" else amp
@@ -329,9 +321,8 @@ def has_tensor_cores(device: torch.device) -> bool:
 def nvml_device_key(index: int, visible: str | None, uuid: str | None = None) -> tuple[str, int | str]:
     """How to find CUDA device `index` (as torch numbers it) in NVML, which ignores CUDA_VISIBLE_DEVICES.
 
-    Returns ("index", n) for an NVML index or ("uuid", "GPU-..."/"MIG-...") when the visible list names UUIDs.
-    Without CUDA_VISIBLE_DEVICES, `uuid` (torch's own for that device, see cuda_uuid) decides: CUDA numbers
-    devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML in PCI order, so an index may name another GPU.
+    Returns ("index", n) or ("uuid", "GPU-..."/"MIG-..."). Without CUDA_VISIBLE_DEVICES, `uuid` (see cuda_uuid)
+    decides: CUDA and NVML may number the devices differently.
     """
     if not visible or not visible.strip():
         return ("uuid", uuid) if uuid else ("index", index)
@@ -345,8 +336,7 @@ def nvml_device_key(index: int, visible: str | None, uuid: str | None = None) ->
 
 
 def cuda_uuid(index: int) -> str | None:
-    """NVML's name ("GPU-<uuid>") of CUDA device `index` as torch numbers it, or None where torch cannot say.
-    torch.cuda.get_device_properties(i).uuid (a torch._C._CUuuid, in torch 2.11 too) prints bare 8-4-4-4-12 hex."""
+    """NVML's name ("GPU-<uuid>") of CUDA device `index` as torch numbers it, or None where torch cannot say."""
     try:
         raw = str(torch.cuda.get_device_properties(index).uuid)
     except Exception:  # an older torch, a ROCm build without it, or no device: fall back to the index
@@ -372,12 +362,8 @@ def _nvml_handle(pynvml, index: int):
 
 
 class GpuUtilSampler:
-    """GPU utilisation sampled through NVML in a background thread.
-
-    The NVML device is the one torch runs on (CUDA_VISIBLE_DEVICES mapped, see nvml_device_key). One query
-    is made up front: where NVML is missing or the GPU cannot report utilisation (MIG slices), nothing is
-    sampled and `unavailable` says why.
-    """
+    """GPU utilisation of torch's device, sampled through NVML in a background thread; where NVML or the GPU
+    cannot report it (MIG slices), nothing is sampled and `unavailable` says why."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.05) -> None:
         self.samples: list[tuple[float, float]] = []

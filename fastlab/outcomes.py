@@ -1,12 +1,8 @@
 """Outcomes, not only speed: accuracy over seeds, and the time it takes to reach a target accuracy.
 
-A fast run that does not learn is not fast. One short run's held-out accuracy is mostly seed noise, so
-accuracy is compared over several seeds (median with min and max, the same "noise" rule as throughput).
-Time-to-accuracy trains until held-out accuracy reaches a target, evaluating every few steps with the
-evaluation's time kept apart (as DAWNBench and the CIFAR-10 speed records report):
-
-    training seconds to target = wall time of every training step up to the checkpoint that reached it
-                                 (warm-up and compilation included: a reader waits for them too)
+One short run's held-out accuracy is mostly seed noise, so accuracy is compared over seeds. Training seconds to
+target = wall time of every training step up to the checkpoint that reached it, warm-up and compilation
+included, evaluation excluded (as DAWNBench reports).
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ DEFAULT_SEEDS = (0, 1, 2)
 def run_seeds(config: TrainConfig, seeds: Sequence[int] = DEFAULT_SEEDS, *, label: str = "run",
               progress: bool = True, stop: threading.Event | None = None, model: ModelArg = None,
               dataset: Data | None = None, comparison: str | None = None) -> list[RunResult]:
-    """The same configuration once per seed (model initialisation and data order change with it).
-    Stops early, keeping what ran, when a run is interrupted."""
+    """The same configuration once per seed; stops early, keeping what ran, when a run is interrupted."""
     results = []
     for seed in seeds:
         r = _run(TrainingRun(config.replace(seed=seed), f"{label} (seed {seed})", model, dataset, progress, stop,
@@ -124,15 +119,13 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
                      eval_every: int | None = None, max_steps: int | None = None, label: str = "",
                      progress: bool = True, stop: threading.Event | None = None, model: ModelArg = None,
                      dataset: Data | None = None, limits: TrapLimits | None = None) -> TimeToAccuracy:
-    """Train each seed until held-out accuracy reaches `target` (default: the profile's, see
-    fastlab.config.target_accuracy), evaluating every `eval_every` steps, for at most `max_steps` steps (and
-    config.max_seconds of timed steps). A run that stops first says "not reached" with its best accuracy.
-    `limits` (the ladders' rungs above naive) cut a trap short; `seeds_not_run` says when they did."""
+    """Train each seed until held-out accuracy reaches `target` (default: the profile's), evaluating every
+    `eval_every` steps, for at most `max_steps` steps. `limits` cut a trap short (seeds_not_run says so)."""
     settings = tta_settings(config)
     every = eval_every or settings["eval_every"]
     steps = max(max_steps or settings["max_steps"], config.warmup_steps + 1)
     timed = steps - config.warmup_steps
-    # windows of about `every` steps, so a run that stops at its first checkpoints still has some
+    # windows of about `every` steps: a run that stops early still has some
     changes: dict[str, Any] = dict(steps=timed, windows=max(1, timed // every))
     if dataset is None and "eval_images" in settings:
         changes["eval_images"] = min(config.eval_images, settings["eval_images"])
@@ -175,15 +168,10 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
 
 @dataclass(frozen=True)
 class TrapLimits:
-    """How the ladders cut a rung above naive short. Each seed stops after `max_training_seconds` of training
-    (warm-up included). A first seed that diverged or failed, that was stopped by that limit while taking longer
-    per image than `max_seconds_per_image`, or that was stopped by it before its first synchronised window ended
-    (warm-up and compilation, which every seed repeats from the same fresh state, or steps too slow to finish
-    one window), makes the other seeds pointless (no seed makes a 10x slower precision fast), so they are not
-    run; a first seed that was merely slow to learn is not a trap, and the other seeds run. A stop by the
-    harness's own budget (config.max_seconds) is never a trap. Per image, not per step: a rung that doubles the
-    batch doubles the step. Seconds per image come from the synchronised windows (on CUDA a step's own time is
-    mostly the time to enqueue its kernels)."""
+    """How the ladders cut a rung above naive short: each seed stops after `max_training_seconds` of training.
+    A first seed that diverged, failed, or was stopped by that limit while slower per image than
+    `max_seconds_per_image` (or before its first synchronised window) is a trap: the other seeds are not run. A
+    stop by the harness's budget (config.max_seconds) never is. Per image: a larger batch makes a longer step."""
 
     max_training_seconds: float | None = None
     max_seconds_per_image: float | None = None
@@ -210,14 +198,12 @@ class TrapLimits:
 
 
 def stopped_by_harness_budget(r: RunResult) -> bool:
-    """Whether a time_limited run was stopped by the harness's own budget on its timed steps (config.max_seconds),
-    not by a trap limit: that says how long the harness gave it, nothing about the technique."""
+    """Whether a time_limited run was stopped by the harness's budget (config.max_seconds), not a trap limit."""
     return r.status == "time_limited" and r.stopped_by == "max_seconds"
 
 
 def seconds_per_image(r: RunResult) -> float | None:
-    """Median seconds per image over the run's synchronised timed windows (1 / each window's images/s); None when
-    no window finished. Never from per-step times: on CUDA those are mostly enqueue times."""
+    """Median seconds per image over the synchronised windows (on CUDA per-step times are enqueue times), or None."""
     per_window = [1.0 / t for t in r.window_throughput if t > 0]
     return statistics.median(per_window) if per_window else None
 
@@ -257,9 +243,8 @@ def _why_not(t: TimeToAccuracy) -> str:
 
 @dataclass(frozen=True)
 class TtaVerdict:
-    """Is `other` faster to the target than `base`: yes or no, why (the words in the parentheses), the comparison
-    of training seconds to target it rests on (None when a side diverged or never reached it), and whether the test
-    could tell (told False: not faster, but it could not have seen the gain either)."""
+    """Is `other` faster to the target than `base`, why, the comparison of seconds it rests on (None when a side
+    diverged or never reached it), and whether the test could tell (told False: it could not have seen a gain)."""
 
     faster: bool
     why: str
@@ -312,8 +297,7 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     if steps_too and steps.direction == "worse":
         return TtaVerdict(False, f"more steps to target: median {other.steps.median:.0f} vs "
                                  f"{base.steps.median:.0f}; {per_step}", evidence, c)
-    # the one rule of every time-to-accuracy gain: seconds alone can be the machine's load changing between the
-    # runs, so the gain is credited only when fewer steps or a faster step (its images/s: not for steps_too) show it
+    # seconds alone may be the machine's load changing: credited only when fewer steps or a faster step show it
     speed = verdict(pooled_throughput(base.runs), pooled_throughput(other.runs))
     if not (steps.better or (speed.better and not steps_too)):
         return TtaVerdict(False, f"{ratio:.2f}x in seconds to {other.target:.0%}, but neither the steps to target "
@@ -335,9 +319,7 @@ def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
     the seeds' spread is none.
 
-    Seconds to target alone do not credit a gain: fewer steps to the target or a faster step (the runs' images/s)
-    must show it too, else "could not tell". steps_too: the change does not alter a step's cost (an optimiser's
-    arithmetic, a schedule), so only the steps to target can show it; seconds that differ while the steps agree
-    within the seeds' spread measured the machine's load, not the change.
+    Fewer steps to the target or a faster step must show a gain too, else "could not tell". steps_too: the change
+    does not alter a step's cost (an optimiser, a schedule), so only the steps to target can show it.
     """
     return tta_verdict(base, other, steps_too=steps_too).finding

@@ -1,9 +1,7 @@
 """Data-parallel training as a mode of the one loop: what DDP changes, and the arithmetic behind it.
 
-fastlab.loop runs every training run, single-process or data-parallel, through the same step loop;
-DDPMode supplies the differences (fastlab.loop.Parallel): the DDP-wrapped model, this rank's shard of the
-data, `no_sync` on accumulation micro-batches but the last, and decisions every rank must take together
-(stop for the time budget, divergence). fastlab.distributed launches the ranks and gathers their results.
+DDPMode supplies what differs from a single process: the DDP-wrapped model, this rank's shard of the data,
+`no_sync` on accumulation micro-batches, and decisions every rank takes together (stop, divergence).
 
     per-rank batch = TrainConfig.batch_size (options.batch="per_rank"), or batch_size / N (batch="global")
     global batch   = per-rank batch x grad_accum_steps x N   (the images one optimiser step learns from)
@@ -111,10 +109,7 @@ class BatchPlan:
 
 def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | None = None) -> BatchPlan:
     """Per-rank and global batch, and the learning rate, for `config` spread over `world_size` ranks.
-
-    The reference batch is what one process would use: batch_size x grad_accum_steps. lr_scaling scales
-    config.lr by (global batch / reference batch): linearly (Goyal et al.'s rule for SGD) or by its square
-    root (often used with Adam). In "global" mode the global batch equals the reference, so lr stays.
+    lr_scaling scales config.lr by global batch / one process's batch: linearly (SGD) or by its square root (Adam).
     """
     options = options or DDPOptions()
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -133,11 +128,8 @@ def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | Non
 
 
 def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
-    """This rank's share of n examples for the device-resident loader: every world_size-th index from rank.
-
-    Every rank gets the same number (n // world_size; the remainder is left out) so that no rank runs out of
-    batches before the others, and the shards are disjoint.
-    """
+    """This rank's share of n examples: every world_size-th index from rank, n // world_size of them on every
+    rank (the remainder left out) so that no rank runs out of batches before the others."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is not allowed: 0 <= rank < world_size={world_size}")
     per_rank = n // world_size
@@ -147,11 +139,8 @@ def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
 
 
 def compare_across_ranks(vectors: Sequence[Any]) -> dict[str, Any]:
-    """How far each rank's flattened tensor is from rank 0's: max |difference|, and per-rank checksums.
-
-    `identical` means bit-for-bit equal, which is what DDP promises for parameters: every rank applies
-    the same averaged gradient to the same starting weights.
-    """
+    """How far each rank's flattened tensor is from rank 0's: max |difference|, per-rank checksums, and
+    `identical` (bit-for-bit, what DDP promises for parameters)."""
     if not vectors:
         raise ValueError("compare_across_ranks needs one tensor per rank, got none")
 

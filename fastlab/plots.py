@@ -1,9 +1,7 @@
 """Plots of results: before/after bars with spread, step-time split, timelines, losses, waterfall.
 
-Every figure says in its title when the data was synthetic. The comparison figures (plot_comparison, the
-waterfall, the time-to-accuracy ladder) draw each bar as the one comparison (fastlab.verdicts) judges it: one
-table (KINDS, MARKS) holds each kind's colour and legend words; whiskers are the interval of the median that
-comparison compares.
+Every figure says in its title when the data was synthetic. Comparison figures draw each bar as the one
+comparison (fastlab.verdicts) judges it (KINDS, MARKS); whiskers are the interval of the median it compares.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, unc
 class ShownFigure(Figure):
     """A matplotlib Figure that Jupyter shows as a PNG when a cell returns it, whatever the backend.
 
-    fastlab draws on bare Figures (not pyplot) so that widgets can draw from a background thread;
-    a bare Figure would otherwise print as '<Figure size ...>' unless the inline backend is active.
+    Bare Figures (not pyplot) let widgets draw from a background thread.
     """
 
     def _repr_png_(self) -> bytes:
@@ -37,16 +34,13 @@ def data_note(results: list[RunResult]) -> str:
 
 
 def new_figure(ncols: int, width: float = 5.0, height: float = 3.6):
-    # A bare Figure, not pyplot: safe to draw from a widget's background thread, and shown by
-    # Jupyter only when a cell returns or displays it.
+    # a bare Figure, not pyplot: safe from a widget's background thread
     fig = ShownFigure(figsize=(width * ncols, height))
     axes = fig.subplots(1, ncols, squeeze=False)
     return fig, list(axes[0])
 
 
-# How each bar is drawn, by what the one comparison (fastlab.verdicts) says of it or by what its run did:
-# kind -> (face colour, hatch, marker where no bar can be drawn, the legend's words). "{than}" names what a bar is
-# compared with in that figure.
+# kind -> (face colour, hatch, marker where no bar can be drawn, legend words; "{than}": what a bar is compared with)
 KINDS = {
     "base": ("tab:gray", "", "s", "the first: what the others are compared with"),
     "better": ("tab:green", "", "^", "better than {than}: outside the noise rule's spread"),
@@ -65,8 +59,7 @@ PAIRED_MARK = "baseline measured beside it (paired)"
 
 
 def judged_kind(r: RunResult, c: Comparison | None) -> str:
-    """A bar's kind (a key of KINDS): its run's own state where that rules its speed out, else the comparison's
-    direction (c None: the first bar, compared with nothing)."""
+    """A bar's kind (a key of KINDS): its run's state where that rules its speed out, else the comparison's."""
     if r.status == "no_op":
         return "no-op"
     if uncredited([r]) is not None:
@@ -77,8 +70,7 @@ def judged_kind(r: RunResult, c: Comparison | None) -> str:
 
 
 def judged_spread(r: RunResult, c: Comparison | None) -> Spread:
-    """The spread a bar and its whiskers show: the comparison's own (c.other) where it made one, else the run's
-    pooled windows as the comparison reads them (the first bar; a diverged run's speed, shown, never credited)."""
+    """The spread a bar and its whiskers show: the comparison's own (c.other), else the run's pooled windows."""
     return c.other if c is not None and c.comparable else pooled_throughput(r)
 
 
@@ -109,8 +101,7 @@ def kind_hatch(kind: str, marks: list[str]) -> str:
 
 def legend_handles(kinds: list[str], marks: list[str], than: str, markers: set[str] = frozenset(),
                    repeats: bool = False) -> list[Any]:
-    """One legend entry per kind and mark drawn (in KINDS' order), each saying what it means; then the whiskers.
-    markers: the kinds drawn as a marker (no bar) rather than a bar."""
+    """One legend entry per kind and mark drawn, then the whiskers. markers: the kinds drawn as a marker, not a bar."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -140,20 +131,14 @@ def _short_label(label: str, width: int = 30, lines: int = 2) -> str:
 
 
 def _row_comparison(results: list[RunResult], r: RunResult) -> Comparison:
-    """A row against the baseline measured beside it (a panel's paired runs: the comparison the panel made), else
-    against the first row."""
+    """A row against the baseline measured beside it (a panel's paired runs), else against the first row."""
     c = (r.extras.get("paired") or {}).get("comparison")
     return c if isinstance(c, Comparison) else runs_verdict(results[0], r)
 
 
 def plot_comparison(results: list[RunResult], title: str = "", reference: list[RunResult] | None = None):
-    """Throughput and peak memory per run, one row per run; returns the Figure.
-
-    Each row is drawn as the one comparison (fastlab.verdicts) judges it against the first row, or against the
-    baseline measured beside it (a panel's paired runs, shown as a dashed mark): its colour (KINDS), its words and
-    its whiskers, the interval of the median the comparison compares. Rows keep long labels readable however many
-    runs there are.
-    """
+    """Throughput and peak memory, one row per run; returns the Figure. Each row is drawn as the one comparison
+    judges it against the first row, or against the baseline measured beside it (a dashed mark)."""
     n = len(results)
     fig = ShownFigure(figsize=(10, max(2.6, 0.5 * n + 1.8)), layout="constrained")
     ax_t, ax_m = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 1]})
@@ -211,7 +196,6 @@ def plot_step_split(results: list[RunResult], title: str = ""):
         warm = int(r.config.get("warmup_steps", 0))
         steps = r.step_seconds[warm:] or [0.0]
         wait = r.data_wait_seconds[warm:] or [0.0]
-        # the host-to-device copy apart from data wait, where the run had a device to copy to
         sampled = len(r.copy_seconds) == len(r.sampled_step_seconds)  # the sampled steps' copies, else every step's
         copy = (r.copy_seconds if sampled else r.copy_seconds[warm:]) or [0.0]
         copy = copy if r.env.get("device_type", "cpu") != "cpu" else [0.0]
@@ -290,19 +274,16 @@ def plot_memory_trace(results: list[RunResult], title: str = ""):
 
 
 def own_knobs(r: RunResult, built_on: RunResult | None) -> list[str]:
-    """The knobs this rung changed: those in which its config differs from the rung it was built from (the last
-    rung carried up, trained or not), not from the last one that trained."""
+    """The knobs in which this rung's config differs from the rung it was built on (trained or not)."""
     if built_on is None:
         return []
     return [k for k, v in r.config.items() if built_on.config.get(k) != v and k not in ("max_seconds", "seed")]
 
 
 def plot_waterfall(results: list[RunResult], title: str = ""):
-    """The ladder: cumulative speed-up of each rung over the first, each bar drawn from the rung it builds on (the
-    last trained rung carried up) as the one comparison (fastlab.verdicts.runs_verdict) judges it against that
-    rung: its colour (KINDS), its words and its whiskers (the interval of the median the comparison compares); the
-    rungs not trained, dropped, diverged or time-limited marked; each rung's own no-op knobs named; and peak memory
-    below. The title names the device and the data (SYNTHETIC or real)."""
+    """The ladder: cumulative speed-up of each rung over the first, each bar drawn as runs_verdict judges it
+    against the rung it builds on; untrained, dropped, diverged and time-limited rungs and no-op knobs marked;
+    peak memory below."""
     n = len(results)
     width = min(14.0, max(8.0, 0.85 * n + 3.0))
     fig = ShownFigure(figsize=(width, 7.5), layout="constrained")

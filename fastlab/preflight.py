@@ -1,8 +1,7 @@
 """Before any timing: check that the reader's own model and data fit together (fastlab.run(model=, dataset=)).
 
-A bad shape, an out-of-range label or a Dataset that raises would otherwise surface as a raw torch error in
-the middle of a run (or in a DataLoader worker). Each check here ends in a ValueError of one sentence that
-names the problem and the fix. Nothing is timed and the model's weights and mode are left as they were.
+A bad shape, label or Dataset would otherwise surface as a raw torch error mid-run; each check ends in a one
+sentence ValueError naming the problem and the fix. The model's weights and mode are left as they were.
 """
 
 from __future__ import annotations

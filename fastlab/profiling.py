@@ -1,12 +1,8 @@
 """torch.profiler around a few steps of the fastlab training loop, boiled down to a small result.
 
-The profiled run is fastlab.run itself (every TrainConfig knob applies): the profiler is stepped from
-run()'s on_step callback, skips the warm-up steps and records the next `steps` steps. What comes back:
-the top operators as rows of data, the Chrome trace file (open it in https://ui.perfetto.dev or
-chrome://tracing), and the per-step split into waiting for data and compute.
-
-Profiling slows every step (each op is recorded), so a profiled run's throughput is not compared with
-unprofiled runs; its *shares* (which ops, how much data wait) are what it is for.
+The profiled run is fastlab's own training run, the profiler stepped after each step. What comes back: the top
+operators, the Chrome trace (open it in https://ui.perfetto.dev) and the per-step split into data wait and compute.
+Profiling slows every step, so only a profiled run's shares are compared, never its throughput.
 """
 
 from __future__ import annotations
@@ -117,12 +113,8 @@ def _step_split(events) -> tuple[list[float], list[float]]:
 
 def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_dir: str | Path | None = None,
                 record_shapes: bool = False, with_stack: bool = False, progress: bool = False) -> ProfileResult:
-    """Run cfg with `steps` timed steps under torch.profiler (warm-up steps not recorded).
-
-    trace_dir: where the Chrome trace goes (default: a new temporary folder, so nothing lands in the repo).
-    The profiler and the run share a fresh process (fastlab.isolation.call), as every run does: a profiler in
-    this process would record nothing of a run in another. The profiled run draws no progress bar.
-    """
+    """Run cfg with `steps` timed steps under torch.profiler (warm-up steps not recorded), in a fresh process
+    with its profiler. trace_dir: where the Chrome trace goes (default: a new temporary folder)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is not allowed: an integer >= 1 (steps to record)")
     folder = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="fastlab-profile-"))

@@ -24,8 +24,7 @@ MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve",
 class RunResult:
     config: dict[str, Any]
     label: str = "run"
-    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited", "diverged" or "no_op" (not trained: see
-    #   comparisons.run_arms, every change was a no-op on this device)
+    status: str = "ok"  # "ok", "failed", "interrupted", "time_limited", "diverged" or "no_op" (not trained)
     error: str | None = None
     diverged_step: int | None = None  # first step whose loss (or grad scale, or parameters) was non-finite
     last_finite_loss: float | None = None  # the last finite training loss read before it diverged
@@ -36,8 +35,7 @@ class RunResult:
     timed_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # host wall time of each step, data wait included
     data_wait_seconds: list[float] = field(default_factory=list)  # host time blocked on next(batches), per step
-    # the host-to-device copy and channels_last conversion of each sampled warm-up step (fastlab.step_parts: up
-    # to a sync, so on CUDA without non_blocking it includes the previous step's queued kernels: not data wait)
+    # each sampled warm-up step's host-to-device copy, up to a sync (on CUDA it may hold queued kernels too)
     copy_seconds: list[float] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss)
     eval_accuracy: float | None = None
@@ -51,15 +49,12 @@ class RunResult:
     dataset: dict[str, Any] = field(default_factory=dict)
     gpu_util: list[tuple[float, float]] = field(default_factory=list)  # (seconds, NVML utilisation %)
     grad_scale: list[float] = field(default_factory=list)  # GradScaler scale after each step (fp16 only)
-    # Sampled on warm-up steps after the first, with a sync on each side: the optimiser step alone,
-    # and the whole step it belongs to (data wait, forward, backward, optimiser); the forward and backward
-    # passes of the same steps (summed over micro-batches), each bracketed by syncs too.
+    # sampled warm-up steps, bracketed by syncs: the optimiser step, its whole step, its forward and backward
     optimizer_step_seconds: list[float] = field(default_factory=list)
     sampled_step_seconds: list[float] = field(default_factory=list)
     forward_seconds: list[float] = field(default_factory=list)
     backward_seconds: list[float] = field(default_factory=list)
-    # An arm measured in interleaved repeats (merge_repeats): each run's own windows, which the noise rule pairs.
-    # repeats: 1 for a run that ran alone (every fastlab.run result, until merged), 0 for one fastlab.run did not make
+    # repeats: runs merged into this arm (merge_repeats), 1 for a run alone, 0 for one fastlab.run did not make
     repeats: int = 0
     repeat_windows: list[list[float]] = field(default_factory=list)
     window_seconds: list[float] = field(default_factory=list)  # wall seconds of each timed window
@@ -79,10 +74,8 @@ class RunResult:
 
     @property
     def throughput(self) -> Spread:
-        """Images per second: median, min and max over the timed windows (of every repeat, for an arm measured in
-        interleaved repeats, whose own windows the noise rule pairs: repeat_windows). A run that ran alone
-        (repeats == 1: every run fastlab.train makes, until merged) holds itself as its one repeat: the noise rule
-        then knows it was not interleaved with anything (verdicts.single_pair)."""
+        """Images per second over the timed windows of every repeat; a run alone is its own one repeat, so the
+        noise rule knows it was not interleaved (verdicts.single_pair)."""
         alone = [self.window_throughput] if self.repeats == 1 else None
         return Spread.of(self.window_throughput, self.repeat_windows or alone)
 
@@ -97,8 +90,7 @@ class RunResult:
         return sum(self.data_wait_seconds[warm:]) / total if total else float("nan")
 
     def copy_fraction(self) -> float:
-        """Share of timed step time spent in the host-to-device copy: sum(copy) / sum(step time); nan when the
-        run had no device to copy to (a CPU run) or kept no copy times (results saved before they were kept)."""
+        """Share of timed step time spent in the host-to-device copy; nan on a CPU run or without copy times."""
         n = len(self.sampled_step_seconds)
         if self.copy_seconds and len(self.copy_seconds) == n:  # the sampled warm-up steps (steps 1..n) only
             total, copies = sum(self.step_seconds[1:n + 1]), self.copy_seconds
@@ -162,9 +154,7 @@ class RunResult:
 
 
 def merge_repeats(repeats: list[RunResult]) -> RunResult:
-    """One arm measured in several runs, as one result: the first run's record with every run's timed windows
-    (pooled, and per run in repeat_windows), the highest peak memory, and the first status that is not
-    ok (a repeat that failed, diverged or was stopped taints the arm)."""
+    """One arm's runs as one result: every run's windows (pooled and per run), the top peak, the first bad status."""
     first = repeats[0]
     if len(repeats) == 1:
         return first
@@ -258,10 +248,7 @@ def reference_for(comparison: str) -> dict[str, list[RunResult]]:
 
 
 def reference_summary(*comparisons: str) -> str:
-    """Lines describing the bundled reference results of these comparisons; one notice for all that have none.
-
-    A notebook passes all its comparisons at once, so the notice that nothing is bundled prints once.
-    """
+    """Lines describing the bundled reference results of these comparisons; one notice for all that have none."""
     lines, missing = [], []
     for comparison in comparisons:
         found = reference_for(comparison)

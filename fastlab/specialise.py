@@ -1,11 +1,10 @@
 """A function's own source, specialised to one config: what fastlab.code prints of fastlab.training.
 
 With libcst (a concrete syntax tree: comments and layout survive the rewrite):
-- each `cfg.<knob>` becomes its value, and the expressions that then hold only constants are folded;
+- each `cfg.<knob>` becomes its value, and expressions of constants only are folded;
 - an `if` whose test is now constant keeps only the branch taken (its comment moves onto that branch's first line);
 - a name given a constant once and never again is replaced by it; an argument left at its default is dropped;
-- the watch touches go: `w(batches)` is `batches`, `w.step_done(...)` is removed, `with w.paused() as p:` is its
-  body and `p.accuracy` is `accuracy`;
+- the watch touches go: `w(batches)` is `batches`, `w.step_done(...)` goes, `w.paused()` blocks are their body;
 - the parameters only the harness passes are dropped, each replaced by the value a plain script has.
 """
 
@@ -302,8 +301,7 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
 
 
 def _with_comment(block: cst.BaseSuite, leading: Any, keep_comment: bool = True) -> Any:
-    """A block's statements in place of the compound statement that held them; the header's comment, if any,
-    goes on the line above the first of them."""
+    """A block's statements in place of the compound statement that held them, the header's comment above them."""
     statements = list(block.body) if isinstance(block, cst.IndentedBlock) else list(block.body)
     if not statements:
         return cst.RemovalSentinel.REMOVE

@@ -1,10 +1,7 @@
 """The way in: run, compare, sweep and interleave. Each run is one fastlab.loop.TrainingRun.
 
-Every run starts from fresh state and executes the same way: in a fresh process (fastlab.isolation: cuDNN's
-plan caches, forward and backward, CUDA-graph trees, OpenMP teams, the allocator and every global a run sets are
-new by construction), one run at a time per caller (fastlab.harness). A run that cannot go to a child process (a
-model defined in a notebook cell) runs in a fresh thread, with the allocator's cache emptied and torch.compile's
-caches reset, and says so. Compared arms run interleaved (A B, then B A), so drift falls on every arm alike.
+Every run starts from fresh state, in a fresh process (fastlab.isolation), one at a time (fastlab.harness).
+Compared arms run interleaved (A B, then B A), so drift falls on every arm alike.
 """
 
 from __future__ import annotations
@@ -42,16 +39,14 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
     comparison: the name of the comparison this run belongs to (matched against bundled reference results).
     stop: set it (from another thread) to end the run early; the result is marked interrupted.
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
-    Out-of-memory and KeyboardInterrupt end the run with a result marked failed / interrupted; a run whose
-    timed steps (warm-up excluded) take over config.max_seconds ends marked time_limited; a run whose loss,
-    gradient scale or parameters become non-finite ends marked diverged. Each keeps the steps it finished.
+    Out-of-memory, Ctrl-C, config.max_seconds and divergence end the run marked failed, interrupted, time_limited
+    or diverged, keeping the steps it finished.
     """
     return _run(TrainingRun(config, label, model, dataset, progress, stop, on_step), comparison)
 
 
 def _run(training: TrainingRun, comparison: str | None = None, cold_compile_caches: bool = False) -> RunResult:
-    """One run, alone in this process's queue, in a fresh process (fastlab.isolation) or, where it cannot go to
-    one, a fresh thread."""
+    """One run, alone in this process's queue, in a fresh process (or, where it cannot go to one, a thread)."""
     check_gpu_profile_here(training.cfg, training.device)
     with exclusive_run(training.result.label):
         result = isolation.execute(training, cold_compile_caches)
@@ -85,9 +80,8 @@ def estimate_step_seconds(model: str, images: int, device: str) -> float:
 
 
 def check_gpu_profile_here(cfg: TrainConfig, device: torch.device) -> None:
-    """The gpu profile on a machine without CUDA: says once, in one line, what the profile is for and how long a
-    run of `cfg` is estimated to take here; a run estimated over SLOW_RUN_MINUTES is refused (ValueError) unless
-    FASTLAB_CONFIRM_SLOW=1 asks for it."""
+    """The gpu profile without CUDA: says once how long a run of `cfg` is estimated to take here, and refuses one
+    over SLOW_RUN_MINUTES (ValueError) unless FASTLAB_CONFIRM_SLOW=1."""
     if cfg.profile != "gpu" or device.type == "cuda":
         return
     key = (cfg.model, cfg.batch_size * cfg.grad_accum_steps, str(device))
@@ -139,12 +133,9 @@ def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = T
 
 def interleave(arms: list[tuple[str, TrainConfig]] | list[tuple[str, TrainConfig, dict[str, Any]]], *,
                repeats: int | None = None, progress: bool = True, comparison: str | None = None) -> list[RunResult]:
-    """Each arm `repeats` times (default: the profile's comparison_repeats), in turn: A B, then B A, then A B...
-    so that a machine that slows down mid-comparison slows every arm alike (the order alternates, so a steady
-    drift does not favour the arm that runs first). Each run starts in a fresh process. Returns one result per
-    arm, its repeats merged (results.merge_repeats): the noise rule then pairs the repeats (verdicts.is_noise).
-    An arm is (label, config) or (label, config, run's keyword arguments: model=, dataset=). An interrupted run
-    ends the comparison, keeping every arm that ran."""
+    """Each arm `repeats` times (default: the profile's comparison_repeats), in turns (A B, then B A) so that drift
+    slows every arm alike; one result per arm, its repeats merged. An arm is (label, config) or (label, config,
+    run's keyword arguments). An interrupted run ends the comparison, keeping every arm that ran."""
     rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])
     # an arm whose every change from the first arm is a no-op on this device is not trained: it says why instead
     idle = {i: r for i, (label, cfg, *_) in enumerate(arms) if i

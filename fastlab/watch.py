@@ -12,40 +12,16 @@
 
     fastlab.compare_loops(before_fn, after_fn, repeats=3)  # each fn(w) runs the loop under the watch it is given
 
-What is measured, and where:
-- step time: wall time from the end of one step to the end of the next: waiting for the batch, the step, and
-  whatever the loop does in between, except the time between epochs (from the end of an epoch's batches, when
-  the loader runs out or the loop leaves it with `break`, to the next epoch's first fetch: evaluation,
-  checkpoints) and inside `with w.paused():`. Data wait: time inside the loader (iter() at an epoch's start, and
-  each next()), with the process's CPU time over it (a wait off the CPU, sleeping on a disk or the network, needs
-  no spare core for workers). Compute is the rest.
-- throughput: the first `warmup_steps` steps (compile, autotuning, allocator growth) are not timed; after them
-  the device is synchronised every `window_steps` steps and only there (a sync per step would change what is
-  measured): a window's images / its wall time. Median with min and max over the windows, as fastlab.run does.
-- memory (CUDA: allocated tensor memory, which needs no sync; CPU: the process's resident set) and the peak.
-  Reading the resident set costs tens of microseconds, so on short CPU steps it is read at most every
-  MEMORY_EVERY_S after the first timed steps (extras["watch"]["memory_steps"] says which steps). A steady rise
-  is read by fastlab.advise as a probable leak (C11).
-- GPU utilisation through NVML where it works (fastlab.measure.GpuUtilSampler).
-- sync_debug=True (CUDA only): torch.cuda.set_sync_debug_mode("warn") after the warm-up; each host-device sync
-  torch reports is counted by the line of your code that caused it (the warnings are counted, not printed).
-- loss (`s.loss = loss` in the with block, or step_done(n, loss=loss)): kept as a detached tensor every
-  `log_every` steps, on the last step and on the first (the reference: before any update), and read once at the
-  end, so watching adds no sync; fastlab.clocks.DivergenceWatch judges them, the rule fastlab.run uses: a
-  non-finite one, or one BLOWUP_FACTOR times the first, marks the run diverged. A loop that never hands a loss
-  over gets a note: divergence not checked.
-- profile_steps=N: torch.profiler around N steps right after the warm-up (one more step for the profiler's own
-  warm-up); those steps are not timed. It adds an idle-time breakdown and a trace file (Perfetto, chrome://tracing).
-- facts=True: what the first step did (fastlab.loop_facts: the model called, autocast, the input's layout,
-  evaluation with or without a graph, recomputed forwards, the optimiser and its schedule), whether a step ran
-  under torch.profiler, and w.paused() blocks, in extras["watch"]["facts"]: what an exercise's check reads.
-- misuse (a step never marked, a loader with no batches, the loader not wrapped, a dict batch counted by its
-  keys, a generator used up by the first epoch, one watch in two threads, a step after result()) ends in one line: an error, or a note in
-  extras["watch"]["notes"] that fastlab.advise prints.
+Measured: step time (end of one step to the end of the next, leaving out the time between epochs and inside
+`with w.paused():`); data wait (time inside the loader, with the process's CPU time over it); throughput over
+windows of `window_steps` synchronised only at their ends, after `warmup_steps` untimed steps (median, min, max);
+memory and its peak; GPU utilisation (NVML); and the loss, kept as a tensor and read once at the end, so watching
+adds no sync (fastlab.clocks.DivergenceWatch judges it). sync_debug=True counts host-device syncs by line (CUDA);
+profile_steps=N profiles N steps after the warm-up; facts=True records what the first step did (fastlab.loop_facts).
+Misuse ends in an error, or a note in extras["watch"]["notes"] that fastlab.advise prints.
 
-A callback-style trainer (Lightning, Hugging Face's Trainer) fetches batches itself: call w.describe(loader) once,
-w.batch_ready() when a batch arrives (on_train_batch_start) and w.step_done(n) when its step ends; the time from
-the previous step's end to batch_ready() counts as data wait.
+A callback-style trainer (Lightning, Hugging Face's Trainer) calls w.describe(loader) once, w.batch_ready() when a
+batch arrives and w.step_done(n) when its step ends.
 """
 
 from __future__ import annotations
@@ -76,9 +52,8 @@ from .verdicts import turns, verdict
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
 SYNC_WARNING = re.compile(r"synchronizing CUDA operation")  # what set_sync_debug_mode("warn") says
 SOURCE = "your loop (fastlab.watch)"
-# Reading a process's resident set (psutil, /proc) costs tens of microseconds: about 1% of a 3 ms step when read
-# every step. A leak worth naming grows over seconds, so on a CPU it is read once per MEMORY_EVERY_S after the first
-# MEMORY_DENSE_STEPS timed steps (read every step, so a short loop still has enough points for a trend).
+# Reading a CPU's resident set costs tens of microseconds: after MEMORY_DENSE_STEPS timed steps (enough for a trend)
+# it is read at most once per MEMORY_EVERY_S.
 MEMORY_EVERY_S = 0.02
 MEMORY_DENSE_STEPS = 16
 WRAPPER_ATTRIBUTES = ("iterable", "loader")  # where a wrapper keeps the loader it wraps (tqdm: .iterable)
@@ -101,8 +76,7 @@ def _positive_int(name: str, value: Any, minimum: int) -> int:
 
 
 def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config entries, dataset entries) read from the loader: DataLoader arguments where it is one, looking
-    through wrappers such as a progress bar (w(tqdm(loader)))."""
+    """(config entries, dataset entries) read from the loader, looking through wrappers (w(tqdm(loader)))."""
     for _ in range(3):
         inner = next((i for a in WRAPPER_ATTRIBUTES if (i := getattr(loader, a, None)) is not None), None)
         if isinstance(loader, torch.utils.data.DataLoader) or inner is None:
@@ -202,9 +176,8 @@ def _length(spans: list[tuple[float, float]]) -> float:
 
 
 def idle_breakdown(events: Any, cuda: bool) -> dict[str, Any]:
-    """Split the profiled steps' span (profiler clock) into busy, idle while the host waited for data, and idle
-    otherwise (the host busy with Python, launches, syncs). Busy: GPU kernels and copies on CUDA; on a CPU, the
-    operators run outside the data fetches (the CPU is the device there)."""
+    """Split the profiled steps' span into busy (GPU kernels and copies; on a CPU, operators outside the data
+    fetches), idle while the host waited for data, and idle otherwise (Python, launches, syncs)."""
     steps = [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep")]
     if not steps:
         return {}
@@ -302,8 +275,7 @@ def _watch_device(device: Any) -> torch.device:
 
 
 class WatchedLoader:
-    """What w(loader) returns: iterate it (each epoch) and its batches' wait is timed; every other attribute
-    (len(), .dataset, .batch_size, .sampler) is the loader's own."""
+    """What w(loader) returns: its batches' wait is timed; every other attribute is the loader's own."""
 
     def __init__(self, watch: Watch, loader: Iterable) -> None:
         self._watch, self.loader = watch, loader
@@ -322,8 +294,7 @@ class WatchedLoader:
 
 @contextlib.contextmanager
 def _sampling(meter: MemoryMeter, every_s: float = 0.002) -> Iterator[None]:
-    """A process's resident set sampled from a thread while the block runs (its peak is a sample's: evaluation's
-    rise, say); CUDA's allocator keeps a peak of its own."""
+    """The resident set sampled from a thread while the block runs (CUDA's allocator keeps a peak of its own)."""
     if meter.kind != "process_rss":
         yield
         return
@@ -344,10 +315,8 @@ def _sampling(meter: MemoryMeter, every_s: float = 0.002) -> Iterator[None]:
 
 @dataclass
 class Budget:
-    """What fastlab.run's harness asks of the watch besides measuring: its config's timed windows, and when the loop
-    must end early (w(batches) then runs out, and evaluation after a Ctrl-C is skipped): a stop event (Ctrl-C, a
-    Stop button), max_seconds of timed steps, divergence, a held-out accuracy target reached, or a training-time
-    limit (time to accuracy, warm-up included) used up."""
+    """What fastlab.run's harness asks of the watch besides measuring: its timed windows, and when the loop must end
+    early (a stop event, max_seconds, divergence, an accuracy target reached, a training-time limit used up)."""
 
     steps: int  # timed optimiser steps after the warm-up
     windows: int  # split into this many timed windows (the last takes the remainder)
@@ -364,8 +333,7 @@ class Budget:
 
 
 class RunEnded(Exception):
-    """Raised by w.paused() under a Budget when the run has ended in a way that skips evaluation (Ctrl-C, or a
-    trap under evaluate_after_trap=False); the harness keeps what was measured."""
+    """Raised by w.paused() under a Budget once the run has ended in a way that skips evaluation."""
 
 
 class Pause:
@@ -451,8 +419,7 @@ class Watch:
         return WatchedLoader(self, loader)
 
     def describe(self, loader: Iterable) -> None:
-        """Record what the loader is (DataLoader arguments, dataset name and size) without wrapping it: for a
-        trainer that iterates its loader itself (a callback's on_train_start: trainer.train_dataloader)."""
+        """Record what the loader is without wrapping it: for a trainer that iterates its loader itself."""
         self._check_open()
         config, data = loader_facts(loader)
         self._loader.update(config)
@@ -493,8 +460,7 @@ class Watch:
             self._epoch_ended(loader, it)
 
     def _fetched_since(self, t: float, cpu: float) -> None:
-        """A fetch that began at t (perf_counter) and cpu (process_time): its wall time is data wait. The process's
-        CPU time, not the thread's, so loading work done by torch's intra-op threads counts as on the CPU."""
+        """Book a fetch begun at t (perf_counter) and cpu (process_time, so torch's intra-op threads count too)."""
         wall = time.perf_counter() - t
         self._wait += wall
         self._fetch_wall += wall
@@ -519,8 +485,7 @@ class Watch:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
-        """Time inside is not the loop's: `with w.paused(): evaluate(model)` in the middle of an epoch. Set
-        `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy (its seconds and peak memory too)."""
+        """Time inside is not the loop's; set `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy."""
         self._check_open()
         budget = self.budget
         if budget is not None and (self.res.status == "interrupted" or (
@@ -567,9 +532,8 @@ class Watch:
 
     @contextlib.contextmanager
     def step(self, batch_size: int, loss: Any = None) -> Iterator[Step]:
-        """Wrap one training step (forward, backward, optimiser); batch_size: the images it trained on.
-        `with w.step(len(x)) as s: ...; s.loss = loss` records the step's loss too (the loss of this step does not
-        exist yet when the block starts, so set it inside; `loss=` here is kept for a value known beforehand)."""
+        """Wrap one training step; batch_size: the images it trained on. Set `s.loss = loss` inside the block (the
+        loss does not exist yet when it starts)."""
         s = Step(_images(batch_size), loss)
         self._check_open()  # before the body: a finished watch does not run (and then refuse) a training step
         self._last_step = s
@@ -695,8 +659,7 @@ class Watch:
         return n
 
     def _memory_due(self, k: int, t: float, boundary: bool) -> bool:
-        """Sample memory this step? Always where it is cheap (CUDA, mps) and in the first steps; on a CPU's short
-        steps at most once per MEMORY_EVERY_S."""
+        """Sample memory this step? Always where it is cheap and in the first steps; else once per MEMORY_EVERY_S."""
         if (self._meter.kind != "process_rss" or k <= self.untimed + MEMORY_DENSE_STEPS or boundary
                 or self.budget is not None):  # fastlab.run's results keep one sample per step
             return True
@@ -810,8 +773,8 @@ class Watch:
         if self.budget is not None:
             res.window_seconds = [seconds for _, seconds in self._windows]
         if self.budget is not None:  # the harness's run: its config, environment and data description stay
-            self.divergence.agree = None  # each rank judged its logged losses with the others during the run; an
-            self._read_losses()  # all-reduce here would hang a rank that failed while the others wait in backward
+            self.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
+            self._read_losses()
             res.extras.pop("watch", None)
             return res
         timed = self._batch_sizes[self.untimed:] or self._batch_sizes
@@ -840,8 +803,7 @@ class Watch:
         return res
 
     def _check_use(self) -> None:
-        """Misuse that only the end can see: no step marked, a loader with no batches, steps with no batch fetched
-        through the watch, no loss handed over."""
+        """Misuse only the end can see: no step marked, no batches, the loader not wrapped, no loss given."""
         res = self.res
         if self._steps == 0 and res.status == "ok":
             res.status = "failed"
@@ -865,9 +827,8 @@ class Watch:
                 "set s.loss = loss inside `with w.step(...) as s:` (or step_done(n, loss=loss))")
 
     def _close_partial_window(self) -> None:
-        """The steps after the last full window. On a CPU the end of the last step is exact: they make a window of
-        their own if at least half a window, else join the window before. On a GPU their queued work ended at
-        some point before result()'s sync, which may come long after the loop: they stay untimed."""
+        """The steps after the last full window: on a CPU, a window of their own (if at least half a window) or part
+        of the one before; on a GPU untimed, as their queued work's end is unknown."""
         if self.device.type != "cpu":
             self.res.extras.setdefault("watch", {})["untimed_tail_steps"] = self._window_count
         elif self._window_count * 2 >= self.window_steps or not self._windows:
@@ -918,8 +879,7 @@ class LoopComparison:
     after: list[RunResult]
     before_speed: Spread
     after_speed: Spread
-    outcome: str  # "faster", "slower", "no measurable difference", "diverged" (after), "fixed" (before diverged,
-    #   after did not), "failed" (a run measured nothing: the sentence says why)
+    outcome: str  # "faster", "slower", "no measurable difference", "diverged", "fixed" (before diverged) or "failed"
     sentence: str
     notes: list[str] = field(default_factory=list)
     technique: tuple[str, bool | None] | None = None  # an exercise's check: (technique, shown in the edited loop)
@@ -939,12 +899,8 @@ LoopFn = Callable[[Watch], Any]
 
 def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tuple[str, str] = ("before", "after"),
                   **options: Any) -> LoopComparison:
-    """Run your loop's two versions in turns (before, after, after, before, ...), each under a new watch it is
-    given (`def before(w): for x, y in w(loader): with w.step(len(x)) as s: ...`), and compare their speed.
-
-    Each run's timed windows are pooled per side and judged by fastlab.verdicts' one noise rule (is_noise,
-    verdict). A side that diverged is not credited; a run that measured nothing says why. options: as for
-    fastlab.watch (warmup_steps, window_steps, device, ...)."""
+    """Run your loop's two versions in turns, each under a new watch it is given (`def before(w): ...`), and
+    compare their speed with fastlab.verdicts' noise rule. options: as for fastlab.watch."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"compare_loops(repeats={repeats!r}) is not allowed: an integer >= 1")
     for name, fn in zip(labels, (before, after)):
@@ -979,8 +935,7 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
         reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"
                              if r.ok else r.status)
         return LoopComparison(before, after, nan, nan, "failed", f"{r.label}: {r.status} ({reason}); no comparison")
-    # every window of every run, and each run's own windows: the noise rule pairs the repeats (each pair ran back
-    # to back, so a drift in the machine's load falls on both)
+    # each run's own windows too: the noise rule pairs the repeats, which ran back to back
     b = Spread.of([x for r in before for x in r.window_throughput], [r.window_throughput for r in before])
     a = Spread.of([x for r in after for x in r.window_throughput], [r.window_throughput for r in after])
     c = verdict(b, a)

@@ -1,19 +1,10 @@
 """A widget panel for a notebook: one control per knob, Run, Stop and Clear buttons, a progress bar and a plot.
 
-The run happens in a background thread so that Stop (and the rest of the notebook) stays responsive.
-From that thread, only widget traits are updated (Image.value, Label.value, IntProgress.value):
-output written with `with out:` from a thread never reaches the page (see shared NOTES).
-This is the only fastlab module that imports ipywidgets.
-
-Three rules make the panel's numbers honest in a room full of people:
-- Paired baselines: each Run measures the panel's baseline beside the variant (A/B/A by default), so the ratio
-  it prints compares two things measured under the same conditions, whatever else the machine is doing.
-- One run per kernel: panels share one registry; a Run while another panel's run is going is refused.
-- A re-executed panel cell (a new Panel with the same key) takes over the results, and any run in progress,
-  of the panel it replaces.
-
-Under the plot the panel shows the code: the diff of the knobs as set against its baseline
-(fastlab.code_diff: the PyTorch lines the change adds and removes), redrawn whenever a knob changes, before Run.
+The run happens in a background thread so that Stop stays responsive; from that thread only widget traits are
+updated, since output written with `with out:` from a thread never reaches the page. Each Run measures the
+panel's baseline beside the variant (A/B/A by default), so its ratio compares runs under the same load. One run
+per kernel: a Run while another panel's run is going is refused. A re-executed panel cell takes over the results
+and any run of the panel it replaces. Under the plot: the code diff of the knobs as set (fastlab.code_diff).
 """
 
 from __future__ import annotations
@@ -84,9 +75,7 @@ def busy_elsewhere(panel: Panel | None = None) -> str | None:
 
 
 def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, Any]:
-    """The variant against the baselines measured beside it: one ratio per pair, their median and range, and the
-    one comparison (fastlab.verdicts.verdict) with each baseline paired with the variant it brackets: the plot
-    draws the variant's row as that comparison judges it."""
+    """The variant against the baselines beside it: each pair's ratio, their median and range, and the comparison."""
     ratios = [verdict(b.throughput, variant.throughput).ratio for b in base_runs
               if b.window_throughput and variant.window_throughput]
     measured = [b for b in base_runs if b.window_throughput]
@@ -109,16 +98,14 @@ def _trap_note(plan: ArmPlan) -> str:
 class Panel:
     """Controls for some TrainConfig fields; each Run adds one result to `results` and redraws the plot.
 
-    knobs maps a field name to its options (None for a yes/no field or a field with fixed choices).
-    results starts with any results to show beside new runs (for example the notebook's headless runs); the
-    first of them with the base config is the panel's "page load" baseline.
+    knobs: field name -> options (None for a yes/no field or a field with fixed choices).
+    results: results to show beside new runs; the first with the base config is the "page load" baseline.
     pairing: "ABA" (default) measures the baseline before and after each variant, "AB" before it only, "none"
         compares with the first result (cheapest; wrong as soon as the machine's load changes).
-    key: identifies the panel in this kernel (default: the title, else the knob names): a new Panel with the
-        key of an existing one takes over its results and its run in progress (a re-executed cell).
-    keep: the plot shows the given results and the last `keep` runs (Clear empties the runs).
-    describe(result) returns HTML shown under the plot after each run; with advice=True, fastlab.advise's
-    findings for that run follow it.
+    key: identifies the panel in this kernel (default: the title, else the knob names); a new Panel with the
+        same key takes over its results and its run in progress.
+    keep: the plot shows the given results and the last `keep` runs.
+    describe(result): HTML shown under the plot after each run; advice=True adds fastlab.advise's findings.
     """
 
     def __init__(self, base: TrainConfig, knobs: dict[str, Sequence[Any] | None], *,
@@ -280,8 +267,7 @@ class Panel:
 
     def _measure(self, cfg: TrainConfig, label: str,
                  plan: ArmPlan) -> tuple[RunResult | None, list[RunResult], float]:
-        """The variant and the baselines beside it, in the pairing's order; stops at an unfinished run. A known
-        trap here runs as one short demonstration (arm_plans.demonstration_config), as in every comparison."""
+        """The variant and the baselines beside it, in the pairing's order (a trap: one short run)."""
         order = PAIRINGS[self.pairing]
         if plan.kind == "trap":
             cfg = demonstration_config(cfg)

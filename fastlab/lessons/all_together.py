@@ -1,11 +1,7 @@
 """09_all_together: the whole checklist stacked, as the ladder of `python -m fastlab bench`, in images/s and in time
 to accuracy; and C15 ("the checklist together shortens the experiment cycle") judged on both.
 
-The notebook runs the same rungs as the CLI (fastlab.bench.ladder), draws the cumulative-speedup
-waterfall, measures the time to accuracy of the same rung configurations over seeds and sets the two side by
-side, so a rung that is faster per image but slower to a result stands out. It sets this machine beside the
-bundled reference results, checks the torch.compile + bf16 divergence on this machine's torch, and ends with the
-checklist table (fastlab.checklist). Everything it prints is computed here from the results.
+Also: this machine beside the bundled references, the torch.compile + bf16 check, and the checklist table.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from ..verdicts import ratio_of, verdict
 
 NAME = "09_all_together:ladder"
 
-# Rungs left out under a profile, with the reason printed beside the results. Only smoke skips anything:
-# torch.compile's first compile on a CPU takes longer than the whole rest of a smoke notebook.
+# Rungs left out per profile -> the reason printed beside the results.
 PROFILE_SKIPS: dict[str, dict[str, str]] = {
     "smoke": {"all_on": "skipped under the smoke profile only: torch.compile's first compile on a CPU takes longer "
                         "than the rest of this notebook; the cpu and gpu profiles run it"},
@@ -102,8 +97,7 @@ def total_speedup(results: list[RunResult]) -> float:
 
 
 def reference_ladders() -> dict[str, list[RunResult]]:
-    """Bundled reference ladders by device: this comparison's results, else any bundled `fastlab bench` ladder
-    (results tagged with rungs, starting from the naive one), so a bench results.json dropped in works too."""
+    """Bundled reference ladders by device: this comparison's, else any bundled `fastlab bench` ladder (naive first)."""
     found = reference_for(NAME)
     if found:
         return found
@@ -121,10 +115,7 @@ def reference_ladders() -> dict[str, list[RunResult]]:
 
 
 def beside_reference(results: list[RunResult], reference: dict[str, list[RunResult]] | None = None) -> list[str]:
-    """This machine's ladder beside each bundled reference ladder (reference_ladders() by default).
-
-    With none bundled it is the one line for this machine: the notebook's reference_summary says so, once.
-    """
+    """This machine's ladder beside each bundled reference ladder (default reference_ladders()): lines to print."""
     reference = reference_ladders() if reference is None else reference
     here = results[0].env.get("device_name", "this machine")
     lines = [f"here ({here}): top of the ladder {total_speedup(results):.2f}x the naive rung, "
@@ -140,8 +131,7 @@ def beside_reference(results: list[RunResult], reference: dict[str, list[RunResu
 def checklist(results: list[RunResult], base: TrainConfig,
               reference: dict[str, list[RunResult]] | None = None,
               tta: list[TimeToAccuracy] | None = None) -> list[ChecklistRow]:
-    """The checklist rows for this ladder: techniques_here() on base's device, the reference ladders, the skips;
-    with `tta` (the time-to-accuracy ladder), each row's effect on time to accuracy too."""
+    """The checklist rows for this ladder; with `tta` (the time-to-accuracy ladder), each row's effect on it too."""
     from ..environment_report import techniques_here
 
     reference = reference_ladders() if reference is None else reference
@@ -153,11 +143,8 @@ def checklist(results: list[RunResult], base: TrainConfig,
 
 def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
                    progress: bool = True) -> list[tuple[str, list[RunResult]]]:
-    """The pitfall of judging a technique once, at the bottom: each dropped rung's change tried again on top.
-
-    For up to `limit` dropped rungs: the top configuration, then the same with that rung's changes, run back
-    to back (a fresh top run, so both sides see the same machine load). Returns (rung title, [top, top+change]).
-    """
+    """Up to `limit` dropped rungs' changes retried on top of the ladder: (rung title, [top, top + change]).
+    Both runs are fresh and back to back, so they see the same machine load."""
     if limit < 0:
         raise ValueError(f"limit={limit!r} is not allowed: an integer >= 0")
     by_name = {r.name: r for r in rungs}
@@ -200,15 +187,12 @@ def panel_knobs(base: TrainConfig, results: list[RunResult]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the ladder in time to accuracy
 
-# Seeds of the time-to-accuracy ladder per profile: three where a reader runs it; two under smoke (CI), where the
-# notebook must stay near a minute or two.
+# Time-to-accuracy seeds per profile: two under smoke, to keep the notebook short; three elsewhere.
 TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1)}
 DEFAULT_TTA_SEEDS = (0, 1, 2)
 
-# Rungs whose time to accuracy is measured, per profile (absent: every rung the throughput ladder ran). Under smoke
-# and cpu: the checklist's stack (the rung where C15's last technique, AdamW, joins) and the larger batch, the
-# classic case of faster per image without a learning-rate change; the naive rung always runs, as the baseline.
-# (Every rung x 3 seeds took over two minutes of a 2-core CPU: the cpu profile measures them all only when thorough.)
+# Rungs whose time to accuracy is measured per profile (absent: every rung; naive always): the checklist's stack
+# (fused_adamw, where C15's last technique joins) and the larger batch, faster per image without an lr change.
 _STACK_AND_BATCH = ("fused_adamw", "large_batch")
 TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": _STACK_AND_BATCH, "cpu": _STACK_AND_BATCH}
 
@@ -224,8 +208,7 @@ def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
 
 
 def _tta_only(base: TrainConfig) -> tuple[str, ...]:
-    """The rungs the profile limits its time-to-accuracy ladder to (empty: every rung); FASTLAB_THOROUGH=1 lifts
-    the limit outside smoke."""
+    """The rungs the profile limits time to accuracy to (empty: all); FASTLAB_THOROUGH=1 lifts it outside smoke."""
     if base.profile != "smoke" and thorough():
         return ()
     return TTA_ONLY.get(base.profile, ())
@@ -268,8 +251,7 @@ def tta_plan(base: TrainConfig) -> list[str]:
 
 
 def noop_rung(results: list[RunResult], index: int) -> str | None:
-    """Why results[index] computes exactly what the rung it built on computes (every knob it changed was a no-op
-    on this device, e.g. cudnn.benchmark on a CPU), or None. Its time to accuracy would repeat that rung's."""
+    """Why results[index] computes exactly what the rung it built on does (every change a no-op here), or None."""
     r, below = results[index], built_on(results, index)
     if below is None or not only_no_ops(r, below):
         return None
@@ -278,10 +260,8 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
-    """Time to accuracy of the throughput ladder's rungs (tta_rung_names), each with the exact configuration that
-    rung ran, over tta_seeds(base). A rung dropped from the throughput ladder is marked dropped here too, so both
-    ladders build on the same rungs; a rung whose every change was a no-op here is not run again (the reason is
-    kept in its result's extras["tta_skipped"]). Stops early (keeping what ran) when a run is interrupted."""
+    """Time to accuracy of tta_rung_names, each with its rung's exact config, over tta_seeds(base). Dropped rungs stay
+    dropped; all-no-op rungs are skipped (extras["tta_skipped"]); stops early when a run is interrupted."""
     wanted = set(tta_rung_names(base))
     out: list[TimeToAccuracy] = []
     below: TimeToAccuracy | None = None
@@ -328,8 +308,7 @@ def _tta_below(ttas: list[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
 
 
 def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tuple[str, str]]:
-    """(rung title, why) for each rung that was faster per image than the rung it built on, yet not faster to
-    the target (slower outside the seeds' spread, diverged, or never reached it)."""
+    """(rung title, why) for each rung faster per image than the rung it built on, yet not faster to the target."""
     tta = _by_rung(ttas)
     out = []
     for i, r in enumerate(results):
@@ -381,9 +360,8 @@ def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict
 
 
 def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy], title: str = ""):
-    """Two waterfalls side by side, one bar per rung in the same order: speed-up over naive in images/s (left)
-    and in training seconds to the target accuracy over seeds (right). A rung faster per image but slower to a
-    result is outlined in red on both; diverged, dropped and not-run rungs are marked."""
+    """Two waterfalls, one bar per rung: speed-up over naive in images/s (left) and in seconds to the target (right).
+    A rung faster per image but not to a result is outlined in red on both."""
     from matplotlib.patches import Patch
 
     from ..plots import ShownFigure, data_note
@@ -488,8 +466,7 @@ def stack_top(results: list[RunResult]) -> RunResult:
 
 
 def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:
-    """How the stack judged for C15 differs from the checklist's: its techniques dropped as traps here, no-ops here
-    or not run, and the rungs it carries that the checklist does not name (channels_last)."""
+    """How the C15 stack differs from the checklist's: techniques dropped, no-op or not run here, and rungs added."""
     names = [r.extras.get("rung") for r in results]
     notes = [f"{n} not run" for n in C15_RUNGS[:C15_RUNGS.index(top) + 1] if n not in names]
     for i, r in enumerate(results[1:names.index(top) + 1], start=1):
@@ -505,9 +482,7 @@ def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:
 
 # ---------------------------------------------------------------- torch.compile + bf16 on this machine
 
-# The net of the case seen on a 2-core CPU (torch 2.14.1): compiled under bf16 autocast, its loss became NaN from
-# the second step, while bf16 eager and compiled fp32 trained normally (shared/NOTES.md; upstream issue
-# pytorch/pytorch#171764). The check runs it afresh on the reader's torch and device and reports what it saw.
+# The compile + bf16 case (pytorch/pytorch#171764): compiled under bf16 autocast the loss went NaN, eager did not.
 COMPILE_CHECK = dict(model="compact", batch_size=32, warmup_steps=1, windows=1, train_images=512, eval_images=128,
                      max_seconds=0.0, log_every=1)
 COMPILE_CHECK_SKIPS: dict[str, str] = {
@@ -523,9 +498,7 @@ def compile_check_skip(base: TrainConfig) -> str | None:
 
 def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compact",
                        progress: bool = False) -> list[RunResult]:
-    """bf16 autocast in eager mode, then the same under torch.compile (default mode), for a few steps each on
-    base's device; [] when this device has no native bf16. What happened is read from the runs' statuses
-    (describe_compile_check)."""
+    """bf16 autocast eager, then compiled, `steps` steps each on base's device ([] without native bf16)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"compile_bf16_check: steps={steps!r} is not allowed: an integer >= 1")
     if not bf16_supported(resolve_device(base.device)):
@@ -541,8 +514,7 @@ def _final_loss(r: RunResult) -> str:
 
 
 def describe_compile_check(runs: list[RunResult], base: TrainConfig | None = None) -> str:
-    """What the check saw, computed from the runs' statuses: whether compile + bf16 diverged here while bf16
-    eager did not (it reproduces), both did, or neither (it does not reproduce on this torch and device)."""
+    """What the check saw, from the runs' statuses: whether compile + bf16 diverged here while eager did not."""
     if not runs:
         where = device_name(resolve_device(base.device)) if base is not None else "this device"
         return f"not checked: {where} has no native bf16, so the bf16 case does not arise here"

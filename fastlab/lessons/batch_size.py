@@ -1,9 +1,7 @@
 """Notebook 04: throughput and memory against batch size, the largest batch that fits, and the learning rate.
 
-The out-of-memory-safe search probes with short fastlab.run calls: doubling until a probe does not fit,
-then bisection between the largest that fit and the smallest that did not. A probe "does not fit" when
-the run ends with status "failed" (fastlab.run's answer to a CUDA out-of-memory error, after which it
-has freed the cache) or when its measured peak memory is over a budget the caller sets.
+The out-of-memory-safe search (find_max_batch) doubles, then bisects, with short fastlab.run probes; a probe does
+not fit when its run fails (CUDA out of memory) or its peak memory is over the caller's budget.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import verdict
 
-# Batch sizes per profile: powers of two beside their neighbours (a power of two is said to suit the
-# hardware's tiles; the neighbours let a reader see whether it does here). Claim C7 is judged on each power of
-# two that has a neighbour on each side.
+# Batch sizes per profile: powers of two beside neighbours, so a reader sees whether a power of two suits the
+# hardware here (C7 is judged on each power of two with a neighbour on each side).
 SIZES: dict[str, tuple[int, ...]] = {
     "smoke": (24, 32, 40),
     "cpu": (48, 64, 80),
@@ -37,14 +34,12 @@ SIZES: dict[str, tuple[int, ...]] = {
 # The larger batch of the learning-rate demo is this many times the profile's batch.
 LR_DEMO_FACTOR = 4
 
-# How the learning rate is commonly rescaled when the batch grows by a factor k:
-# "linear" (lr x k) is the rule for SGD (Goyal et al. 2017); "sqrt" (lr x sqrt(k)) is the usual rule
-# for Adam-family optimisers, whose update size does not grow with the gradient's scale.
+# Learning-rate rescaling for a batch k times larger: "linear" (lr x k) for SGD (Goyal et al. 2017); "sqrt"
+# (lr x sqrt(k)) for Adam-family optimisers, whose update size does not grow with the gradient's scale.
 LR_RULES = ("linear", "sqrt", "none")
 DEFAULT_RULE = {"sgd": "linear", "adam": "sqrt", "adamw": "sqrt"}
 
-# The search never doubles past this without a budget; on a GPU with room to spare a tiny model would
-# otherwise probe ever larger batches (and ever larger synthetic sets) for a long time.
+# The search's ceiling without max_batch: else a tiny model on a roomy GPU would probe ever larger batches.
 SEARCH_CEILING = 65_536
 
 Runner = Callable[..., RunResult]
@@ -133,11 +128,8 @@ def _positive_int(name: str, value: object, allow_none: bool = True) -> None:
 
 
 def _return_freed_host_memory() -> None:
-    """Ask glibc to hand freed heap memory back to the OS, so a probe's RSS peak is not the last probe's.
-
-    Without it, after a bigger probe the process keeps its freed memory resident and every later, smaller
-    probe would look as big. Linux with glibc only; elsewhere CPU probes simply err small.
-    """
+    """Ask glibc to hand freed heap memory back to the OS, so a smaller probe's RSS peak is not a bigger earlier
+    probe's. Linux with glibc only; elsewhere CPU probes simply err small."""
     gc.collect()
     if sys.platform.startswith("linux"):
         try:
@@ -155,14 +147,9 @@ def probe_config(base: TrainConfig, batch_size: int, steps: int) -> TrainConfig:
 def find_max_batch(base: TrainConfig, *, memory_budget_mb: float | None = None, max_batch: int | None = None,
                    start: int | None = None, resolution: int = 8, probe_steps: int = 2, runner: Runner = run,
                    progress: bool = False) -> BatchSearch:
-    """The largest batch_size whose short run fits, by doubling from `start` and then bisecting.
-
-    A probe fits when its run is not "failed" (out of memory on CUDA) and, with memory_budget_mb, when its
-    peak_memory_mb is at most the budget (CUDA: the allocator's peak, reset per run; CPU: process RSS, which
-    includes PyTorch itself and moves with whatever else the process does, so on a CPU the answer is
-    approximate; freed heap memory is handed back to the OS before each CPU probe). On a CPU there is no device memory to run out of, so a budget or a max_batch is required.
-    Bisection stops when the gap is at most `resolution` (probed sizes are kept to multiples of it).
-    """
+    """The largest batch_size whose short run fits, by doubling from `start`, then bisecting to `resolution`. A probe
+    fits when its run does not fail (CUDA out of memory) and its peak memory is within memory_budget_mb (on a CPU,
+    process RSS: approximate). On a CPU, where nothing runs out of memory, a budget or max_batch is needed."""
     if memory_budget_mb is not None and (isinstance(memory_budget_mb, bool) or
                                          not isinstance(memory_budget_mb, (int, float)) or memory_budget_mb <= 0):
         raise ValueError(f"find_max_batch: memory_budget_mb={memory_budget_mb!r} is not allowed: a number > 0 (MiB) "
@@ -228,8 +215,7 @@ def find_max_batch(base: TrainConfig, *, memory_budget_mb: float | None = None, 
     return search
 
 
-# What the notebook's search tries per profile. On a CPU the budget is the process's memory before the search
-# plus this headroom (MiB); on a GPU the limit is the device itself.
+# The notebook's search per profile: on a CPU the budget is the process's memory now + headroom_mb.
 SEARCH_SETTINGS: dict[str, dict[str, int]] = {
     "smoke": {"max_batch": 256, "headroom_mb": 64},
     "cpu": {"max_batch": 1024, "headroom_mb": 512},
@@ -265,11 +251,8 @@ def scaled_lr(lr: float, from_batch: int, to_batch: int, rule: str = "linear") -
 
 
 def same_images(base: TrainConfig, batch_size: int) -> TrainConfig:
-    """base at another batch size, with the step count changed so that the run sees as many training images.
-
-    Both runs use one warm-up step (this demo is about the loss reached, not about speed), so that
-    (1 + steps) x batch_size is the same for both.
-    """
+    """base at another batch size, with the steps changed so the run sees as many training images: both use one
+    warm-up step (the demo is about the loss reached), so (1 + steps) x batch_size matches."""
     total_images = (base.warmup_steps + base.steps) * base.batch_size
     total_steps = max(2, total_images // batch_size)
     steps = total_steps - 1
@@ -340,9 +323,8 @@ def _interpolate(x: int, x0: int, x1: int, y0: float, y1: float) -> float:
 
 
 def read_powers(results: list[RunResult]) -> list[PowerReading]:
-    """Each power-of-two batch that has a measured neighbour on each side, against the straight line between
-    the neighbours' throughputs: throughput usually rises with the batch, so only a bump above that line is an
-    advantage of the power of two itself."""
+    """Each power-of-two batch with a measured neighbour on each side, against the line between their throughputs:
+    throughput usually rises with the batch, so only a bump above that line favours the power of two."""
     ok = sorted((r for r in results if r.window_throughput and r.status == "ok"), key=lambda r: r.images_per_step)
     out = []
     for i, r in enumerate(ok):
@@ -381,8 +363,7 @@ def judge_powers(results: list[RunResult]) -> Finding:
 
 TTA_SEEDS = {"smoke": (0, 1), "cpu": (0, 1, 2), "gpu": (0, 1, 2)}
 TTA_MAX_STEPS = {"smoke": 50}  # elsewhere the profile's own time-to-accuracy budget
-# The "largest that fits" is capped at this many times the profile's batch (a bounded run).
-LARGEST_FACTOR = {"smoke": 4, "cpu": 4, "gpu": 8}  # cpu: 8x trained 23 s a seed to the target
+LARGEST_FACTOR = {"smoke": 4, "cpu": 4, "gpu": 8}  # "the largest that fits" is capped at this x the profile's batch
 
 
 def large_batch(base: TrainConfig, largest: int | None = None) -> int:

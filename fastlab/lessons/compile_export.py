@@ -1,7 +1,6 @@
 """Notebook 07: torch.compile modes against eager, the recompilation pitfall, and export for deployment.
 
-Compile time is kept apart from steady-state speed: the harness runs the compile inside its untimed
-warm-up steps (RunResult.warmup_seconds), and its timed windows are steady state.
+Compile time lands in the harness's untimed warm-up (RunResult.warmup_seconds); the timed windows are steady state.
 """
 
 from __future__ import annotations
@@ -52,10 +51,7 @@ def mode_config(base: TrainConfig, mode: str) -> TrainConfig:
 
 @comparison(MODES_COMPARISON, arms=lambda base: len(modes_plan(base)[0]), repeated=False)
 def modes(base: TrainConfig, progress: bool = True, eager_model: nn.Module | None = None) -> list[RunResult]:
-    """Eager, then each compile mode this profile runs (see modes_plan), same config otherwise.
-
-    eager_model: a module the eager run trains in place (the notebook exports it afterwards).
-    """
+    """Eager, then each compile mode of modes_plan; eager_model: a module the eager run trains in place (for export)."""
     to_run, _ = modes_plan(base)
     results = []
     for mode in to_run:
@@ -74,11 +70,8 @@ def step_ms(result: RunResult) -> float:
 
 
 def compile_summary(results: list[RunResult]) -> str:
-    """Per compiled run: compile cost (extra warm-up over eager), steady-state verdict, and break-even steps.
-
-    compile cost      = warm-up seconds (compiled) - warm-up seconds (eager), same number of warm-up steps
-    break-even steps  = compile cost / (eager ms per step - compiled ms per step), when compiled is faster
-    """
+    """Per compiled run: compile cost (its warm-up seconds - eager's), steady-state verdict, and break-even steps
+    (compile cost / the saving per step, when compiled is faster)."""
     if not results or results[0].config.get("compile") != "off":
         raise ValueError("results[0] must be the eager run (compile='off') that the others are measured against")
     eager = results[0]
@@ -111,8 +104,7 @@ def compile_summary(results: list[RunResult]) -> str:
 
 
 def graphs_compiled() -> int:
-    """Graphs dynamo has compiled in this process (each recompile adds one; torch._dynamo.reset keeps the count,
-    so count the difference over a run)."""
+    """Graphs dynamo has compiled in this process; torch._dynamo.reset keeps the count, so diff it over a run."""
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
@@ -172,15 +164,9 @@ def _batches(variant: str, loader: DeviceLoader, batch_size: int) -> Iterator[tu
 
 def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", epochs: int = 2,
                    full_batches: int = 3) -> RecompileResult:
-    """Train cfg.model with torch.compile(backend=...) over a set whose last batch is ragged, counting graphs.
-
-    The set holds full_batches full batches plus a third of one; "ragged last batch" feeds it as is (the
-    shape change at the end of each epoch triggers a recompile), the fixes drop it, mark the batch dimension
-    dynamic, or pad it to a full batch and mask the padding out of the loss. (Padding is exact for
-    inference; in training the zero rows also enter BatchNorm's batch statistics.)
-    backend="eager" makes dynamo capture and guard exactly as usual but skips code generation: the graph
-    count is the same as with inductor, at a fraction of the compile time.
-    """
+    """Train cfg.model with torch.compile(backend=...) on full_batches batches plus a ragged third, counting graphs.
+    The fixes: drop the ragged batch, mark the batch dimension dynamic, or pad it and mask the padding out of the loss.
+    backend="eager" captures and guards as usual but generates no code: the same graph count, compiled faster."""
     if variant not in RECOMPILE_VARIANTS:
         raise ValueError(f"variant={variant!r} is not allowed: choose one of {', '.join(map(repr, RECOMPILE_VARIANTS))}")
     if backend not in DEMO_BACKENDS:
@@ -277,8 +263,7 @@ def plot_step_times(results: list[RunResult], title: str = ""):
 
 @dataclass
 class ExportComparison:
-    """Eager PyTorch, the torch.export program and onnxruntime on one held-out batch: latency, parity with eager,
-    the memory each adds to the process, the size of each file, and how long each export took."""
+    """Eager, torch.export and onnxruntime on one held-out batch: latency, parity, memory, file sizes, export time."""
 
     batch_size: int
     runtimes: list  # fastlab.export.RuntimeResult, eager first
@@ -307,11 +292,8 @@ RUNTIME_FILES = {"eager PyTorch": "state_dict", "torch.export program": "torch.e
 
 def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repeats: int = 20,
                       warmup: int = 3) -> ExportComparison:
-    """Export `net` (torch.export, then ONNX) and compare the three runtimes on `batch` (see ExportComparison).
-
-    Memory: the process's resident memory before and after building each runtime and running it once, in the
-    order eager, torch.export, onnxruntime (approximate: the allocator may reuse memory an earlier one freed).
-    """
+    """Export `net` (torch.export, then ONNX) and compare the three runtimes on `batch`. Memory is each one's RSS rise
+    while built and first run (approximate: the allocator may reuse memory an earlier one freed)."""
     from ..export import compare_runtimes, export_model, onnx_runner, onnx_session
 
     exported = export_model(net, batch, folder)
@@ -334,8 +316,7 @@ def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repea
 
 
 def plot_export(comparisons: list[ExportComparison], title: str = ""):
-    """Latency per runtime (median, min-max) for each batch size compared, the files' sizes, and the memory each
-    runtime added; parity with eager in the legend."""
+    """Latency per runtime for each batch size compared, file sizes, and memory added; parity with eager on top."""
     from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(12, 3.8))
@@ -394,8 +375,7 @@ PARITY_TOLERANCE = 1e-3  # largest |logit difference| an export may have and sti
 
 
 def export_runner(net: nn.Module, cfg: TrainConfig, folder: str):
-    """A Panel runner: for the panel's batch_size, export and compare the runtimes; the result carries the
-    comparison in extras["export"] (the panel plots it with plot_export_results)."""
+    """A Panel runner: export and compare at the panel's batch_size; the comparison is in extras["export"]."""
 
     def runner(config: TrainConfig, *, label: str = "export", progress: bool = False, stop=None, on_step=None):
         x, _ = held_out_batch(cfg.replace(batch_size=config.batch_size,

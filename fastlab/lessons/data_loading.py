@@ -1,12 +1,7 @@
 """Notebook 01: the data path. Worker processes, pinned memory, persistent workers, prefetching, device-resident data.
 
-Comparisons (the notebook calls them: compare_num_workers(cfg), compare_pipeline(cfg), compare_slow_storage(cfg)):
-  01_data_loading:num_workers   DataLoader worker processes from 0 past 4x the cores this process may use (C1)
-  01_data_loading:pipeline      the DataLoader knobs added one by one, then the device-resident loader
-  01_data_loading:slow_storage  a starved trainer: simulated per-image storage latency, 0 workers vs several
-
-Plus the picture of the symptom: a busy/idle trace over wall time (NVML GPU utilisation when it was sampled),
-the host-to-GPU copy timed alone (pinned or not), and the verdicts on claims C1, C2 and C13 (fastlab.claims).
+Comparisons: 01_data_loading:num_workers (C1), :pipeline (the DataLoader knobs one by one, then the device-resident
+loader) and :slow_storage (a starved trainer, C13); also the busy/idle trace and the copy timed alone (C2).
 """
 
 from __future__ import annotations
@@ -32,11 +27,9 @@ from ..results import RunResult
 from ..train import interleave
 from ..verdicts import runs_verdict, turns, verdict
 
-# The simulated storage latency is set per batch, so that the demo starves the trainer at any batch size:
-# each image costs STARVE_BATCH_MS / batch_size milliseconds of sleep (like waiting on a slow disk or network).
+# Simulated storage latency per batch (each image sleeps STARVE_BATCH_MS / batch_size): it starves any batch size.
 STARVE_BATCH_MS = 100.0
-# On a GPU the pipeline rung uses at most this many workers (the bundled H200 checklist used 8 to 16).
-MAX_PIPELINE_WORKERS = 8
+MAX_PIPELINE_WORKERS = 8  # the pipeline comparison's cap on workers (pipeline_workers)
 
 
 # The sweep goes past the advice's "2-4 x the cores" to this many times the cores, to show where it costs.
@@ -45,9 +38,7 @@ OVERSUBSCRIBE = (2, 4, 6)
 
 def worker_counts(cpu_count: int | None = None) -> list[int]:
     """0, powers of two below the cores, the cores, then 2x, 4x and 6x them: 0, 1, 2, 4, 8, 12 on two cores.
-
-    cpu_count defaults to the cores this process may run on (fastlab.measure.usable_cpu_count), not the host's.
-    """
+    cpu_count defaults to the cores this process may run on (usable_cpu_count), not the host's."""
     n = usable_cpu_count() if cpu_count is None else cpu_count
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"worker_counts(cpu_count={cpu_count!r}) is not allowed: cpu_count must be an integer >= 1")
@@ -98,8 +89,7 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
 
 @comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())))
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """The worker sweep, each count run the profile's repeats in turns (fastlab.train.interleave): a count run once
-    after another is a single pair, which cannot tell the machine's drift from the workers' effect."""
+    """The worker sweep, counts repeated in turns (interleave): a single pair cannot tell drift from the effect."""
     cfg, cores = sweep_config(base), usable_cpu_count()
     counts = worker_counts(cores)
     results = interleave([(f"num_workers={n}", cfg.replace(num_workers=n)) for n in counts], progress=progress)
@@ -112,8 +102,7 @@ def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunRes
 
 
 def torch_worker_check(num_workers: int) -> str | None:
-    """What torch's DataLoader warns for `num_workers` here (the run itself warns in its own process, whose
-    warnings the notebook never sees): its own check, asked of a loader that starts no worker."""
+    """What torch's DataLoader warns for `num_workers` here (a run's own warning stays in its process)."""
     if num_workers == 0:
         return None
     with warnings.catch_warnings(record=True) as caught:
@@ -139,10 +128,7 @@ def compare_pipeline(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 class SlowStorage(Dataset):
     """CIFAR-shaped images that each take `latency_ms` to "read": a stand-in for a slow disk or network store.
-
-    The delay is a sleep, not computation, so it is what an I/O-bound pipeline looks like: worker processes
-    can overlap it even on a small CPU. It is a simulation, and results say so (synthetic=True).
-    """
+    The delay is a sleep, as in real I/O, so workers can overlap it even on a small CPU; results say SYNTHETIC."""
 
     synthetic = True
 
@@ -186,11 +172,8 @@ def compare_slow_storage(base: TrainConfig, progress: bool = True) -> list[RunRe
 
 
 def busy_trace(step_seconds: list[float], wait_seconds: list[float]) -> tuple[list[float], list[float]]:
-    """A 0%/100% trace over wall time rebuilt from the step records: idle while waiting for data, busy otherwise.
-
-    Returns (times, busy) for a step plot drawn with where="post": busy[i] holds from times[i] to times[i+1].
-    Within a step the wait comes first (the loop fetches the batch, then computes).
-    """
+    """A 0%/100% trace over wall time from the step records: idle while waiting for data (first in a step), busy
+    otherwise. Returns (times, busy) for a step plot with where="post"."""
     if len(step_seconds) != len(wait_seconds):
         raise ValueError(f"busy_trace needs one wait per step: got {len(step_seconds)} steps and "
                          f"{len(wait_seconds)} waits")
@@ -392,9 +375,8 @@ class CopyTiming:
 
 
 def time_copies(batch_size: int, repeats: int = 20, device: str = "auto") -> list[CopyTiming] | str:
-    """One batch of 3x32x32 fp32 images copied to the GPU: from pageable memory, from pinned memory, and from
-    pinned memory with non_blocking=True (time until the call returns: what the host waits). A CUDA GPU only;
-    elsewhere returns why it is a no-op."""
+    """One batch copied to the GPU from pageable memory, pinned memory, and pinned with non_blocking=True (the
+    host's wait only). A CUDA GPU only; elsewhere returns why it is a no-op."""
     import torch
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -1,11 +1,7 @@
 """Notebook 11: data-parallel training (DDP) across processes, launched with torchrun from the notebook.
 
-The runs themselves happen in fastlab.distributed (the torchrun entry point and its launcher); this module
-holds what the notebook needs around them: how many processes to start here, the 1-vs-N comparison,
-scaling efficiency with its range, the gradient-accumulation pitfall, a crashed rank, and the plots.
-
-    speed-up           = N-process images/s / 1-process images/s   (global images, all ranks together)
-    scaling efficiency = speed-up / N   (1.0: N processes did N times the work of one)
+The runs happen in fastlab.distributed; this module holds the setup, the 1-vs-N comparison, scaling efficiency
+(speed-up in global images/s, divided by N), the gradient-accumulation pitfall, a crashed rank, and the plots.
 """
 
 from __future__ import annotations
@@ -39,11 +35,8 @@ class Setup:
 
 
 def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
-    """N = the GPUs here when there are two or more; otherwise 2 CPU processes (gloo), one core each.
-
-    With a single GPU there is nothing to scale across (NCCL will not put two ranks on one GPU), so the
-    demo falls back to CPU processes and, for the gpu profile, to the cpu profile's sizes.
-    """
+    """N = the GPUs here when there are two or more; otherwise 2 CPU processes (gloo), one core each (NCCL will
+    not put two ranks on one GPU); the gpu profile then falls back to the cpu profile's sizes."""
     import torch
 
     if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2):

@@ -1,9 +1,7 @@
 """Notebook 05: evaluation without autograd, `total_loss += loss` vs `.item()`, `.item()` as a sync, detach().
 
-The training-loop comparisons use TrainConfig.eval_mode, log_loss and log_every. The detach demo is
-self-contained: it counts the tensors autograd saves for backward (through saved_tensors_hooks) and how
-many of them are still alive after a loop that keeps `loss`, `loss.detach()` or `loss.item()`. Those
-counts come from tensor shapes, not from a clock or the process's memory, so they are exact.
+The detach demo counts the tensors autograd saves for backward (saved_tensors_hooks) still alive after a loop that
+keeps `loss`, `loss.detach()` or `loss.item()`: counted from tensor shapes, so exact.
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ def eval_config(base: TrainConfig) -> TrainConfig:
 
 @comparison("05_no_grad_detach_item:eval_mode")
 def eval_modes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """Each eval_mode, repeated in turns (fastlab.verdicts.turns: a slow spell of the machine hits every mode
-    alike); one result per run, its repeat in extras["repeat"]."""
+    """Each eval_mode, repeated in turns so a slow spell hits every mode alike; the repeat is in extras["repeat"]."""
     cfg = eval_config(base)
     results = []
     for i, k in turns(len(EVAL_MODES), EVAL_REPEATS.get(base.profile, 3)):
@@ -164,12 +161,8 @@ def describe_log_loss(results: list[RunResult]) -> str:
 
 
 def sync_free_config(base: TrainConfig) -> TrainConfig:
-    """base with nothing else that synchronises every step, so that .item()'s own sync is what is measured.
-
-    The DataLoader's copy from pageable memory is synchronous: the device-resident loader has no copy. fp16's
-    GradScaler reads found_inf every step: bf16 needs no scaler (where bf16 is not native, fp32 instead). The
-    fused optimiser step is a few kernel launches (a group of tensors each), and reads nothing back.
-    """
+    """base with nothing else syncing every step, so .item()'s own sync is what is measured: the device loader (no
+    pageable copy), bf16 or fp32 (no GradScaler reading found_inf), and on CUDA the fused optimiser step."""
     dev = resolve_device(base.device)
     amp = preferred_amp(dev)
     cfg = base.replace(loader="device", num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False,
@@ -181,8 +174,7 @@ def sync_free_config(base: TrainConfig) -> TrainConfig:
 
 @comparison("05_no_grad_detach_item:log_every", arms=len(LOG_EVERY))
 def log_every(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """Reading the loss (.item(), a host-device sync on a GPU) every step against every 10th step, on a
-    configuration where nothing else syncs every step (sync_free_config)."""
+    """The loss read (.item(), a sync on a GPU) every step against every 10th, where nothing else syncs."""
     return sweep("log_every", list(LOG_EVERY), sync_free_config(base), progress=progress)
 
 
@@ -201,8 +193,7 @@ def item_sync_finding(logging: list[RunResult]) -> Finding:
 
 
 def find_syncs(base: TrainConfig, steps: int = 3) -> list[str] | str:
-    """Train a few steps under torch.cuda.set_sync_debug_mode("warn") and return the distinct warnings: each is
-    an operation that made the host wait for the GPU. On a machine without CUDA, says why there is nothing to find."""
+    """The distinct sync warnings of a few steps under torch.cuda.set_sync_debug_mode("warn"); no CUDA: why none."""
     import warnings
 
     import torch
@@ -247,10 +238,7 @@ class GraphMemory:
 
 class _Saved:
     """What the graph holds for each saved tensor; a weak reference to it tells whether the graph still lives.
-
-    It keeps a detached alias: keeping the tensor itself would tie it to its own grad_fn in a cycle
-    that Python's garbage collector cannot see through.
-    """
+    A detached alias: the tensor itself would make a cycle with its grad_fn that the collector cannot see through."""
 
     __slots__ = ("tensor", "__weakref__")
 
@@ -340,8 +328,7 @@ def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
 
 
 def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:
-    """MiB of activations autograd saves during one evaluation forward in `mode` (counted from tensor sizes,
-    through saved_tensors_hooks; parameters excluded): what an evaluation keeps alive while its output lives."""
+    """MiB of activations autograd saves in one evaluation forward under `mode`, from tensor sizes (no parameters)."""
     import torch
 
     if mode not in EVAL_MODES:

@@ -1,19 +1,8 @@
 """Notebook 03: kernel selection and memory layout. cudnn.benchmark, channels_last, TF32.
 
-Comparisons registered here:
-  03_cudnn_benchmark_and_channels_last:cudnn_benchmark  autotuning off vs on (fixed shapes): speed, warm-up, memory
-  03_cudnn_benchmark_and_channels_last:channels_last    NCHW vs NHWC, in fp32 and in low precision
-  03_cudnn_benchmark_and_channels_last:tf32             conv TF32 off vs on (torch.backends.cudnn.allow_tf32, on by
-                                                        default), and fp32 matmul precision "highest" vs "high"
-
-The training loop always feeds fixed 32x32 batches, so the pitfall of cudnn.benchmark (input shapes that
-change every step, each one autotuned again) has its own timing function here: time_shapes / shape_pitfall.
-
-cuDNN keeps the convolution plans it has found per thread (its v8 plan cache is thread_local, keyed by shape,
-dtype, layout and TF32, not by the benchmark flag): a plan found once in a thread is reused whatever
-cudnn.benchmark says afterwards, and backward convolutions run on autograd's worker thread, which lives as long as
-the process. So every timing here runs in a fresh process (fastlab.run does the same), and each starts with empty
-plan caches, forward and backward.
+The pitfall of cudnn.benchmark, input shapes that change every step, is timed apart (shape_pitfall). cuDNN caches
+convolution plans per thread whatever the flag says later, and backward runs on autograd's long-lived thread: so
+every timing here runs in a fresh process, with empty plan caches.
 """
 
 from __future__ import annotations
@@ -39,8 +28,7 @@ FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timin
 VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned during warm-up; mean pixels ~ 32x32
 
 
-# Each comparison's arms go through comparisons.run_arms: an arm whose every change is a no-op here (cuDNN or TF32
-# on a CPU) is not trained but reported with its reason, and a known trap (bf16 without native bf16) runs once, short.
+# Arms go through comparisons.run_arms: an all-no-op arm is reported, not trained; a known trap runs once, short.
 
 
 @comparison(f"{NAME}:cudnn_benchmark", arms=2)
@@ -150,12 +138,8 @@ def _check_sizes(sizes: list[int]) -> None:
 def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "tiny", batch_size: int = 32,
                 warmup_steps: int = 2, device: torch.device | str = "auto", channels_last: bool = False,
                 label: str = "", seed: int = 0) -> ShapeTiming:
-    """Time forward+backward of `model` on random SYNTHETIC images of each size in turn.
-
-    The warm-up steps run at FIXED_SIZE and are reported apart. Every timed step is bracketed by a
-    synchronise (fastlab.measure.now), so on a GPU the time includes the work it queued and any autotuning.
-    cudnn.benchmark is set for the call and restored afterwards.
-    """
+    """Time forward+backward of `model` on random SYNTHETIC images of each size in turn, each step synchronised (so
+    queued GPU work and autotuning count); warm-up runs at FIXED_SIZE, reported apart. cudnn.benchmark is restored."""
     _check_sizes(sizes)
     if not isinstance(benchmark, bool):
         raise ValueError(f"time_shapes(benchmark={benchmark!r}) is not allowed: True or False")
@@ -220,8 +204,7 @@ def mean_pixel_ratio(sizes: list[int]) -> float:
 
 
 def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[ShapeTiming]:
-    """Fixed vs varying input sizes, each with cudnn.benchmark off and on, with `base`'s model, batch and device;
-    each timing in a fresh process, so each starts with empty cuDNN plan caches (forward and backward)."""
+    """Fixed vs varying input sizes, cudnn.benchmark off and on, each in a fresh process (empty cuDNN plan caches)."""
     out = []
     for benchmark in (False, True):
         for name, sizes in (("fixed 32x32", [FIXED_SIZE] * steps), ("varying sizes", varying_sizes(steps))):

@@ -1,20 +1,9 @@
 """Notebook 12: what uses memory in training, measured. Parameters, gradients, optimiser state, activations.
 
-One training step of a workbook net is taken apart:
-
-    parameters        every weight (fp32, whatever autocast does)
-    gradients         one per parameter, the parameter's dtype (fp32), alive from backward to zero_grad
-    optimiser state   Adam/AdamW keep two fp32 tensors per parameter (exp_avg, exp_avg_sq); SGD one (momentum)
-    activations       what autograd saves in forward for backward: counted through
-                      torch.autograd.graph.saved_tensors_hooks, one count per storage, parameters excluded
-    weight copies     under autocast, the low-precision copies of weights that are saved for backward
-
-On a CPU these are computed from tensor sizes (exact for what they count; the process's resident memory also
-holds PyTorch itself, the allocator's cache and temporaries, so it cannot show them apart). On a CUDA GPU the
-caching allocator's figures are measured beside them: memory in use after each phase and the peak of a step.
-
-Activation checkpointing (torch.utils.checkpoint, non-reentrant) keeps only each segment's input and recomputes
-the segment's activations during backward, one segment at a time: less kept, more compute (timed here).
+One training step of a workbook net is taken apart into parameters, gradients, optimiser state, activations (saved
+for backward, counted per storage through saved_tensors_hooks) and autocast's weight copies, computed from tensor
+sizes (resident memory cannot show them apart); on CUDA the allocator's figures are measured beside them.
+Activation checkpointing (non-reentrant) keeps each segment's input and recomputes the rest in backward (timed).
 """
 
 from __future__ import annotations
@@ -58,11 +47,8 @@ def _bytes(tensors) -> int:
 
 
 class Segmented(nn.Module):
-    """A workbook net whose forward checkpoints its blocks (torch.utils.checkpoint, use_reentrant=False).
-
-    Nets with a `features` Sequential and a `head` (tiny, compact) are split into `segments` pieces; a torchvision
-    ResNet checkpoints layer1..layer4. The inputs each checkpointed piece keeps are recorded in `kept`.
-    """
+    """A workbook net whose forward checkpoints its blocks (use_reentrant=False): `features` in `segments` pieces,
+    or a torchvision ResNet's layer1..layer4. Each checkpointed piece's input is recorded in `kept`."""
 
     def __init__(self, net: nn.Module, segments: int = 2) -> None:
         super().__init__()
@@ -114,9 +100,7 @@ class MemoryBreakdown:
                 "weight copies": self.weight_copies_mb}
 
     def total_mb(self) -> float:
-        """The sum of the parts: parameters + gradients + optimiser state + activations + weight copies
-        (+ recompute, checkpointing). Not a peak: backward frees activations as it makes gradients, so the two
-        never coexist in full, and a step's peak is lower than this sum."""
+        """The sum of the parts (+ recompute); not a peak, as backward frees activations while making gradients."""
         return sum(self.component_mb().values()) + self.recompute_mb
 
     def summary(self) -> str:
@@ -138,7 +122,7 @@ def _optimizer(name: str, params) -> torch.optim.Optimizer:
 def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "off", optimizer: str = "adam",
                       checkpointing: bool = False, segments: int = 2, set_to_none: bool = True,
                       device: str = "cpu", seed: int = 0, label: str = "") -> MemoryBreakdown:
-    """Take one training step apart (after a first step has created the optimiser state); see the module doc."""
+    """Take one training step apart into MemoryBreakdown's components, after a first step made the optimiser state."""
     _check("amp", amp, tuple(AMP_DTYPES))
     _check("optimizer", optimizer, OPTIMIZERS)
     _positive("batch_size", batch_size)

@@ -1,11 +1,7 @@
 """Notebook 02: mixed precision. fp32 vs fp16 (with GradScaler) vs bf16, and at which batch size it pays.
 
-Comparisons registered here:
-  02_mixed_precision:precision   fp32, fp16 + GradScaler, bf16 autocast on the same run, over seeds (claims C3, C4)
-  02_mixed_precision:batch_size  fp32 vs low precision at a small and at a large batch (launch-bound or not)
-
-Demos only this notebook needs: fp16 gradients underflowing to zero without loss scaling (gradient_underflow),
-and GradScaler's scale finding its level (scaler_history). Both use the current torch.amp API.
+Comparisons: 02_mixed_precision:precision (the three over seeds; C3, C4) and :batch_size (a small and a large batch).
+Demos (torch.amp API): fp16 gradients underflowing without loss scaling, and GradScaler's scale finding its level.
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ def seeds_for(base: TrainConfig) -> tuple[int, ...]:
 
 @comparison("02_mixed_precision:precision", arms=6, repeated=False)  # 3 precisions x 2 seeds
 def compare_precision(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """fp32, fp16 + GradScaler and bf16 autocast, each over the profile's seeds (grouped by variant()); a
-    precision that is a known trap here runs once, short (comparisons.run_arms)."""
+    """fp32, fp16 + GradScaler and bf16 autocast over the profile's seeds; a known trap here runs once, short."""
     fp32 = base.replace(amp="off")
     arms = [(LABELS[amp], base.replace(amp=amp)) for amp in ("off", "fp16", "bf16")]
     return run_arms(fp32, arms, seeds=seeds_for(base), progress=progress)
@@ -100,8 +95,7 @@ def final_loss(result: RunResult, last: int = 5) -> float:
 
 
 def precision_report(results: list[RunResult]) -> str:
-    """Per precision (over seeds): images/s pooled over every window, peak memory, final loss, held-out accuracy;
-    each against fp32 for speed (noise called noise) and outcome (accuracy over seeds, divergence first)."""
+    """Per precision over seeds: images/s, peak memory, final loss, accuracy; each against fp32 (speed and outcome)."""
     groups = by_variant(results)
     if not groups:
         return "no results"
@@ -225,12 +219,8 @@ def _gradients(net: nn.Module, x: torch.Tensor, target, dtype: torch.dtype | Non
 
 def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: float = 1e-3, batch: int = 2048,
                        device: torch.device | str = "cpu", seed: int = 0) -> UnderflowReport:
-    """Count the gradients fp16 flushes to zero, without and with loss scaling (what GradScaler does).
-
-    The net nearly fits its targets (errors of about `residual`), and the loss is a mean over batch x 10
-    outputs, so each gradient element is about 2 x residual / (batch x 10): below fp16's smallest subnormal
-    for the defaults. Multiplying the loss by loss_scale moves them back into fp16's range.
-    """
+    """Count the gradients fp16 flushes to zero, without and with loss scaling (what GradScaler does). The net nearly
+    fits its targets, so each output gradient (~2 x residual / (batch x 10)) is below fp16's smallest subnormal."""
     _check_positive("gradient_underflow(loss_scale)", loss_scale)
     _check_positive("gradient_underflow(residual)", residual)
     _check_positive("gradient_underflow(batch)", batch, integer=True)
@@ -253,8 +243,7 @@ def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: floa
 
 @dataclass
 class NetUnderflow:
-    """The workbook net's own parameter gradients, `steps` steps into a real fp32 run on the profile's data, and
-    the share of them fp16 autocast flushes to zero without scaling (computed again under fp16, same weights)."""
+    """The workbook net's parameter gradients `steps` fp32 steps into a real run, and the share fp16 flushes to zero."""
 
     model: str
     steps: int
@@ -277,14 +266,12 @@ class NetUnderflow:
                 f"fp16 autocast without scaling; {self.zero_scaled:,} with GradScaler at {GRADSCALER_INIT_SCALE:g}")
 
 
-# Where fp16 autocast is a known trap (a CPU: device_support.trap_reasons), the three gradients are taken on this
-# many images of the batch: a step of the compact net in fp16 took tens of seconds on a CPU of this project's.
+# Where fp16 is a known trap (device_support.trap_reasons: slow there), gradients are taken on this many images.
 TRAP_GRAD_IMAGES = 8
 
 
 def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
-    """C5 in a real run: train the workbook net `steps` fp32 steps (Adam, the profile's data and batch), then
-    take one batch's parameter gradients in fp32, under fp16 autocast, and under fp16 with loss scaling."""
+    """C5 in a real run: `steps` fp32 Adam steps of the workbook net, then a batch's fp32, fp16 and scaled gradients."""
     from .. import builders
     from ..models import build_model
 
@@ -353,11 +340,7 @@ def plot_gradient_range(report: UnderflowReport):
 def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval: int = 3,
                    device: torch.device | str = "cpu", seed: int = 0) -> list[tuple[int, float, bool]]:
     """Train the small MLP with fp16 autocast and a GradScaler started too high; (step, scale, skipped) per step.
-
-    A scale too large makes the scaled gradients overflow to inf: GradScaler skips that optimiser step and
-    halves the scale. After growth_interval clean steps it doubles the scale again. (The training loop uses
-    torch's defaults: init_scale 2**16, growth_interval 2000.)
-    """
+    An overflow skips the step and halves the scale; growth_interval clean steps double it (torch's default 2000)."""
     _check_positive("scaler_history(steps)", steps, integer=True)
     _check_positive("scaler_history(init_scale)", init_scale)
     _check_positive("scaler_history(growth_interval)", growth_interval, integer=True)

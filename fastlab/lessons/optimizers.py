@@ -1,12 +1,8 @@
 """Notebook 06: C12 (AdamW + cosine "converges faster") in time-to-accuracy over seeds, one change at a time;
 learning-rate schedule shapes; optimiser state; and the optimiser step's implementation (for-loop, foreach, fused).
 
-C12 is answered as ../shared/CLAIMS.md says a fair test needs: each variant trains until held-out accuracy reaches
-the profile's target (fastlab.time_to_accuracy, evaluation time kept apart), over several seeds, and each variant
-differs from the one before it by one change (the optimiser, then the weight decay, then the schedule). Seeds run
-seed-major (every variant once, then the next seed), so a slow spell of a shared machine touches every variant
-alike. The step-implementation comparison times optimizer.step() alone in a micro-benchmark (synchronised, warm-up
-excluded, median with min and max), besides the sampled share that every run records.
+For a fair C12 test each variant trains to the profile's target accuracy over seeds, run seed-major (a slow spell
+touches every variant alike), and differs from the one before by one change.
 """
 
 from __future__ import annotations
@@ -32,23 +28,19 @@ from ..verdicts import verdict
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
 
-# Sensible settings per optimiser, as plain data (the panel's choices and the exercises use them).
-# - Adam's weight_decay is L2 added to the gradient, then divided by the adaptive scale: keep it small.
-# - AdamW decouples it (p -= lr * wd * p, outside the adaptive scale), so a typical value is much larger.
-# - SGD's step is lr x gradient with no adaptive scaling: it needs a far larger lr than Adam; momentum 0.9
-#   (fastlab uses Nesterov momentum).
+# Sensible settings per optimiser (the panel's choices and the exercises use them). Adam's weight_decay is L2
+# divided by the adaptive scale: keep it small; AdamW decouples it, so a typical value is much larger. SGD has no
+# adaptive scaling: it needs a far larger lr (momentum 0.9, Nesterov in fastlab).
 OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
     "adam": {"optimizer": "adam", "lr": 2e-3, "weight_decay": 5e-4},
     "adamw": {"optimizer": "adamw", "lr": 2e-3, "weight_decay": 0.05},
     "sgd": {"optimizer": "sgd", "lr": 0.05, "weight_decay": 5e-4, "momentum": 0.9},
 }
 
-# C12's own example figure for AdamW's weight decay ("e.g. lr 1e-3, weight decay 1e-2"). The learning rate stays
-# the profile's (one learning rate for every variant: the claim is about the optimiser and the schedule).
+# C12's example weight decay for AdamW ("lr 1e-3, weight decay 1e-2"); every variant keeps the profile's lr.
 CLAIM_WEIGHT_DECAY = 1e-2
 
-# Seeds per profile for the time-to-accuracy comparison. Smoke (CI) keeps two so the notebook stays near a minute;
-# the profiles a reader runs use three, as the outcomes rule asks.
+# Time-to-accuracy seeds per profile: three, as the outcomes rule asks; two under smoke to keep the notebook short.
 TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1), "cpu": (0, 1, 2), "gpu": (0, 1, 2), "mps": (0, 1, 2)}
 SCHEDULES = ("none", "cosine", "onecycle")
 SCHEDULE_NAMES = {"none": "constant", "cosine": "cosine (CosineAnnealingLR)", "onecycle": "one-cycle (OneCycleLR)"}
@@ -80,8 +72,7 @@ class Change:
 
 
 def c12_changes(base: TrainConfig) -> list[Change]:
-    """Adam -> AdamW (same lr and weight decay: only the decay is decoupled) -> AdamW with the claim's weight decay
-    (its own step, when it differs) -> AdamW + cosine. The profile's learning rate throughout."""
+    """Adam -> AdamW (same decay, decoupled) -> AdamW with the claim's weight decay (if it differs) -> + cosine."""
     wd0 = OPTIMIZER_PRESETS["adam"]["weight_decay"]
     adam = base.replace(optimizer="adam", weight_decay=wd0, scheduler="none", opt_impl="default")
     out = [Change("Adam", f"the baseline: Adam, lr {base.lr:g}, weight decay {wd0:g} as L2 in the gradient", adam),
@@ -98,8 +89,7 @@ def c12_changes(base: TrainConfig) -> list[Change]:
 
 def tta_interleaved(variants: list[tuple[str, TrainConfig]], seeds: tuple[int, ...], progress: bool = True
                     ) -> list[TimeToAccuracy]:
-    """Time-to-accuracy of each variant over `seeds`, seed-major (every variant once per seed), so a change in the
-    machine's load touches every variant alike. Stops early, keeping what ran, when a run is interrupted."""
+    """Time to accuracy of each variant over `seeds`, seed-major (load changes hit all alike); stops if interrupted."""
     out = {label: None for label, _ in variants}
     for seed in seeds:
         for label, cfg in variants:
@@ -130,8 +120,7 @@ def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunRe
 
 
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
-    """'More stably', as far as a few seeds can tell: seeds that diverged or missed the target, and how far apart
-    the seeds' steps to target lie (max - min)."""
+    """'More stably', as far as a few seeds tell: seeds diverged or missing the target, and their steps' range."""
     def one(t: TimeToAccuracy) -> str:
         s = t.steps
         bad = sum(r.status == "diverged" for r in t.runs)
@@ -195,8 +184,7 @@ def describe_changes(ttas: list[TimeToAccuracy]) -> str:
 
 
 def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
-    """Held-out accuracy against training seconds (evaluation excluded), one line per seed, one colour per variant,
-    with the target as a dashed line: where each curve first crosses it is that seed's time to accuracy."""
+    """Held-out accuracy against training seconds, one line per seed, one colour per variant, the target dashed."""
     from ..plots import ShownFigure as Figure
 
     fig = Figure(figsize=(7.5, 4.0), layout="constrained")
@@ -224,8 +212,7 @@ def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
 
 
 def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = SCHEDULES) -> dict[str, list[float]]:
-    """The learning rate at each of `total_steps` steps, for each schedule, from the scheduler fastlab.run builds
-    (builders.build_scheduler on a real optimiser), stepped exactly as the training loop steps it."""
+    """The learning rate at each of `total_steps` steps per schedule, from fastlab.run's scheduler, stepped alike."""
     if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 2:
         raise ValueError(f"lr_schedules: total_steps={total_steps!r} is not allowed: an integer >= 2")
     out = {}
@@ -375,12 +362,8 @@ class StepTiming:
 
 
 def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup: int = 5) -> StepTiming:
-    """Time optimizer.step() alone on base.model's parameters with random gradients.
-
-    Each timed step is bracketed by synchronize() (so a GPU's queued work is counted); `warmup` steps
-    (which allocate the optimiser state) run first and are excluded. The optimiser is built exactly as
-    fastlab.run builds it, so an implementation this machine lacks falls back the same way and says so.
-    """
+    """Time optimizer.step() alone on base.model's parameters with random gradients, synchronised, after `warmup`
+    steps; built as fastlab.run builds it, so a missing implementation falls back the same way and says so."""
     if impl not in CHOICES["opt_impl"]:
         raise ValueError(f"time_optimizer_step: impl={impl!r} is not allowed: choose one of "
                          f"{', '.join(map(repr, CHOICES['opt_impl']))}")

@@ -1,10 +1,7 @@
 """10_your_own_model: the harness on a model and a dataset the reader brings.
 
-fastlab.run(config, model=..., dataset=...) takes a module (or a function that builds one) and either a
-fastlab.ImageSet or a pair (train, held_out) of map-style torch Datasets. This module holds what the
-notebook needs around that: a torchvision model that is not ResNet-18, a Dataset class defined in a module
-(so DataLoader workers started with the spawn method can unpickle it), a converter from any Dataset of
-images to an ImageSet (so the device loader works), a check for spawn safety, and "what to try first".
+fastlab.run(config, model=..., dataset=...) takes a module (or a builder) and an ImageSet or a (train, held_out)
+pair of map-style Datasets; this module adds a demo model and Dataset, a Dataset -> ImageSet converter, and advice.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ from ..verdicts import verdict
 
 NAME = "10_your_own_model:first_steps"
 IMAGE_SHAPE = (32, 32, 3)  # what fastlab's device loader crops and normalises (CIFAR-shaped, HxWxC)
-# A baseline that waits on data for at least this share of its step time is data-bound: whatever speeds up
-# the model cannot help until the data path is fixed, so the advice puts the data path first.
+# A baseline waiting on data for at least this share of its step is data-bound: the advice puts the data path first.
 DATA_BOUND_SHARE = 0.25
 
 ModelArg = nn.Module | Callable[[], nn.Module]
@@ -45,12 +41,8 @@ def demo_model(num_classes: int = 10) -> nn.Module:
 
 
 class StripesDataset(Dataset):
-    """A SYNTHETIC stand-in for "your own data": striped 32x32 RGB images, made one at a time from their index.
-
-    Class = stripe direction (5 directions) x colour family (warm / cool); frequency, phase, tint and noise
-    vary per image. Yields (float32 tensor 3x32x32 in [0, 1], int label), as a Dataset with ToTensor would.
-    Defined in a module, not in the notebook: DataLoader workers started with spawn must import it by name.
-    """
+    """A SYNTHETIC stand-in for "your own data": striped 32x32 RGB images (float32 in [0, 1]) and labels, by index.
+    Defined in a module, not the notebook: DataLoader workers started with spawn must import it by name."""
 
     synthetic = True  # read by fastlab.run and to_imageset: results and plots say SYNTHETIC
     num_classes = 10
@@ -84,8 +76,7 @@ class StripesDataset(Dataset):
         return img.clamp(0, 1), label
 
 
-# Under the smoke profile only, fewer steps: MobileNetV3-Small costs several times the tiny net's time per image
-# on a CPU, and the notebook runs it about six times. The cpu and gpu profiles keep their sizes.
+# Smoke only: fewer steps, as MobileNetV3-Small is several times slower per image than the tiny net on a CPU.
 SMOKE_CHANGES: dict[str, int] = {"steps": 12, "warmup_steps": 2, "windows": 3}
 
 
@@ -170,12 +161,9 @@ def imageset_mb(train: Dataset, held_out: Dataset) -> float:
 
 
 def to_imageset(train: Dataset, held_out: Dataset, *, max_mb: float = 2048.0, name: str | None = None) -> ImageSet:
-    """Any map-style Datasets of (image, label) as a fastlab.ImageSet, when they fit in max_mb MiB of uint8.
-
-    Images: CxHxW tensors, HxWxC arrays or RGB PIL images, 32x32, uint8 or float in [0, 1] (not normalised).
-    A dataset with `synthetic = True` becomes an ImageSet named "synthetic", so every result and plot says so.
-    With an ImageSet, fastlab.run can use loader="device" (the whole set on the device, augmented per batch).
-    """
+    """Map-style Datasets of (image, label) as a fastlab.ImageSet (for loader="device"), if they fit in max_mb MiB.
+    Images: CxHxW tensors, HxWxC arrays or RGB PIL images, 32x32, uint8 or float in [0, 1] (not normalised). A
+    dataset with `synthetic = True` becomes an ImageSet named "synthetic", so results and plots say so."""
     if isinstance(max_mb, bool) or not isinstance(max_mb, (int, float)) or not max_mb > 0:
         raise ValueError(f"to_imageset max_mb={max_mb!r} is not allowed: a number of MiB > 0")
     for arg, ds in (("train", train), ("held_out", held_out)):
@@ -193,9 +181,6 @@ def to_imageset(train: Dataset, held_out: Dataset, *, max_mb: float = 2048.0, na
     source = (f"{type(train).__name__} ({len(train)}) / {type(held_out).__name__} ({len(held_out)}), "
               "converted by to_imageset" + (" (generated: SYNTHETIC)" if synthetic else ""))
     return ImageSet(tx, ty, ex, ey, label, source)
-
-
-# ---------------------------------------------------------------- spawn safety
 
 
 # ---------------------------------------------------------------- what to try first
@@ -247,11 +232,8 @@ def candidates(base: TrainConfig, dataset: DatasetArg, max_mb: float = 2048.0
 
 def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, progress: bool = True,
                 max_mb: float = 2048.0) -> list[RunResult]:
-    """Your model and data as they are, then each first technique alone on top of that, back to back.
-
-    Returns [baseline, one result per technique tried]; each result's extras["technique"] names it, and the
-    baseline's extras["skipped_techniques"] says which were not tried here and why.
-    """
+    """Your model and data as they are, then each first technique alone on top, back to back: [baseline, one per
+    technique]; extras["technique"] names each, the baseline's extras["skipped_techniques"] says what was not tried."""
     if not (isinstance(dataset, ImageSet) or (isinstance(dataset, tuple) and len(dataset) == 2)):
         raise ValueError(f"dataset={type(dataset).__name__} is not allowed: a fastlab.ImageSet or a pair "
                          "(train, held_out) of torch Datasets")
@@ -334,14 +316,12 @@ def loop_dataset(config: TrainConfig, seed: int = 0) -> StripesDataset:
 
 
 def parameter_snapshot(module: nn.Module) -> list[torch.Tensor]:
-    """Copies of the module's parameters, on the CPU: a run on a GPU may move the module (and its
-    parameters) afterwards, and the copies must stay comparable."""
+    """CPU copies of the module's parameters, so they stay comparable after a run moves the module to a GPU."""
     return [p.detach().to("cpu", copy=True) for p in module.parameters()]
 
 
 def changed_parameters(before: list[torch.Tensor], module: nn.Module) -> int:
-    """How many of the module's parameter tensors differ from a snapshot, compared on the CPU: torch.equal
-    refuses a CPU tensor and a CUDA tensor, and fastlab.run moves the module it trains to its device."""
+    """How many parameter tensors differ from a snapshot, compared on the CPU (torch.equal refuses mixed devices)."""
     after = list(module.parameters())
     if len(after) != len(before):
         raise ValueError(f"changed_parameters: the snapshot has {len(before)} tensors, the module {len(after)}")

@@ -1,9 +1,7 @@
 """The techniques without a TrainConfig knob, as plain PyTorch functions that notebooks 02, 07, 08, 10, 11, 12 show.
 
-Each pair is one plain function and the same function with the technique's lines added; a notebook calls both
-on a tiny model and shows `fastlab.code.snippet_diff(plain, with_technique)`, so the lines shown are lines that
-ran. Keep each pair identical but for the technique (tests/test_the_code_sections check the diffs name the
-technique's call). Nothing here imports fastlab's harness: this is the code a reader copies.
+Each pair is a plain function and the same with the technique's lines added, shown with fastlab.code.snippet_diff
+after both ran: keep each pair identical but for the technique. Nothing here imports fastlab: a reader copies it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Notebook 08: the thread a run executes in can change its speed on a CPU. A measured demo, and why.
 
-PyTorch's CPU kernels run on an OpenMP (libgomp) thread team, and every thread that calls into torch gets a team
-of its own. Once the kernel's main thread has run any torch op its team stays alive, so a run started in another
-thread (a widget's Run button, a background job) makes a second team. libgomp then manages more threads than
-the machine has cores, and in that case it cuts the time an idle worker spin-waits for the next parallel region
-to almost nothing: between the many small operations of a training step the workers go to sleep and are woken
-again (each a system call and a context switch; the demo counts them). On an idle machine the sleeping costs
-time; on a busy one the spinning of the other case can cost more (a spinning worker holds the core its teammate
-needs). Which way it goes depends on the machine, its load and the size of the operations: measure it, as
-thread_effect does, and compare only runs made the same way.
-
-fastlab.run therefore executes every run in a fresh process (fastlab.isolation), so a notebook cell's runs and a
-panel's runs are timed the same way, and no OpenMP team, plan cache or global outlives a run.
+Every thread that calls into torch gets its own OpenMP team, and the main thread's stays alive once used: a run in
+another thread makes a second team, and with more threads than cores libgomp stops idle workers spin-waiting, so
+they sleep and wake between small ops. Whether that costs depends on the machine and its load, so fastlab.run
+runs every run in a fresh process (fastlab.isolation).
 """
 
 from __future__ import annotations
@@ -34,8 +26,7 @@ WHERE = {"main": "the calling thread (a notebook cell's own thread)", "thread": 
 
 
 def _switches() -> int:
-    """Voluntary context switches of the whole process so far (threads that have ended included): each is a
-    thread going to sleep, for example an OpenMP worker that stopped spin-waiting."""
+    """Voluntary context switches of the whole process so far: each is a thread going to sleep."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
 
 
@@ -64,8 +55,7 @@ def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunRes
 
 
 def warm_this_thread() -> None:
-    """Run a few torch ops in this thread, as any notebook cell that touches a tensor does: it starts this
-    thread's OpenMP team, which stays alive afterwards."""
+    """A few torch ops in this thread, as a notebook cell runs: they start its OpenMP team, which stays alive."""
     a = torch.randn(256, 256)
     for _ in range(20):
         a = torch.tanh(a @ a)

@@ -1,10 +1,8 @@
 """What `make dashboard` serves a room with: Voila's kernel manager, culling the kernels of closed tabs but never
 a kernel a page has just been given. Only the Voila server imports this module (jupyter_server comes with it).
 
-Voila 0.5 cannot shut a closed tab's kernel down (voila-dashboards/voila issue 1458), so the Makefile has the
-server cull kernels that are idle with no connection. Voila's preheated pool keeps a kernel ready, the notebook
-already executed, and protects it from culling while it waits; but a kernel handed to a page is as idle as its
-wait in the pool was long, and would be culled before the page's widgets connect. Here a kernel's idle time
+Voila 0.5 cannot shut a closed tab's kernel down (voila-dashboards/voila issue 1458), so the server culls idle
+kernels; a kernel fresh out of Voila's pool would look idle for as long as it waited there, so here its idle time
 counts from when it left the pool, at the latest.
 """
 

@@ -2,15 +2,9 @@
 
 Checks, with assertions and at small sizes, every CUDA-only path of fastlab, then runs both bench ladders at
 gpu-profile sizes and saves their results. Needs torch 2.11 or newer with the torchvision of the same release,
-numpy, Pillow and nvidia-ml-py (see PACKAGES; nothing from Jupyter): before starting, it names in one line every
-one that is missing. On a machine without CUDA it says so in one line and exits 0. Exit status 1 when any check
-failed; each check's outcome is printed as it finishes and written to <out>/checks.json. Each check has a deadline
-(CHECK_DEADLINE_S; the ladders their budget and LADDER_OVERRUN_S): past it the check is stopped as a Ctrl-C would
-stop it and fails (within_deadline).
-
-How long: 240 s on one H200 (torch 2.11, 16 host CPUs), 2026-12-04, with the default --ladder-budget-s of 120:
-the checks about 95 s (compile reduce-overhead 25 s, the one-rank DDP launch 16 s, the out-of-memory search 12 s),
-the ladders the rest. ResNet-18's ladder spent its 60 s share before its batch-512 and compiled rungs.
+numpy, Pillow and nvidia-ml-py; it names any that is missing before starting. Without CUDA it says so and exits 0.
+Exit status 1 when any check failed; each outcome is printed and written to <out>/checks.json. A check past its
+deadline (CHECK_DEADLINE_S) is stopped as by Ctrl-C and fails. About 4 minutes with the default --ladder-budget-s.
 """
 
 from __future__ import annotations
@@ -41,13 +35,12 @@ PACKAGES: tuple[tuple[str, str, str], ...] = (
     ("pynvml", "nvidia-ml-py", "GPU utilisation"),
 )
 LADDER_RUNG_SECONDS = 3.0  # each rung's budget on its timed steps: a few windows at every rung's speed
-CHECK_DEADLINE_S = 180.0  # a check not done by then fails: four times the longest one's estimate (above)
+CHECK_DEADLINE_S = 180.0  # a check not done by then fails: several times the longest one's time
 LADDER_OVERRUN_S = 240.0  # the ladders' deadline past their budget: the rungs started before it, compiled ones too
 
 
 def missing_packages() -> list[str]:
-    """The packages gpu-check needs that do not import here, each with why (a torchvision built for another torch
-    fails at import: that counts as missing too)."""
+    """The packages gpu-check needs that do not import here, with why (a mismatched torchvision counts too)."""
     missing = []
     for module, package, used_for in PACKAGES:
         try:
@@ -60,9 +53,8 @@ def missing_packages() -> list[str]:
 
 def within_deadline(fn: Callable[[], str], seconds: float) -> tuple[str, bool]:
     """(fn()'s detail, True), or (why, False) when it raised or was not done within `seconds`. At the deadline the
-    main thread gets a Ctrl-C (SIGINT): the run in progress stops, and its process is killed if it then says
-    nothing for isolation.STOP_GRACE_SECONDS. Should this process itself hang (a CUDA call that never returns, which
-    no Python code can interrupt), faulthandler prints every thread's traceback and exits with status 1 after that."""
+    main thread gets a Ctrl-C; should this process itself hang (a CUDA call never returns), faulthandler prints
+    every thread's traceback and exits with status 1 after a grace period."""
     from .. import isolation
 
     expired = threading.Event()
@@ -209,9 +201,8 @@ def _precision() -> str:
 
 
 def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda") -> Callable[[], nn.Module]:
-    """A ResNet-18 factory whose first convolution records (input channels_last, weight channels_last) for each
-    forward pass on `device_type` only: a model factory also builds a model for preflight's CPU check (without
-    channels_last weights), and those passes say nothing about the training run."""
+    """A ResNet-18 factory recording (input, weight) channels_last at each forward on `device_type` only: the
+    factory also builds a model for preflight's CPU check, which says nothing about the training run."""
     from ..models import build_model
 
     def net() -> nn.Module:
@@ -254,9 +245,8 @@ def _cudnn() -> str:
 
 
 class UntunedForward(nn.Module):
-    """ResNet-18 whose forward convolutions run with cudnn.benchmark off whatever the run says: what cuDNN
-    autotunes in a run of it is its backward pass alone. (ATen reads the flag when each convolution runs, and
-    backward runs after forward has restored it.) A class, not a closure: a run in a fresh process can build it."""
+    """ResNet-18 whose forward convolutions run with cudnn.benchmark off, so cuDNN autotunes its backward pass
+    alone (ATen reads the flag as each convolution runs). A class, so a run in a fresh process can build it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -348,8 +338,7 @@ def _watched_loops() -> str:
 
 
 def watched_loops(device: str, **sizes: Any) -> str:
-    """compare_loops in turns as an exercise's check runs it (the loops differ in their arguments here, not in their
-    source, so exercise.check's unchanged-source guard is bypassed), and what the watch saw of each technique."""
+    """compare_loops as exercise.check runs it (the loops differ in arguments only), and what the watch saw of each."""
     from ..exercise import technique_shown
     from ..watch import compare_loops
 
@@ -380,9 +369,8 @@ def _ddp() -> str:
 
 
 def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS) -> str:
-    """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds` (the same for every
-    rung: a budget that shrinks as time passes would stop late rungs and make them look like traps); no rung is
-    started once a ladder has run for its half of `budget_s`. Results saved after every rung."""
+    """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds` (the same for every rung,
+    so late rungs do not look like traps); no rung starts once a ladder has run its half of `budget_s`."""
     from ..bench import ladder, markdown_table, run_ladder
     from ..config import config_for
     from ..results import save_results

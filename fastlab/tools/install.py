@@ -1,17 +1,9 @@
 """Getting the workbook onto a machine: where fastlab installs from, each notebook's first cell, and the copy.
 
-- No address is built in: fastlab installs from a clone (`pip install .`) or from a wheel built from one
-  (`pip wheel --no-deps . -w dist`). Where a class installs from is set once by its teacher: the environment
-  variable FASTLAB_INSTALL_SOURCE (SOURCE_ENV), or a one-line file fastlab-install-source.txt (SOURCE_FILE) in the
-  notebook's working folder, holding what `pip install` takes: a wheel's path or URL, or a clone's folder.
-- install_cell_source(): the first code cell of every notebook. It imports fastlab; where that fails it reads
-  the install source and prints the one install line, and on Colab (google.colab importable) runs it; with no
-  source set it says what to set.
-- `python -m fastlab.tools.install --ensure-notebooks notebooks/` inserts or updates that cell in each notebook
-  (it edits the JSON; it never executes a notebook).
-- copy_notebooks(): what `python -m fastlab notebooks DIR` runs: the notebooks that travel inside the package
-  (a wheel carries them as fastlab/notebooks/, copied from the top-level notebooks/ at build time by setup.py)
-  are written to DIR, never over a notebook the user edited unless forced.
+- No address is built in: a teacher sets the install source once (SOURCE_ENV, or a SOURCE_FILE in the notebook's
+  folder): what `pip install` takes, a wheel's path or URL, or a clone's folder.
+- install_cell_source(): each notebook's first cell: imports fastlab, else prints (on Colab runs) the install line.
+- copy_notebooks(): what `python -m fastlab notebooks DIR` runs, never over a notebook the user edited unless forced.
 """
 
 from __future__ import annotations
@@ -25,8 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Where a notebook's first cell installs fastlab from, when it is missing: set by the teacher, never built in (no
-# address is published that nobody has seen work). Change these names here, then run
+# Where a notebook's first cell installs fastlab from, set by the teacher. After changing these names, run
 # `python -m fastlab.tools.install --ensure-notebooks notebooks/` so every notebook's first cell follows.
 SOURCE_ENV = "FASTLAB_INSTALL_SOURCE"
 SOURCE_FILE = "fastlab-install-source.txt"
@@ -120,8 +111,7 @@ def ensure_install_cell(path: str | Path) -> bool:
 
 
 def packaged_notebooks() -> Path:
-    """The folder of notebooks this fastlab carries: fastlab/notebooks in an installed wheel, or the
-    checkout's top-level notebooks/ (an editable install, or running from the repository)."""
+    """The notebooks this fastlab carries: fastlab/notebooks in a wheel, else the checkout's notebooks/."""
     here = Path(__file__).resolve().parents[1]  # the fastlab package (this file is fastlab/tools/install.py)
     for folder in (here / "notebooks", here.parent / "notebooks"):
         if any(folder.glob("*.ipynb")):
@@ -145,11 +135,8 @@ class CopyReport:
 
 
 def copy_notebooks(dest: str | Path = DEFAULT_DIR, force: bool = False) -> CopyReport:
-    """Copy the packaged notebooks (only *.ipynb: what a learner opens) into `dest`.
-
-    A notebook already there is replaced only when it is still exactly what an earlier copy wrote (a hash
-    per file is kept in dest/.fastlab-notebooks.json); one the user edited or ran is kept unless `force`.
-    """
+    """Copy the packaged notebooks (*.ipynb) into `dest`. A notebook already there is replaced only when it is still
+    what an earlier copy wrote (hashes in MANIFEST); one the user edited or ran is kept unless `force`."""
     source = packaged_notebooks()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

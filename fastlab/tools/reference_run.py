@@ -34,9 +34,8 @@ from ..lessons import (
 from ..measure import device_name, resolve_device
 from ..results import RunResult, save_results
 
-# The comparisons whose GPU results a notebook reads back (reference_summary, reference_for, the claim map's judges),
-# in reading order: a run cut short by its budget keeps the earlier notebooks'. Not here: threads.thread_effect
-# (notebook 08's OpenMP demo is about a CPU's thread teams; no notebook reads its reference).
+# The comparisons whose GPU results a notebook reads back, in reading order: a run cut short keeps the earlier
+# ones. Not here: threads.thread_effect (a CPU demo whose reference no notebook reads).
 REPEATED_ON_A_GPU: dict[str, NamedComparison] = {c.name: c for c in (
     data_loading.compare_num_workers, data_loading.compare_pipeline, data_loading.compare_slow_storage,
     mixed_precision.compare_precision, mixed_precision.compare_batch_size,

@@ -1,8 +1,6 @@
 """How long each notebook takes, measured: notebooks/timings.json, written by tests/notebook_timings.py.
 
-The tool executes each notebook under each CPU profile (smoke, cpu) and records the wall seconds with the
-date and the machine. A notebook's first cells print its time from here (notebook_time), and the
-instructor's guide pastes timings_table()'s output. Nothing here is typed by hand.
+A notebook's first cells print its time from here (notebook_time); the instructor's guide pastes timings_table().
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ PACKAGED_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"  # where 
 
 
 def timings_path() -> Path:
-    """FASTLAB_TIMINGS if set; else the checkout's notebooks/timings.json; else the one a wheel carries beside its
-    notebooks; else ./timings.json (a notebook's kernel runs in its own folder)."""
+    """FASTLAB_TIMINGS, else the checkout's or the wheel's notebooks/timings.json, else ./timings.json."""
     env = os.environ.get("FASTLAB_TIMINGS", "").strip()
     if env:
         return Path(env)
@@ -85,8 +82,7 @@ def _duration(seconds: float) -> str:
 
 
 def notebook_time(notebook: str, profile: str | None = None) -> str:
-    """One sentence: how long `notebook` took top to bottom on `profile` (default: the active one), or that it
-    was not measured yet on that profile."""
+    """One sentence: how long `notebook` took on `profile` (default: the active one), or that it was not measured."""
     from ..config import active_profile
 
     profile = profile or active_profile()
@@ -102,8 +98,7 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
 
 
 def _cores(machine: str) -> int:
-    """The cores the measuring machine's description names ("2 cores usable"; 1 when it names none): a notebook's
-    own training keeps that many busy, so only a load above them was other work."""
+    """The cores the machine's description names ("2 cores usable"; else 1): a load above them was other work."""
     found = re.search(r"(\d+) cores usable", machine)
     return int(found.group(1)) if found else 1
 
