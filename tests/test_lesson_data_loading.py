@@ -160,6 +160,10 @@ def test_c1_on_a_cpu_says_the_workers_compete_with_training():
     for r in sweep:
         r.env = {"device_type": "cuda"}
     assert "same cores" not in dl.judge_workers(sweep).verdict
+    # a sweep that could not tell names no cause it did not measure (01 under the cpu profile, 2026-12-04)
+    wide = [_point(0, [50, 150]), _point(2, [60, 160]), _point(4, [55, 155]), _point(8, [52, 152])]
+    v = dl.judge_workers(wide).verdict
+    assert v.startswith("could not tell here") and "same cores" not in v
 
 
 def test_c13_reads_an_nvml_trace():

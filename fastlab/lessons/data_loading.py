@@ -330,8 +330,9 @@ def judge_workers(results: list[RunResult]) -> Finding:
     advised = [r for r in results if 2 * n <= workers_of(r) <= 4 * n and r.window_throughput]
     evidence = reading.describe().replace("\n", "; ")
     finding = _judge_sweep(results, reading, zero, advised, evidence)
-    if results[0].env.get("device_type", "cpu") == "cpu":  # the advice feeds a GPU; here loading and training share
-        v = finding.verdict
+    v = finding.verdict
+    # the advice feeds a GPU; on a CPU loading and training share the cores (a cause: not named where nothing showed)
+    if results[0].env.get("device_type", "cpu") == "cpu" and not v.startswith(claims.COULD_NOT_TELL):
         return finding._replace(verdict=v[:-1] + f"; {ON_A_CPU})" if v.endswith(")") else f"{v} ({ON_A_CPU})")
     return finding
 
