@@ -27,6 +27,7 @@ from typing import Any
 from .code import CodeDiff
 from .config import TrainConfig, active_profile
 from .measure import Spread
+from .results import RunResult
 from .verdicts import Comparison, verdict
 from .watch import LoopComparison, LoopFn, compare_loops
 
@@ -168,31 +169,31 @@ def technique_shown(technique: str, comparison: LoopComparison) -> tuple[bool | 
     return t.shown(mine, given), t.seen(mine)
 
 
-def peak_memory(comparison: LoopComparison) -> Comparison:
-    """The two sides' training peak memory (MiB; each run's own peak), lower is better, by the one noise rule."""
-    def side(runs: list) -> Spread:
-        return Spread.of([r.peak_memory_mb for r in runs])
+def _lower_is_better(comparison: LoopComparison, read: Callable[[RunResult], float | None], unit: str,
+                     quantity: str, fmt: str) -> Comparison:
+    """One value read from each run of both sides, lower is better, by the one noise rule."""
+    def side(runs: list[RunResult]) -> Spread:
+        return Spread.of([v for r in runs if (v := read(r)) is not None])
 
-    return verdict(side(comparison.before), side(comparison.after), "MiB", higher_is_better=False,
-                   quantity="peak memory", fmt=",.1f")
+    return verdict(side(comparison.before), side(comparison.after), unit, higher_is_better=False,
+                   quantity=quantity, fmt=fmt)
+
+
+def peak_memory(comparison: LoopComparison) -> Comparison:
+    """The two sides' training peak memory (MiB; each run's own peak)."""
+    return _lower_is_better(comparison, lambda r: r.peak_memory_mb, "MiB", "peak memory", ",.1f")
 
 
 def saved_activations(comparison: LoopComparison) -> Comparison:
-    """Activations saved for backward in each run's first step (MiB), lower is better: exact where RSS is not."""
-    def side(runs: list) -> Spread:
-        return Spread.of([f["saved_mb"] for r in runs if (f := r.extras.get("watch", {}).get("facts"))])
-
-    return verdict(side(comparison.before), side(comparison.after), "MiB", higher_is_better=False,
-                   quantity="activations saved for backward (first step)", fmt=",.1f")
+    """Activations saved for backward in each run's first step (MiB): exact where a CPU's resident set is not."""
+    return _lower_is_better(comparison, lambda r: (r.extras.get("watch", {}).get("facts") or {}).get("saved_mb"),
+                            "MiB", "activations saved for backward (first step)", ",.1f")
 
 
 def final_loss(comparison: LoopComparison) -> Comparison:
-    """Each run's last logged training loss, lower is better, by the one noise rule."""
-    def side(runs: list) -> Spread:
-        return Spread.of([r.losses[-1][1] for r in runs if r.losses])
-
-    return verdict(side(comparison.before), side(comparison.after), "", higher_is_better=False,
-                   quantity="final training loss", fmt=".3f")
+    """Each run's last logged training loss."""
+    return _lower_is_better(comparison, lambda r: r.losses[-1][1] if r.losses else None, "", "final training loss",
+                            ".3f")
 
 
 def learning_rate(comparison: LoopComparison) -> str:

@@ -8,11 +8,10 @@ in the learner's loop (fastlab.exercise.TECHNIQUES), never its source text.
 Recorded through torch's global module forward hooks and optimiser step hooks during that one step only (they
 are removed when it ends, so no timed step is hooked): the outermost module called, the memory layout of its input
 and of its first convolution's weights, the autocast dtype around it, evaluation forwards and whether they
-recorded a graph, forwards that backward ran again (activation checkpointing), the bytes of activations autograd
-saved for backward during the step's forwards (saved_mb: exact, so a CPU, whose resident set hides a small
-model's activations, still sees what no_grad and checkpointing change; a checkpointed segment's own saves are its
-hooks', not counted), the optimiser's class, fused flag and learning rate, and whether a scheduler is attached. A torch.compile'd model compiles again at the next step
-(the hooks it was traced with are gone): on a compiled loop, count one more warm-up step.
+recorded a graph, forwards that backward ran again (activation checkpointing), the activations autograd saved for
+backward (saved_mb: exact, where a CPU's resident set hides them; a checkpointed segment's own saves are its hooks'),
+the optimiser's class, fused flag and learning rate, and whether a scheduler is attached. A torch.compile'd model
+compiles again at the next step (the hooks it was traced with are gone): count one more warm-up step.
 """
 
 from __future__ import annotations
@@ -43,14 +42,13 @@ class FirstStepFacts:
         self.device_type = device_type
         self.facts: dict[str, Any] = {
             "model": None, "graph_module": False, "autocast": None, "input_layout": None, "weights_layout": None,
-            "eval_forwards": 0,
-            "eval_with_grad": 0, "recomputed": 0, "saved_mb": 0.0, "optimizer": None, "fused": None, "lr": None, "scheduled": False,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark}
+            "eval_forwards": 0, "eval_with_grad": 0, "recomputed": 0, "saved_mb": 0.0, "optimizer": None,
+            "fused": None, "lr": None, "scheduled": False, "cudnn_benchmark": torch.backends.cudnn.benchmark}
         self._thread = threading.get_ident()
         self._depth = 0
         self._handles: list[Any] = []
         self._warnings = warnings.catch_warnings()
-        self._saving: Any = None  # saved-tensor hooks around the whole step
+        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)  # around the whole step
         self._saved: dict[int, StorageWeakRef] = {}  # storage address -> the storage saved there (each counted once)
         self._saved_bytes = 0
         self._params: set[int] = set()  # the model's own storages: saved weights are not activations
@@ -62,12 +60,11 @@ class FirstStepFacts:
         self._handles = [register_module_forward_pre_hook(self._pre),
                          register_module_forward_hook(self._post, always_call=True),
                          register_optimizer_step_pre_hook(self._optimizer_step)]
-        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._saving.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop_saving()
+        self._saving.__exit__(None, None, None)
         self.facts["saved_mb"] = self._saved_bytes / 2**20
         self._saved.clear()
         for handle in self._handles:
@@ -111,11 +108,6 @@ class FirstStepFacts:
                 self._saved[storage.data_ptr()] = StorageWeakRef(storage)
                 self._saved_bytes += storage.nbytes()
         return t
-
-    def _stop_saving(self) -> None:
-        if self._saving is not None:
-            self._saving.__exit__(None, None, None)
-            self._saving = None
 
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         if self._ours() and torch._C._current_graph_task_id() == -1:
