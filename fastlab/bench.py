@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, comparison_repeats, config_for
-from .device_support import no_op_reasons, trap_reasons
+from .config import TrainConfig, comparison_repeats, config_for, no_op_reasons, trap_reasons
 from .measure import Spread, bf16_is_trap, preferred_amp, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
@@ -218,7 +217,8 @@ def idle_rung(rung: Rung, cfg: TrainConfig, device) -> str | None:
 
 def _run_rung(rung: Rung, cfg: TrainConfig, progress: bool) -> RunResult:
     """One throughput rung: not trained when a no-op here, one short run when a known trap, else a full run."""
-    from .arm_plans import demonstration_config, not_trained
+    from .config import demonstration_config
+    from .train import not_trained
 
     device = resolve_device(cfg.device)
     idle = idle_rung(rung, cfg, device)

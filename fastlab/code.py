@@ -2,7 +2,7 @@
 
 The script is fastlab.training's own source rewritten for cfg by fastlab.specialise, with the definitions it needs
 (data, loader, model) copied from fastlab's source. It imports torch and torchvision, never fastlab; timing,
-Ctrl-C, budgets and the no-op fallbacks stay in the harness (fastlab.loop).
+Ctrl-C, budgets and the no-op fallbacks stay in the harness (fastlab.harness).
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def _device(name: str) -> str:
 
 
 def training_code(cfg: TrainConfig) -> str:
-    """fastlab.training's evaluate and train, specialised to cfg: the code fastlab.run runs for it."""
+    """fastlab.training's evaluate, make_optimizer and train, specialised to cfg: the code fastlab.run runs for it."""
     from .specialise import specialise  # libcst: only where code is shown
 
     calls = {"build_model": MODEL_CALLS.__getitem__, "resolve_device": _device}
     drop = {"make_model", "parallel", "log", "eval_every"}
     return "\n\n".join(specialise(fn, cfg, known=PLAIN, calls=calls, drop_params=drop)
-                        for fn in (training.evaluate, training.train))
+                        for fn in (training.evaluate, training.make_optimizer, training.train))
 
 
 def _header(cfg: TrainConfig, dataset: str) -> str:

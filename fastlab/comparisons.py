@@ -7,12 +7,9 @@ tags each result with the name (extras["comparison"]) that matches bundled refer
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
-import torch
-
-from .arm_plans import demonstration_config, not_trained, plan_arm
 from .calibration import sized
 from .config import TrainConfig, comparison_repeats, config_for
 from .results import RunResult
@@ -63,45 +60,3 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         return wrapped
 
     return named
-
-
-def run_arms(baseline: TrainConfig, arms: Sequence[tuple[str, TrainConfig]], seeds: Sequence[int] | None = None,
-             progress: bool = True, device: torch.device | str | None = None,
-             runner: Callable[..., RunResult] | None = None) -> list[RunResult]:
-    """Each arm (label, config), planned by plan_arm against `baseline`: a no-op is not trained, a trap runs once,
-    short, and the others train once per seed with `seeds`, else interleaved with the profile's repeats (or once
-    each through `runner`). Results in the arms' order, with extras["variant"]; stops when a run is interrupted."""
-    from . import train
-
-    plans = [(label, cfg, plan_arm(baseline, cfg, device)) for label, cfg in arms]
-    done: dict[int, list[RunResult]] = {}
-    for i, (label, cfg, plan) in enumerate(plans):
-        if plan.kind == "no-op":
-            done[i] = [not_trained(cfg, label, plan.reason)]
-        elif plan.kind == "trap":
-            demo = (runner or train.run)(demonstration_config(cfg), label=f"{label} (trap demonstration, one short "
-                                         f"run)", progress=progress)
-            demo.extras["trap"] = plan.reason
-            done[i] = [demo]
-    trained = [i for i, (_, _, plan) in enumerate(plans) if plan.kind == "train"]
-    if seeds is None and runner is None:
-        ran = train.interleave([plans[i][:2] for i in trained], progress=progress) if trained else []
-        done.update({i: [r] for i, r in zip(trained, ran)})
-    else:
-        for i in trained:
-            label, cfg, _ = plans[i]
-            done[i] = []
-            for seed in (seeds if seeds is not None else (cfg.seed,)):
-                name = f"{label} (seed {seed})" if seeds is not None else label
-                done[i].append((runner or train.run)(cfg.replace(seed=seed), label=name, progress=progress))
-                if done[i][-1].status == "interrupted":
-                    break
-            if done[i][-1].status == "interrupted":
-                break
-    return [_tagged(r, plans[i][0]) for i in sorted(done) for r in done[i]]
-
-
-def _tagged(result: RunResult, variant: str) -> RunResult:
-    result.extras["variant"] = variant
-    return result
-

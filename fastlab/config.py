@@ -12,6 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from .measure import bf16_is_trap, bf16_supported, cpu_isa, cpu_model, resolve_device
+
 PROFILES = ("smoke", "cpu", "gpu", "mps")
 
 # Allowed values of the fields that take one of a fixed set of strings.
@@ -182,8 +186,6 @@ def _validate(c: TrainConfig) -> None:
 def _on_cuda(device: str) -> bool:
     """Whether a run of `device` trains on a CUDA GPU ("auto" does where one is available)."""
     if device == "auto":
-        import torch
-
         return torch.cuda.is_available()
     return device.startswith("cuda")
 
@@ -212,8 +214,6 @@ def active_profile() -> str:
         if name not in PROFILES:
             raise ValueError(f"FASTLAB_PROFILE={name!r} is not allowed: choose one of {', '.join(PROFILES)}")
         return name
-    import torch
-
     from .measure import mps_available
 
     if torch.cuda.is_available():
@@ -306,6 +306,140 @@ def comparison_repeats(config: TrainConfig) -> int:
             raise ValueError(f"FASTLAB_REPEATS={raw!r} is not allowed: a positive whole number of repeats")
         return int(raw)
     return COMPARISON_REPEATS.get(config.profile, 2)
+
+
+# ------------------------------------------------------------------ what a knob means on this device
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                             if f.default is not dataclasses.MISSING}
+
+
+def _changed(config: TrainConfig, name: str) -> bool:
+    return name in _DEFAULTS and getattr(config, name, _DEFAULTS[name]) != _DEFAULTS[name]
+
+
+def fused_optimizer_devices() -> tuple[str, ...]:
+    """Device types with fused optimiser kernels in this torch (cuda, cpu and mps in recent versions)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return tuple(_get_fused_kernels_supported_devices())
+    except (ImportError, AttributeError):  # a private helper: fall back to what torch 2.4+ supports
+        return ("cuda", "cpu", "mps")
+
+
+def no_op_reasons(config: TrainConfig, device: torch.device | str,
+                  capability: tuple[int, int] | None = None) -> dict[str, str]:
+    """Knob -> why it does nothing on `device`. `capability`: the CUDA compute capability (queried when None)."""
+    device = torch.device(device)
+    kind = device.type
+    out: dict[str, str] = {}
+    if config.loader == "device":
+        for knob in ("pin_memory", "non_blocking"):
+            if _changed(config, knob):
+                out[knob] = "the device loader keeps the data on the device: there is no copy to speed up"
+    if kind == "cuda":
+        if capability is None:
+            capability = torch.cuda.get_device_capability(device)
+        if _changed(config, "non_blocking") and not config.pin_memory and config.loader == "dataloader":
+            out["non_blocking"] = "a copy from pageable (unpinned) memory is synchronous; set pin_memory=True"
+        if _changed(config, "tf32") and capability < (8, 0):
+            out["tf32"] = (f"TF32 needs an Ampere-or-newer GPU (compute capability 8.0+); this one is "
+                           f"{capability[0]}.{capability[1]}, so convolutions run in full fp32 either way")
+        if _changed(config, "matmul_precision") and capability < (8, 0):
+            out["matmul_precision"] = (f"TF32 and bf16 matmul modes need an Ampere-or-newer GPU (compute capability "
+                                       f"8.0+); this one is {capability[0]}.{capability[1]}, so matmuls stay fp32")
+        return out
+    if config.amp == "bf16" and kind != "cpu" and not bf16_supported(device):
+        out["amp"] = f"bf16 autocast is not supported on {kind}; it runs in fp32"
+    where = {"mps": "an Apple GPU (mps)", "cpu": "the CPU"}.get(kind, kind)
+    if _changed(config, "pin_memory") and "pin_memory" not in out:
+        out["pin_memory"] = (f"pinned host memory speeds copies to a CUDA GPU; this run is on {where}"
+                             + (", which shares memory with the CPU" if kind == "mps" else ""))
+    if _changed(config, "non_blocking") and kind == "cpu" and "non_blocking" not in out:
+        out["non_blocking"] = "the batches are already on the CPU: there is no copy to overlap"
+    if _changed(config, "cudnn_benchmark"):
+        out["cudnn_benchmark"] = f"cuDNN runs only on NVIDIA GPUs; this run is on {where}"
+    if _changed(config, "tf32"):
+        out["tf32"] = f"TF32 is a mode of NVIDIA Ampere-or-newer GPUs; this run is on {where}"
+    if config.opt_impl == "fused" and kind not in fused_optimizer_devices():
+        out["opt_impl"] = f"this torch has no fused optimiser kernels for {where}; torch's default is used"
+    if config.compile in CUDA_GRAPH_MODES:
+        out["compile"] = (f"compile='{config.compile}' adds CUDA graphs, which need a CUDA GPU; on {where} it "
+                          f"compiles without them")
+    return out
+
+
+def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, str]:
+    """Knob -> why it is a known trap on `device` (far slower: one short run shows it), judged from the hardware."""
+    device = torch.device(device)
+    out: dict[str, str] = {}
+    if config.amp == "bf16" and bf16_is_trap(device):
+        out["amp"] = (f"this CPU ({cpu_model()}, {cpu_isa()}) has no native bf16 instructions (no avx512_bf16 or "
+                      f"amx_bf16): bf16 autocast converts to fp32 and back around every op, so it runs far slower "
+                      f"than fp32 here; one short run shows by how much")
+    elif config.amp == "fp16" and device.type == "cpu":
+        out["amp"] = (f"fp16 autocast on a CPU ({cpu_model()}, {cpu_isa()}): torch's CPU convolutions have no fast "
+                      f"fp16 path on the CPUs this workbook was measured on, so it runs far slower than fp32 (fp16 "
+                      f"with GradScaler is a GPU recipe; a CPU's half precision is bf16); one short run shows by how "
+                      f"much here")
+    return out
+
+
+def as_run_here(config: TrainConfig, device: torch.device | str) -> tuple[TrainConfig, dict[str, str], list[str]]:
+    """(the config as it runs on `device`, its no-ops, notes): a knob that cannot act here and would fail runs at
+    its stock value (the result keeps the config as asked); emulated bf16 runs, with a note saying so."""
+    device = torch.device(device)
+    no_ops = no_op_reasons(config, device)
+    changes = {knob: stock for knob, stock in (("opt_impl", "default"), ("amp", "off")) if knob in no_ops}
+    notes = []
+    if config.amp == "bf16" and not bf16_supported(device) and device.type == "cuda":
+        notes.append("bf16 is emulated on this GPU (compute capability below 8.0): fp16 with GradScaler is its "
+                     "native half precision")
+    elif config.amp == "bf16" and not bf16_supported(device) and device.type == "cpu":
+        notes.append("this CPU has no native bf16 instructions: bf16 autocast ran emulated (converted to and from "
+                     "fp32 around every op)")
+    return (config.replace(**changes) if changes else config), no_ops, notes
+
+
+# Fields an arm may differ in without being a different computation (the seed, the labels' budget).
+_NOT_KNOBS = ("seed", "max_seconds", "profile")
+DEMONSTRATION_STEPS = 3  # timed steps of a trap's one demonstration run (enough for a median step time)
+# A trap can cost a hundred times the baseline's step: its demonstration stops after this many timed seconds.
+DEMONSTRATION_SECONDS = 10.0
+DEMONSTRATION_EVAL_IMAGES = 16  # its accuracy is never compared: a few held-out images keep the record complete
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """What to do with one arm: "train" it, skip it as a "no-op" here, or run it once as a "trap" demonstration."""
+
+    kind: str
+    reason: str = ""
+
+
+def plan_arm(baseline: TrainConfig, arm: TrainConfig, device: torch.device | str | None = None) -> ArmPlan:
+    """How to run `arm` against `baseline` on `device` (default: the arm's). A knob counts as a no-op when it is
+    one in either direction (set in the arm, or set in the baseline and undone by the arm)."""
+    dev = resolve_device(arm.device) if device is None else torch.device(device)
+    changed = [k for k in baseline.diff(arm) if k not in _NOT_KNOBS]
+    if not changed:
+        return ArmPlan("train")  # the baseline itself (or a repeat of it with another seed)
+    idle = {**no_op_reasons(baseline, dev), **no_op_reasons(arm, dev)}
+    if all(k in idle for k in changed):
+        return ArmPlan("no-op", "; ".join(f"{k}: {idle[k]}" for k in changed))
+    traps = trap_reasons(arm, dev)
+    hit = [k for k in changed if k in traps]
+    if hit:
+        return ArmPlan("trap", "; ".join(f"{k}: {traps[k]}" for k in hit))
+    return ArmPlan("train")
+
+
+def demonstration_config(arm: TrainConfig) -> TrainConfig:
+    """A trap's demonstration: one warm-up step, DEMONSTRATION_STEPS timed (or DEMONSTRATION_SECONDS), few images."""
+    budget = min(arm.max_seconds, DEMONSTRATION_SECONDS) if arm.max_seconds else DEMONSTRATION_SECONDS
+    return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1, max_seconds=budget,
+                       eval_images=min(arm.eval_images, arm.batch_size, DEMONSTRATION_EVAL_IMAGES))
 
 
 # ------------------------------------------------------------------ the command line's flags, built from the fields

@@ -15,11 +15,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 # Per-channel statistics of the CIFAR-10 training set, used for the synthetic set too
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -375,3 +378,24 @@ def worker_start_method() -> str:
     # Python's defaults: fork on Linux before 3.14 (forkserver from 3.14), spawn on macOS and Windows
     return "fork" if sys.platform.startswith("linux") and sys.version_info < (3, 14) else (
         "forkserver" if sys.platform.startswith("linux") else "spawn")
+
+
+Data = ImageSet | tuple[Dataset, Dataset]  # fastlab.run's images, or the reader's own (train, held_out)
+
+
+def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | None = None
+              ) -> tuple[Data, dict[str, Any]]:
+    """The run's images (or the caller's Datasets) and the description every result carries. preloaded: the
+    images load_images gives for cfg, already loaded (a run's process gets them from its caller's cache)."""
+    if isinstance(dataset_arg, tuple):
+        train, held_out = dataset_arg
+        if cfg.loader == "device":
+            raise ValueError("TrainConfig.loader='device' needs the images as arrays: pass a fastlab.ImageSet, "
+                             "or use loader='dataloader' with torch Datasets")
+        return dataset_arg, {"name": type(train).__name__, "synthetic": bool(getattr(train, "synthetic", False)),
+                             "source": "Datasets passed to fastlab.run", "train_images": len(train),
+                             "eval_images": len(held_out)}
+    images = dataset_arg or preloaded or load_images(cfg.dataset, cfg.train_images, cfg.eval_images,
+                                                     allow_download=cfg.profile != "smoke")
+    return images, {"name": images.name, "synthetic": images.synthetic, "source": images.source,
+                    "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}

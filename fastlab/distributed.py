@@ -265,7 +265,7 @@ def _train_job(job: DDPJob, ctx: Rank, crash_rank: int | None, crash_step: int) 
     import torch.distributed as dist
 
     from .data import load_images
-    from .loop import TrainingRun
+    from .harness import TrainingRun
 
     plan = plan_batches(job.config, ctx.world, job.options)
     cfg = job.config.replace(batch_size=plan.per_rank_batch, lr=plan.lr, device=str(ctx.device))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from .config import TrainConfig, active_profile
+from .config import TrainConfig, active_profile, no_op_reasons
 from .data import cifar10_on_disk, data_dir
-from .device_support import no_op_reasons
 from .measure import bf16_is_trap, bf16_supported, environment, has_tensor_cores, resolve_device
 
 
 def techniques_here(device: torch.device | None = None) -> list[tuple[str, bool, str]]:
     """(technique, applies here?, why) for each technique the workbook teaches. Whether a knob does anything here
-    is decided once, by device_support.no_op_reasons (what a run records as a no-op), never a second time here."""
+    is decided once, by config.no_op_reasons (what a run records as a no-op), never a second time here."""
     dev = device or resolve_device()
     cuda = dev.type == "cuda"
 

@@ -1,79 +1,156 @@
-"""The harness around a run in this process: one run at a time, a fresh thread, Ctrl-C and out-of-memory.
-Ctrl-C and out-of-memory keep the steps done (marked "interrupted" or "failed"); any other error is raised.
+"""The harness around the one training function: fastlab.training.train, measured by a fastlab.watch.
+
+TrainingRun loads the data, checks the reader's own model and data before any timing, runs a knob that cannot
+apply here at its stock setting (recording why), and calls train(cfg, w, data) with a watch under a Budget.
+The run ends with a status, never an exception: "ok", "interrupted", "time_limited", "diverged" or "failed".
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .clocks import Checkpoints
+from .config import TrainConfig, as_run_here
+from .data import Data, load_data
+from .measure import environment, is_out_of_memory, resolve_device
+from .models import ModelArg
+from .models import build_model as build_named_model
+from .preflight import preflight
 from .results import RunResult
+from .training import train
+from .watch import Budget, RunEnded, Watch
 
-_RUN_LOCK = threading.Lock()
-_active_label: list[str] = []
+if TYPE_CHECKING:
+    from .parallel import Parallel
+
+StepCallback = Callable[[int, int], None]
 
 
-def active_run() -> str | None:
-    """The label of the run in progress in this process, or None when none is."""
-    return _active_label[0] if _active_label else None
+class TrainingRun:
+    """One training run. `fastlab.run()` is the way in; execute() runs it in the calling thread."""
 
+    def __init__(self, config: TrainConfig, label: str, model: ModelArg, dataset: Data | None, progress: bool,
+                 stop: threading.Event | None, on_step: StepCallback | None,
+                 checkpoints: Checkpoints | None = None, parallel: Parallel | None = None) -> None:
+        self.cfg, self.model_arg, self.dataset_arg = config, model, dataset
+        self.device = resolve_device(config.device)
+        self.progress, self.on_step, self.checkpoints, self.parallel = progress, on_step, checkpoints, parallel
+        self.halt = threading.Event()  # set by the harness on Ctrl-C in the caller's thread
+        self.stops = [e for e in (stop, self.halt) if e is not None]
+        self.result = RunResult(config=config.to_dict(), label=label, env=environment(self.device, config.profile),
+                                images_per_step=config.batch_size * config.grad_accum_steps)
+        self.no_ops = self.result.no_ops  # knob -> why it does nothing here
+        self.notes: list[str] = []
+        self.preloaded = None  # the config's own images, loaded by the caller (fastlab.isolation hands them over)
 
-def run_in_fresh_thread(fn: Callable[..., Any], *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) in a new thread; the caller waits. Ctrl-C while waiting sets `stop` (which fn must
-    watch) and still waits for fn to return, so its partial result is kept. fn's exception is re-raised."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
+    def execute(self) -> RunResult:
+        cfg, res = self.cfg, self.result
         try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # handed to the caller's thread below
-            box["error"] = e
+            with run_guard(res, cfg.batch_size), _backend_flags_restored():
+                self._train()
         finally:
-            done.set()
+            if cfg.compile != "off":
+                torch.compiler.reset()  # frees compiled code and CUDA-graph pools: the next run compiles anew
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the next run starts from an empty cache
+        if self.notes:
+            res.extras["notes"] = self.notes
+        return res
 
-    thread = threading.Thread(target=target, name="fastlab-run", daemon=True)
-    thread.start()
-    # An Event, not Thread.join: a KeyboardInterrupt inside join() can leave the thread marked finished early.
-    while not done.is_set():
+    def _train(self) -> None:
+        cfg, dev, res, par = self.cfg, self.device, self.result, self.parallel
+        data, res.dataset = load_data(cfg, self.dataset_arg, self.preloaded)
+        if par is None and (self.model_arg is not None or self.dataset_arg is not None):
+            # the reader's own model or data: a wrong shape or label is named before any timing, not mid-run
+            preflight(self.model_arg if self.model_arg is not None else (lambda: build_named_model(cfg.model)),
+                      data, cfg)
+        runs = self._as_run_here()
+        bar = progress_bar(cfg.warmup_steps + cfg.steps, res.label, self.progress)
+        checkpoints = self.checkpoints
+
+        def on_step(done: int, total: int) -> None:
+            bar.update(1)
+            if self.on_step is not None:
+                self.on_step(done, total)
+
+        budget = Budget(steps=cfg.steps, windows=cfg.windows, max_seconds=cfg.max_seconds, stops=tuple(self.stops),
+                        checkpoint_every=checkpoints.every if checkpoints else 0,
+                        target_accuracy=checkpoints.target if checkpoints else None,
+                        max_training_seconds=checkpoints.max_training_seconds if checkpoints else None,
+                        agree=par.agree if par else None, on_step=on_step, sample_parts=cfg.compile == "off",
+                        evaluate_after_trap=checkpoints is None, result=res)
+        w = Watch(res.label, device=dev, warmup_steps=cfg.warmup_steps, log_every=cfg.log_every, budget=budget)
+        graphs = CudaGraphSkips() if cfg.compile != "off" and dev.type == "cuda" else contextlib.nullcontext()
+        net = None
         try:
-            done.wait(0.1)
-        except KeyboardInterrupt:
-            if stop is None:
-                raise
-            stop.set()
-    thread.join()
-    if "error" in box:
-        raise box.pop("error")
-    return box["value"]
+            with graphs:
+                net = train(runs, w, data, make_model=_model_factory(self.model_arg), parallel=par,
+                            log=_recorder(w, res), eval_every=checkpoints.every if checkpoints else 0)
+        except RunEnded:
+            pass  # stopped (Ctrl-C), or a time-to-accuracy trap: its checkpoints' accuracies are its result
+        finally:
+            bar.close()
+            w.result()
+            if isinstance(graphs, CudaGraphSkips) and getattr(graphs, "count", 0):
+                self.no_ops["cuda_graphs"] = graphs.reason()
+        if net is not None and res.status in ("ok", "time_limited") and res.steps_done:
+            w.divergence.parameters(res.steps_done - 1, net)  # a non-finite weight, whatever the last loss said
+        if par is not None and net is not None and res.status != "interrupted":
+            par.finish(net, res)
+
+    def _as_run_here(self) -> TrainConfig:
+        """The config as it runs on this machine (config.as_run_here); the result keeps the config as asked."""
+        runs, no_ops, notes = as_run_here(self.cfg, self.device)
+        self.no_ops.update(no_ops)
+        self.notes += notes
+        if self.cfg.compile != "off":
+            torch.compiler.reset()  # fresh compiler caches: the warm-up holds this run's own compilation
+        return runs
+
+
+def _model_factory(model: ModelArg) -> Callable[[], torch.nn.Module] | None:
+    if model is None or (callable(model) and not isinstance(model, torch.nn.Module)):
+        return model  # type: ignore[return-value]
+    return lambda: model
+
+
+def _recorder(w: Watch, res: RunResult) -> Callable[[dict[str, Any]], None]:
+    """The training function's log: a loss it read (judged at once, so a diverged run stops at the next
+    batch), GradScaler's scale, the loss tensors it kept."""
+
+    def log(entry: dict[str, Any]) -> None:
+        step = entry.get("step", res.steps_done)
+        if "loss" in entry:
+            w.divergence.loss(step, entry["loss"])
+        if "grad_scale" in entry:
+            res.grad_scale.append(float(entry["grad_scale"]))
+            w.divergence.grad_scale(step, float(entry["grad_scale"]))
+        if "kept_loss_tensors" in entry:
+            res.kept_loss_tensors = entry["kept_loss_tensors"]
+
+    return log
 
 
 @contextlib.contextmanager
-def exclusive_run(label: str) -> Iterator[None]:
-    """Serialise runs in this process: two runs at once would each time the other's contention."""
-    while not _RUN_LOCK.acquire(timeout=0.1):  # a timeout keeps Ctrl-C working while waiting
-        pass
-    _active_label.append(label)
+def _backend_flags_restored() -> Iterator[None]:
+    """Stock flags for the run (the training function sets what its config changes); a run in a thread leaves none."""
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = False, True  # torch's stock settings
+    torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        _active_label.clear()
-        _RUN_LOCK.release()
-
-
-# cuBLAS and cuDNN report a failed allocation in their own words; each is an out-of-memory all the same.
-OOM_MARKERS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and any(m in text for m in OOM_MARKERS)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
 
 
 @contextlib.contextmanager
@@ -108,3 +185,48 @@ class _NoBar:
 
     def close(self) -> None:
         pass
+
+
+@contextlib.contextmanager
+def cold_compile_caches(cfg: TrainConfig) -> Iterator[None]:
+    """torch.compile with its on-disk caches off for a compiled config (no-op otherwise). A metric that counts
+    compilation (time to accuracy) then charges every seed what a first run pays: with the caches on, the first
+    seed compiled the compact net in ~50 s on a 2-core CPU and the next seeds reused its kernels in ~2 s."""
+    import torch._inductor.config as inductor_config
+
+    if cfg.compile == "off" or not hasattr(inductor_config, "force_disable_caches"):
+        yield
+        return
+    with inductor_config.patch(force_disable_caches=True), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*force_disable_caches")  # dynamo's note that it is on
+        yield
+
+
+class CudaGraphSkips(logging.Handler):
+    """Counts (and keeps the reasons of) the times inductor skipped CUDA graphs while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.reasons: list[str] = []
+        self._before = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.reasons.append(record.getMessage())
+
+    def __enter__(self) -> CudaGraphSkips:
+        from torch._dynamo.utils import counters
+
+        self._before = counters["inductor"]["cudagraph_skips"]
+        self._logger = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from torch._dynamo.utils import counters
+
+        self._logger.removeHandler(self)
+        self.count = counters["inductor"]["cudagraph_skips"] - self._before
+
+    def reason(self) -> str:
+        why = "; ".join(dict.fromkeys(self.reasons)) or "run with TORCH_LOGS=cudagraphs for dynamo's reason"
+        return f"CUDA graphs were skipped {self.count} time(s): {why}"

@@ -22,18 +22,70 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from .harness import progress_bar, run_in_fresh_thread
+from .harness import progress_bar
 
-PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.loop"]  # imported once, by the server
+PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.harness"]  # imported once, by the server
 _context: Any = None
 T = TypeVar("T")
 STOP_GRACE_SECONDS = 30.0  # after a stop, a run's process that sends nothing for this long is killed
+
+
+_RUN_LOCK = threading.Lock()
+_active_label: list[str] = []
+
+
+def active_run() -> str | None:
+    """The label of the run in progress in this process, or None when none is."""
+    return _active_label[0] if _active_label else None
+
+
+def run_in_fresh_thread(fn: Callable[..., Any], *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in a new thread; the caller waits. Ctrl-C while waiting sets `stop` (which fn must
+    watch) and still waits for fn to return, so its partial result is kept. fn's exception is re-raised."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller's thread below
+            box["error"] = e
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=target, name="fastlab-run", daemon=True)
+    thread.start()
+    # An Event, not Thread.join: a KeyboardInterrupt inside join() can leave the thread marked finished early.
+    while not done.is_set():
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            if stop is None:
+                raise
+            stop.set()
+    thread.join()
+    if "error" in box:
+        raise box.pop("error")
+    return box["value"]
+
+
+@contextlib.contextmanager
+def exclusive_run(label: str) -> Iterator[None]:
+    """Serialise runs in this process: two runs at once would each time the other's contention."""
+    while not _RUN_LOCK.acquire(timeout=0.1):  # a timeout keeps Ctrl-C working while waiting
+        pass
+    _active_label.append(label)
+    try:
+        yield
+    finally:
+        _active_label.clear()
+        _RUN_LOCK.release()
 
 
 def start_method() -> str:
@@ -82,7 +134,7 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
     """training.execute() in a fresh process when it can go there, else in a fresh thread; returns its RunResult."""
     reason, payload = why_in_process(training)
     if reason is not None:
-        from .builders import cold_compile_caches as cold
+        from .harness import cold_compile_caches as cold
 
         with cold(training.cfg) if cold_compile_caches else contextlib.nullcontext():
             result = run_in_fresh_thread(training.execute, stop=training.halt)
@@ -90,7 +142,7 @@ def execute(training: Any, cold_compile_caches: bool = False) -> Any:
         return result
     images = None
     if training.dataset_arg is None:  # loaded once here, from this process's cache, not in every child
-        from .builders import load_data
+        from .data import load_data
 
         images = pickle.dumps(load_data(training.cfg, None)[0], protocol=pickle.HIGHEST_PROTOCOL)
     spec = RunSpec(training.cfg, training.result.label, payload, training.checkpoints, cold_compile_caches,
@@ -334,8 +386,7 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
     try:
         layout = _begin(spec.setup)
-        from . import builders
-        from .loop import TrainingRun
+        from .harness import TrainingRun, cold_compile_caches
 
         model, dataset = pickle.loads(spec.payload)
         training = TrainingRun(spec.config, spec.label, model, dataset, False, stop,
@@ -343,7 +394,7 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
         training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
         training.result.extras["run_pid"] = os.getpid()
         training.result.extras["layout_shift"] = {"pages": layout[0], "heap_bytes": layout[1]}
-        with builders.cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
+        with cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
             result = training.execute()
         conn.send(("result", result))
     except BaseException as e:  # handed to the caller, who raises it again

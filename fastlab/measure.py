@@ -415,3 +415,14 @@ class GpuUtilSampler:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+
+
+# cuBLAS and cuDNN report a failed allocation in their own words; each is an out-of-memory all the same.
+OOM_MARKERS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(m in text for m in OOM_MARKERS)

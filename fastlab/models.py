@@ -80,3 +80,6 @@ def build_model(name: str) -> nn.Module:
     if name not in MODELS:
         raise ValueError(f"model={name!r} is not allowed: choose one of {', '.join(repr(m) for m in MODELS)}")
     return MODELS[name]()
+
+
+ModelArg = nn.Module | Callable[[], nn.Module] | None  # a module, or a function that builds one

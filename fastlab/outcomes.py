@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import builders
-from .builders import Data, ModelArg
 from .claims import COULD_NOT_TELL, MIN_GAIN, Finding, unseen
 from .config import TrainConfig, target_accuracy, tta_settings
+from .data import Data, load_data
 from .measure import Spread
+from .models import ModelArg
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
 from .verdicts import Comparison, pooled_throughput, verdict
@@ -130,7 +130,7 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     if dataset is None and "eval_images" in settings:
         changes["eval_images"] = min(config.eval_images, settings["eval_images"])
     cfg = config.replace(**changes)
-    data, info = builders.load_data(cfg, dataset)
+    data, info = load_data(cfg, dataset)
     target = target if target is not None else target_accuracy(cfg, info["synthetic"])
     out = TimeToAccuracy(label or "time to accuracy", target)
     for seed in seeds:

@@ -207,7 +207,7 @@ class _CommCounter:
 
 
 class DDPMode:
-    """fastlab.loop.Parallel for DistributedDataParallel: one instance per rank and job."""
+    """fastlab.harness.Parallel for DistributedDataParallel: one instance per rank and job."""
 
     def __init__(self, ctx: Rank, options: DDPOptions, plan: BatchPlan) -> None:
         self.ctx, self.options, self.plan = ctx, options, plan

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from .config import TrainConfig
 from .data import ImageSet, spawn_safety, worker_start_method
-from .harness import is_out_of_memory
+from .measure import is_out_of_memory
 
 IMAGESET_SHAPE = (32, 32, 3)  # what fastlab's loaders crop and normalise (CIFAR's HxWxC layout)
 

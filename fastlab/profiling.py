@@ -128,7 +128,7 @@ def profile_here(cfg: TrainConfig, label: str, steps: int, trace: Path, record_s
     """profile_run's work, in the calling process: the run, the profiler stepped after each of its steps."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from .loop import TrainingRun  # here: fastlab.loop's watch imports this module
+    from .harness import TrainingRun  # here: the harness's watch imports this module
 
     cuda = resolve_device(cfg.device).type == "cuda"
     # One untimed step is needed for the profiler's own warm-up; the rest of the warm-up it skips.

@@ -1,7 +1,7 @@
-"""The way in: run, compare, sweep and interleave. Each run is one fastlab.loop.TrainingRun.
+"""The way in: run, compare, sweep and interleave. Each run is one fastlab.harness.TrainingRun.
 
-Every run starts from fresh state, in a fresh process (fastlab.isolation), one at a time (fastlab.harness).
-Compared arms run interleaved (A B, then B A), so drift falls on every arm alike.
+Every run starts from fresh state, in a fresh process, one at a time (fastlab.isolation). Compared arms run
+interleaved (A B, then B A), so drift falls on every arm alike: interleave is the one schedule of every comparison.
 """
 
 from __future__ import annotations
@@ -9,18 +9,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from . import isolation
-from .builders import Data, ModelArg
 from .clocks import Checkpoints
-from .config import TrainConfig, comparison_repeats
-from .data import ImageSet
-from .harness import active_run, exclusive_run
-from .loop import TrainingRun
+from .config import TrainConfig, comparison_repeats, demonstration_config, no_op_reasons, plan_arm
+from .data import Data, ImageSet
+from .harness import TrainingRun
+from .isolation import active_run, exclusive_run
+from .measure import environment, resolve_device
+from .models import ModelArg
 from .results import RunResult, merge_repeats
 from .verdicts import turns
 
@@ -109,19 +110,6 @@ def compare(base: TrainConfig, *, progress: bool = True, comparison: str | None 
                       comparison=comparison)
 
 
-def _idle_arm(base: TrainConfig, arm: TrainConfig, label: str, comparison: str | None) -> RunResult | None:
-    """The not-trained result of an arm that can teach nothing on this device (arm_plans.plan_arm), else None."""
-    from .arm_plans import not_trained, plan_arm
-
-    plan = plan_arm(base, arm)
-    if plan.kind != "no-op":
-        return None
-    result = not_trained(arm, label, plan.reason)
-    if comparison:
-        result.extras["comparison"] = comparison
-    return result
-
-
 def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = True,
           comparison: str | None = None, repeats: int | None = None) -> list[RunResult]:
     """One arm per value of `knob`, interleaved (see interleave); stops early, keeping what ran, if a run is
@@ -131,30 +119,66 @@ def sweep(knob: str, values: list[Any], base: TrainConfig, *, progress: bool = T
                       comparison=comparison)
 
 
-def interleave(arms: list[tuple[str, TrainConfig]] | list[tuple[str, TrainConfig, dict[str, Any]]], *,
-               repeats: int | None = None, progress: bool = True, comparison: str | None = None) -> list[RunResult]:
-    """Each arm `repeats` times (default: the profile's comparison_repeats), in turns (A B, then B A) so that drift
-    slows every arm alike; one result per arm, its repeats merged. An arm is (label, config) or (label, config,
-    run's keyword arguments). An interrupted run ends the comparison, keeping every arm that ran."""
-    rounds = repeats if repeats is not None else comparison_repeats(arms[0][1])
-    # an arm whose every change from the first arm is a no-op on this device is not trained: it says why instead
-    idle = {i: r for i, (label, cfg, *_) in enumerate(arms) if i
-            and (r := _idle_arm(arms[0][1], cfg, label, comparison)) is not None}
-    ran: dict[int, list[RunResult]] = {i: [] for i in range(len(arms))}
+Arm = tuple[str, TrainConfig] | tuple[str, TrainConfig, dict[str, Any]]
 
-    def merged() -> list[RunResult]:
-        return [idle[j] if j in idle else merge_repeats(ran[j]) for j in range(len(arms)) if j in idle or ran[j]]
 
-    for r, i in turns(len(arms), max(1, rounds)):
-        if i in idle:
-            continue
+def interleave(arms: list[Arm], *, baseline: TrainConfig | None = None, repeats: int | None = None,
+               seeds: Sequence[int] | None = None, progress: bool = True, comparison: str | None = None,
+               device: torch.device | str | None = None) -> list[RunResult]:
+    """Run the arms in turns (A B, then B A), so that drift slows every arm alike; one result per arm (its repeats
+    merged), or with `seeds` one per arm and seed. An arm is (label, config) or (label, config, run's keyword
+    arguments). Each arm is planned against `baseline` (default: the first arm's config) on `device` (config.plan_arm):
+    a no-op here is not trained (its result says why), a known trap runs once, short. repeats: rounds of turns
+    (default: the profile's comparison_repeats); seeds: one round per seed instead. An interrupted run ends the
+    comparison, keeping every arm that ran."""
+    base = arms[0][1] if baseline is None else baseline
+    done: dict[int, list[RunResult]] = {}
+    trained = []
+    for i, (label, cfg, *_) in enumerate(arms):
+        plan = plan_arm(base, cfg, device)
+        if plan.kind == "no-op":
+            done[i] = [not_trained(cfg, label, plan.reason)]
+            if comparison:
+                done[i][0].extras["comparison"] = comparison
+        elif plan.kind == "trap":
+            demo = run(demonstration_config(cfg), label=f"{label} (trap demonstration, one short run)",
+                       progress=progress, comparison=comparison)
+            demo.extras["trap"] = plan.reason
+            done[i] = [demo]
+        else:
+            trained.append(i)
+            done[i] = []
+    if seeds is None:
+        rounds: list[int | None] = [None] * max(1, repeats if repeats is not None else comparison_repeats(base))
+    else:
+        rounds = list(seeds)
+    for r, k in turns(len(trained), len(rounds)):
+        i = trained[k]
         label, cfg, *given = arms[i]
+        if seeds is not None:
+            cfg, label = cfg.replace(seed=rounds[r]), f"{label} (seed {rounds[r]})"
         result = run(cfg, label=label, progress=progress, comparison=comparison, **(given[0] if given else {}))
         result.extras["repeat"] = r
-        ran[i].append(result)
+        done[i].append(result)
         if result.status == "interrupted":
-            return merged()
-    return merged()
+            break
+    out = []
+    for i, results in sorted(done.items()):
+        if results and i in trained and seeds is None:
+            results = [merge_repeats(results)]
+        for result in results:
+            result.extras["variant"] = arms[i][0]
+        out += results
+    return out
+
+
+def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
+    """The result of an arm that was not trained because it could teach nothing here: status "no_op", the reason."""
+    dev = resolve_device(arm.device)
+    return RunResult(config=arm.to_dict(), label=label, status="no_op",
+                     error=f"every change is a no-op here ({reason})",
+                     no_ops=no_op_reasons(arm, dev), env=environment(dev, arm.profile),
+                     images_per_step=arm.batch_size * arm.grad_accum_steps, extras={"not_trained": reason})
 
 
 def describe_changes(changes: dict[str, Any]) -> str:

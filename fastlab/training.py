@@ -48,6 +48,30 @@ def evaluate(cfg: TrainConfig, model: nn.Module, loader: Any, device: torch.devi
     return int(correct) / seen
 
 
+def make_optimizer(cfg: TrainConfig, params: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimiser and its learning-rate schedule (None without one) over total_steps."""
+    impl: dict[str, bool] = {}
+    if cfg.opt_impl == "for-loop":
+        impl["foreach"] = False  # one parameter at a time
+    elif cfg.opt_impl == "foreach":
+        impl["foreach"] = True  # one multi-tensor kernel per operation over all parameters
+    elif cfg.opt_impl == "fused":
+        impl["fused"] = True  # the update in a few fused kernels
+    if cfg.optimizer == "sgd":
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+                                    weight_decay=cfg.weight_decay, **impl)
+    elif cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    scheduler = None
+    if cfg.scheduler == "cosine":
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+    elif cfg.scheduler == "onecycle":
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps)
+    return optimizer, scheduler
+
+
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -115,25 +139,8 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         parallel.watch(ddp_model)  # fastlab counts the all-reduces (a comm hook): a script leaves this line out
 
     # ---- optimiser and schedule
-    impl: dict[str, bool] = {}
-    if cfg.opt_impl == "for-loop":
-        impl["foreach"] = False  # one parameter at a time
-    elif cfg.opt_impl == "foreach":
-        impl["foreach"] = True  # one multi-tensor kernel per operation over all parameters
-    elif cfg.opt_impl == "fused":
-        impl["fused"] = True  # the update in a few fused kernels
-    if cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
-                                    weight_decay=cfg.weight_decay, **impl)
-    elif cfg.optimizer == "adam":
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     total_steps = cfg.warmup_steps + cfg.steps
-    if cfg.scheduler == "cosine":
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-    elif cfg.scheduler == "onecycle":
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps)
+    optimizer, scheduler = make_optimizer(cfg, model.parameters(), total_steps)
 
     # ---- compilation and precision
     if cfg.compile == "default":

@@ -19,9 +19,17 @@ from typing import Any
 import ipywidgets as W
 
 from .advisor import advice_html
-from .arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS, ArmPlan, demonstration_config, plan_arm
 from .code import code_diff
-from .config import CHOICES, TrainConfig, field_names
+from .config import (
+    CHOICES,
+    DEMONSTRATION_SECONDS,
+    DEMONSTRATION_STEPS,
+    ArmPlan,
+    TrainConfig,
+    demonstration_config,
+    field_names,
+    plan_arm,
+)
 from .measure import Spread
 from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 import fastlab
-from fastlab import builders, train
+from fastlab import train
 from fastlab.__main__ import main as cli_main
 from fastlab.bench import ladder
 from fastlab.code import CodeDiff, code, code_diff
 from fastlab.config import TrainConfig, config_for
+from fastlab.data import load_data
 from fastlab.tools.reference_run import REPEATED_ON_A_GPU
 
 # The sizes every script runs at here: a few hundred images in all (the render covers the real sizes). Enough steps
@@ -76,7 +77,7 @@ def comparison_configs(base: TrainConfig) -> list[TrainConfig]:
     seen: list[TrainConfig] = []
 
     def record(self: train.TrainingRun) -> fastlab.RunResult:
-        own_data = self.dataset_arg is None or self.dataset_arg is builders.load_data(self.cfg, None)[0]
+        own_data = self.dataset_arg is None or self.dataset_arg is load_data(self.cfg, None)[0]
         if self.model_arg is None and own_data:  # time to accuracy passes the config's own images (cached): kept
             seen.append(self.cfg)
         return _fake_result(self)

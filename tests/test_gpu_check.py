@@ -314,7 +314,7 @@ def test_own_model_and_advise_use_the_usable_cpu_count(monkeypatch):
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    from fastlab.builders import load_data
+    from fastlab.data import load_data
 
     images, _ = load_data(config_for("smoke"), None)
     tried, _, _ = own_model.candidates(config_for("smoke", device="cpu"), images)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import fastlab
-from fastlab import bench, builders, harness, measure, train
+from fastlab import bench, config, measure, train
 from fastlab.config import TrainConfig, config_for
 
 
@@ -62,7 +62,7 @@ def test_out_of_memory_run_leaves_nothing_alive_without_a_full_collection(quick,
     "CUDA error: out of memory",
 ])
 def test_disguised_out_of_memory_errors_count_as_out_of_memory(text, quick):
-    assert harness.is_out_of_memory(RuntimeError(text))
+    assert measure.is_out_of_memory(RuntimeError(text))
 
     class Raises(nn.Module):
         def __init__(self) -> None:
@@ -77,7 +77,7 @@ def test_disguised_out_of_memory_errors_count_as_out_of_memory(text, quick):
 
 
 def test_other_errors_are_not_out_of_memory():
-    assert not harness.is_out_of_memory(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not measure.is_out_of_memory(RuntimeError("CUDA error: device-side assert triggered"))
 
 
 # ---------------------------------------------------------------- 2. a fresh process per run, one run at a time
@@ -216,10 +216,8 @@ def test_ladder_picks_fp16_on_a_t4(monkeypatch):
 
 def test_emulated_bf16_runs_with_a_note_not_silently_fp32(monkeypatch):
     dev = _pretend_cuda(monkeypatch, (7, 5))
-    notes: list[str] = []
-    no_ops: dict[str, str] = {}
-    assert builders.amp_dtype(TrainConfig(amp="bf16"), dev, no_ops, notes) == torch.bfloat16
-    assert notes and "emulated" in notes[0] and not no_ops
+    runs, no_ops, notes = config.as_run_here(TrainConfig(amp="bf16"), dev)
+    assert runs.amp == "bf16" and notes and "emulated" in notes[0] and not no_ops
 
 
 # ---------------------------------------------------------------- 6. NVML: the right GPU, and a clear no

@@ -164,9 +164,9 @@ def test_optimizer_step_changes_parameters_like_a_real_step(quick):
     # the benchmark's optimizer is the one fastlab.run builds: AdamW's decoupled decay shows in its defaults
     import torch
 
-    from fastlab import builders
+    from fastlab.training import make_optimizer
 
-    opt = builders.build_optimizer(O.preset(quick, "adamw"), torch.nn.Linear(2, 2).parameters(), {})
+    opt, _ = make_optimizer(O.preset(quick, "adamw"), torch.nn.Linear(2, 2).parameters(), 10)
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["weight_decay"] == 0.05
 
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from fastlab import measure
-from fastlab.config import PROFILE_SETTINGS, TrainConfig, active_profile, config_for
-from fastlab.device_support import no_op_reasons
+from fastlab.config import PROFILE_SETTINGS, TrainConfig, active_profile, config_for, no_op_reasons
 
 MPS = torch.device("mps")
 
@@ -87,7 +86,7 @@ def test_no_ops_on_mps_with_reasons(mac):
 
 
 def test_fused_optimisers_where_this_torch_has_none(monkeypatch):
-    monkeypatch.setattr("fastlab.device_support.fused_optimizer_devices", lambda: ("cuda",))
+    monkeypatch.setattr("fastlab.config.fused_optimizer_devices", lambda: ("cuda",))
     assert "no fused optimiser kernels" in no_op_reasons(TrainConfig(opt_impl="fused"), MPS)["opt_impl"]
 
 
@@ -99,3 +98,24 @@ def test_no_ops_on_a_cpu_and_on_a_gpu_without_the_capability():
     assert set(t4) == {"tf32"} and "this one is 7.5" in t4["tf32"]
     assert no_op_reasons(flipped_tf32, "cuda", capability=(9, 0)) == {}
     assert set(no_op_reasons(TrainConfig(matmul_precision="high"), "cuda", capability=(7, 0))) == {"matmul_precision"}
+
+
+def test_no_ops_of_the_copy_knobs_follow_the_loader_and_pinning():
+    pageable = TrainConfig(non_blocking=True)  # on a GPU: a copy from pageable memory is synchronous all the same
+    assert "pageable" in no_op_reasons(pageable, "cuda", capability=(9, 0))["non_blocking"]
+    assert no_op_reasons(pageable.replace(pin_memory=True), "cuda", capability=(9, 0)) == {}
+    on_device = TrainConfig(loader="device", pin_memory=True, non_blocking=True)  # no host copy left to speed up
+    for where in ("cpu", "cuda"):
+        reasons = no_op_reasons(on_device, where, capability=(9, 0))
+        assert set(reasons) == {"pin_memory", "non_blocking"}
+        assert all("device loader" in why for why in reasons.values())
+
+
+def test_the_config_as_it_runs_here_sets_what_cannot_act_to_its_stock_value(monkeypatch):
+    from fastlab.config import as_run_here
+
+    monkeypatch.setattr("fastlab.config.fused_optimizer_devices", lambda: ("cuda",))
+    runs, no_ops, notes = as_run_here(TrainConfig(opt_impl="fused", amp="bf16", pin_memory=True), MPS)
+    assert (runs.opt_impl, runs.amp, runs.pin_memory) == ("default", "off", True)  # pin_memory fails nowhere
+    assert {"opt_impl", "amp", "pin_memory"} <= set(no_ops) and notes == []
+

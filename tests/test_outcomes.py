@@ -209,7 +209,7 @@ def test_the_cpu_profile_evaluates_time_to_accuracy_on_fewer_images(monkeypatch)
         return RunResult(config=training.cfg.to_dict(), label=training.result.label, status="ok")
 
     monkeypatch.setattr(outcomes, "_run", fake_run)
-    monkeypatch.setattr(outcomes.builders, "load_data", lambda cfg, dataset: (None, {"synthetic": True}))
+    monkeypatch.setattr(outcomes, "load_data", lambda cfg, dataset: (None, {"synthetic": True}))
     cfg = config_for("cpu", device="cpu", dataset="synthetic")
     fastlab.time_to_accuracy(cfg, seeds=(0,), progress=False)
     assert seen["eval_images"] == fastlab.config.TIME_TO_ACCURACY["cpu"]["eval_images"] < cfg.eval_images

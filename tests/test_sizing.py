@@ -9,11 +9,10 @@ import torch
 
 import fastlab
 import fastlab.train
-from fastlab import arm_plans, bench, calibration, measure
-from fastlab.arm_plans import plan_arm
-from fastlab.comparisons import run_arms
-from fastlab.config import config_for
+from fastlab import bench, calibration, config, measure
+from fastlab.config import config_for, plan_arm
 from fastlab.lessons import kernels, mixed_precision
+from fastlab.train import interleave
 
 CPU = torch.device("cpu")
 AVX2_FLAGS = "fpu sse sse2 avx avx2 fma"
@@ -63,12 +62,9 @@ def test_every_environment_names_the_cpu_model_and_isa():
 
 
 def test_bf16_without_native_support_runs_emulated_with_a_note(native_bf16):
-    from fastlab import builders
-
     native_bf16(False)
-    no_ops, notes = {}, []
-    assert builders.amp_dtype(config_for("smoke", amp="bf16"), CPU, no_ops, notes) == torch.bfloat16
-    assert no_ops == {} and "no native bf16" in notes[0]
+    runs, no_ops, notes = config.as_run_here(config_for("smoke", amp="bf16"), CPU)
+    assert runs.amp == "bf16" and no_ops == {} and "no native bf16" in notes[0]
 
 
 # ---------------------------------------------------------------- 2. a known trap: one short demonstration run
@@ -81,7 +77,7 @@ def test_without_native_bf16_the_bf16_arms_become_one_trap_demonstration(native_
     results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
     bf16 = [(label, cfg) for label, cfg in seen if cfg.amp == "bf16"]
     assert len(bf16) == 1 and "trap demonstration" in bf16[0][0]
-    assert bf16[0][1].steps == arm_plans.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
+    assert bf16[0][1].steps == config.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
     assert [cfg.seed for _, cfg in seen if cfg.amp == "off"] == list(mixed_precision.seeds_for(smoke))
     trap = [r for r in results if r.extras.get("trap") and r.config["amp"] == "bf16"]  # (fp16 is a CPU trap too)
     assert len(trap) == 1 and "no native bf16" in trap[0].extras["trap"]
@@ -108,13 +104,13 @@ def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf1
     results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["amp", "channels_last"]),
                                progress=False)
     amp = next(r for r in results if r.extras["rung"] == "amp")
-    assert amp.config["steps"] == arm_plans.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
+    assert amp.config["steps"] == config.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
     assert results[-1].config["amp"] == "off"  # not carried up
 
 
 def test_fp16_autocast_on_a_cpu_is_a_trap_shown_once_and_bounded_in_time(native_bf16, monkeypatch, smoke):
     native_bf16(True)  # even where bf16 is native: a CPU's fp16 is the trap (seen at tens of seconds a step)
-    from fastlab.device_support import trap_reasons
+    from fastlab.config import trap_reasons
 
     assert "fp16 autocast on a CPU" in trap_reasons(smoke.replace(amp="fp16"), CPU)["amp"]
     assert trap_reasons(smoke.replace(amp="fp16"), "cuda") == {}  # fp16 + GradScaler is the GPU recipe
@@ -122,12 +118,12 @@ def test_fp16_autocast_on_a_cpu_is_a_trap_shown_once_and_bounded_in_time(native_
     monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
     results = mixed_precision.compare_precision(smoke.replace(device="cpu"), progress=False)
     fp16 = [cfg for label, cfg in seen if cfg.amp == "fp16"]
-    assert len(fp16) == 1 and fp16[0].max_seconds == arm_plans.DEMONSTRATION_SECONDS
-    assert fp16[0].eval_images == arm_plans.DEMONSTRATION_EVAL_IMAGES
+    assert len(fp16) == 1 and fp16[0].max_seconds == config.DEMONSTRATION_SECONDS
+    assert fp16[0].eval_images == config.DEMONSTRATION_EVAL_IMAGES
     assert [r.extras["variant"] for r in results if r.extras.get("trap")] == ["fp16 + GradScaler"]
     # a demonstration never runs longer than the arm's own budget either
-    assert arm_plans.demonstration_config(smoke.replace(max_seconds=4.0)).max_seconds == 4.0
-    assert arm_plans.demonstration_config(smoke.replace(max_seconds=0.0)).max_seconds == arm_plans.DEMONSTRATION_SECONDS
+    assert config.demonstration_config(smoke.replace(max_seconds=4.0)).max_seconds == 4.0
+    assert config.demonstration_config(smoke.replace(max_seconds=0.0)).max_seconds == config.DEMONSTRATION_SECONDS
 
 
 # ---------------------------------------------------------------- 3. no run that can teach nothing
@@ -169,15 +165,15 @@ def test_the_throughput_ladder_does_not_train_a_rung_of_no_ops(monkeypatch, smok
     assert "no_op: every change is a no-op here (cudnn_benchmark: cuDNN" in bench.markdown_table(results)
 
 
-def test_run_arms_keeps_a_changed_arm_and_stops_when_interrupted(smoke):
+def test_interleave_keeps_a_changed_arm_and_stops_when_interrupted(smoke, monkeypatch):
     calls = []
 
-    def interrupted(cfg, label="run", progress=True):
+    def interrupted(cfg, label="run", progress=True, comparison=None):
         calls.append(label)
         return fastlab.RunResult(config=cfg.to_dict(), label=label, status="interrupted")
 
-    out = run_arms(smoke, [("a", smoke), ("b", smoke.replace(channels_last=True))], seeds=(0, 1), device=CPU,
-                   runner=interrupted)
+    monkeypatch.setattr(fastlab.train, "run", interrupted)
+    out = interleave([("a", smoke), ("b", smoke.replace(channels_last=True))], seeds=(0, 1), device=CPU)
     assert calls == ["a (seed 0)"] and out[0].extras["variant"] == "a"
 
 
@@ -298,9 +294,9 @@ def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path
 
 
 def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke):
-    from fastlab.arm_plans import not_trained
     from fastlab.checklist import built_on
     from fastlab.lessons import all_together
+    from fastlab.train import not_trained
 
     cfg = smoke.replace(device="cpu")
 

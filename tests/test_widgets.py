@@ -153,7 +153,7 @@ def test_a_change_that_is_a_no_op_here_is_not_trained_and_the_panel_says_why(qui
 
 
 def test_a_known_trap_here_runs_as_one_short_demonstration_beside_full_baselines(quick):
-    from fastlab.arm_plans import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS
+    from fastlab.config import DEMONSTRATION_SECONDS, DEMONSTRATION_STEPS
 
     seen = []
     on_cpu = quick.replace(device="cpu", steps=40, max_seconds=300.0)

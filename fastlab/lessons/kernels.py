@@ -16,11 +16,12 @@ from torch import nn
 
 from .. import claims, isolation
 from ..claims import Finding
-from ..comparisons import comparison, run_arms
+from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import MemoryMeter, Spread, low_precision, now, resolve_device
 from ..models import build_model
 from ..results import RunResult
+from ..train import interleave
 from ..verdicts import Comparison, runs_verdict, verdict
 
 NAME = "03_cudnn_benchmark_and_channels_last"
@@ -28,14 +29,14 @@ FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timin
 VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned during warm-up; mean pixels ~ 32x32
 
 
-# Arms go through comparisons.run_arms: an all-no-op arm is reported, not trained; a known trap runs once, short.
+# Arms go through train.interleave: an all-no-op arm is reported, not trained; a known trap runs once, short.
 
 
 @comparison(f"{NAME}:cudnn_benchmark", arms=2)
 def compare_cudnn_benchmark(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     off = base.replace(cudnn_benchmark=False)
-    return run_arms(off, [(f"cudnn.benchmark {'on' if on else 'off'}", base.replace(cudnn_benchmark=on))
-                          for on in (False, True)], progress=progress)
+    return interleave([(f"cudnn.benchmark {'on' if on else 'off'}", base.replace(cudnn_benchmark=on))
+                       for on in (False, True)], baseline=off, progress=progress)
 
 
 @comparison(f"{NAME}:channels_last", arms=4)
@@ -45,9 +46,9 @@ def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunR
     results: list[RunResult] = []
     for amp in ("off", low):
         nchw = base.replace(amp=amp, channels_last=False)
-        results += run_arms(base.replace(amp="off", channels_last=False),
-                            [(f"{'fp32' if amp == 'off' else amp}, {'channels_last' if cl else 'NCHW'}",
-                              nchw.replace(channels_last=cl)) for cl in (False, True)], progress=progress)
+        results += interleave([(f"{'fp32' if amp == 'off' else amp}, {'channels_last' if cl else 'NCHW'}",
+                                nchw.replace(channels_last=cl)) for cl in (False, True)],
+                              baseline=base.replace(amp="off", channels_last=False), progress=progress)
     return results
 
 
@@ -55,10 +56,10 @@ def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunR
 def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """fp32 throughout: conv TF32 off (strict) against on (torch's default), then TF32 matmuls too."""
     strict = base.replace(amp="off", tf32=False, matmul_precision="highest")
-    return run_arms(strict, [("strict fp32 (conv TF32 off)", strict),
-                             ("conv TF32 on (torch's default)", strict.replace(tf32=True)),
-                             ("+ TF32 matmuls (matmul_precision='high')",
-                              strict.replace(tf32=True, matmul_precision="high"))], progress=progress)
+    return interleave([("strict fp32 (conv TF32 off)", strict),
+                       ("conv TF32 on (torch's default)", strict.replace(tf32=True)),
+                       ("+ TF32 matmuls (matmul_precision='high')", strict.replace(tf32=True, matmul_precision="high"))],
+                      progress=progress)
 
 
 # ---------------------------------------------------------------- reading the results

@@ -15,13 +15,13 @@ from torch import nn
 
 from .. import claims
 from ..claims import Finding
-from ..comparisons import comparison, run_arms
-from ..config import THOROUGH_SEEDS, TrainConfig, thorough
-from ..device_support import trap_reasons
+from ..comparisons import comparison
+from ..config import THOROUGH_SEEDS, TrainConfig, thorough, trap_reasons
 from ..measure import Spread, low_precision, resolve_device
 from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
 from ..plots import data_note
 from ..results import RunResult
+from ..train import interleave
 from ..verdicts import runs_verdict, verdict
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value rounds to exactly zero
@@ -52,7 +52,7 @@ def compare_precision(base: TrainConfig, progress: bool = True) -> list[RunResul
     """fp32, fp16 + GradScaler and bf16 autocast over the profile's seeds; a known trap here runs once, short."""
     fp32 = base.replace(amp="off")
     arms = [(LABELS[amp], base.replace(amp=amp)) for amp in ("off", "fp16", "bf16")]
-    return run_arms(fp32, arms, seeds=seeds_for(base), progress=progress)
+    return interleave(arms, baseline=fp32, seeds=seeds_for(base), progress=progress)
 
 
 @comparison("02_mixed_precision:batch_size", arms=4)
@@ -61,8 +61,8 @@ def compare_batch_size(base: TrainConfig, progress: bool = True) -> list[RunResu
     arms: list[RunResult] = []
     for b in batch_sizes(base):
         fp32 = base.replace(batch_size=b, amp="off")
-        arms += run_arms(fp32, [(f"batch {b}, {'fp32' if a == 'off' else a}", base.replace(batch_size=b, amp=a))
-                                for a in ("off", amp)], progress=progress)
+        arms += interleave([(f"batch {b}, {'fp32' if a == 'off' else a}", base.replace(batch_size=b, amp=a))
+                            for a in ("off", amp)], baseline=fp32, progress=progress)
     return arms
 
 
@@ -266,24 +266,24 @@ class NetUnderflow:
                 f"fp16 autocast without scaling; {self.zero_scaled:,} with GradScaler at {GRADSCALER_INIT_SCALE:g}")
 
 
-# Where fp16 is a known trap (device_support.trap_reasons: slow there), gradients are taken on this many images.
+# Where fp16 is a known trap (config.trap_reasons: slow there), gradients are taken on this many images.
 TRAP_GRAD_IMAGES = 8
 
 
 def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
     """C5 in a real run: `steps` fp32 Adam steps of the workbook net, then a batch's fp32, fp16 and scaled gradients."""
-    from .. import builders
+    from ..data import load_data
     from ..models import build_model
 
     _check_positive("net_gradient_underflow(steps)", steps, integer=True)
     dev = resolve_device(cfg.device)
     cfg = cfg.replace(num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False,
                       prefetch_factor=None, loader="dataloader")
-    data, _ = builders.load_data(cfg, None)
+    data, _ = load_data(cfg, None)
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(dev)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    batches = iter(builders.train_batches(cfg, data, dev, {}))
+    batches = iter(_loader(cfg, data))
     for _ in range(steps):
         x, y = _next(batches, cfg, data, dev)
         opt.zero_grad(set_to_none=True)
@@ -303,12 +303,16 @@ def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
 
 
 def _next(batches, cfg: TrainConfig, data, dev: torch.device):
-    from .. import builders
-
     try:
         return next(batches)
     except StopIteration:  # a small smoke set: start another epoch
-        return next(iter(builders.train_batches(cfg, data, dev, {})))
+        return next(iter(_loader(cfg, data)))
+
+
+def _loader(cfg: TrainConfig, data):
+    from ..data import make_dataloader
+
+    return make_dataloader(data.train_images, data.train_labels, batch_size=cfg.batch_size, train=True, seed=cfg.seed)
 
 
 def plot_gradient_range(report: UnderflowReport):

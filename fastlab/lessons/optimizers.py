@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from .. import builders
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import CHOICES, TrainConfig, tta_settings
+from ..config import CHOICES, TrainConfig, as_run_here, tta_settings
 from ..measure import Spread, resolve_device, synchronize
 from ..models import build_model
 from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_finding, tta_groups, tta_verdict
 from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
 from ..results import RunResult
 from ..train import sweep
+from ..training import make_optimizer
 from ..verdicts import verdict
 
 NAME = "06_adamw_and_schedules"
@@ -219,8 +219,7 @@ def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = S
     for name in names:
         cfg = base.replace(scheduler=name, opt_impl="default")
         param = torch.nn.Parameter(torch.zeros(1))
-        opt = builders.build_optimizer(cfg, [param], {})
-        sched = builders.build_scheduler(cfg, opt, total_steps)
+        opt, sched = make_optimizer(cfg, [param], total_steps)
         lrs = []
         for _ in range(total_steps):
             lrs.append(opt.param_groups[0]["lr"])
@@ -262,7 +261,7 @@ def optimizer_state_bytes(base: TrainConfig, name: str | None = None) -> tuple[i
     cfg = cfg.replace(device="cpu", opt_impl="default")
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model)
-    opt = builders.build_optimizer(cfg, net.parameters(), {})
+    opt, _ = make_optimizer(cfg, net.parameters(), 1)
     for p in net.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
@@ -374,8 +373,8 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(device)
-    no_ops: dict[str, str] = {}
-    opt = builders.build_optimizer(cfg, net.parameters(), no_ops)
+    cfg, no_ops, _ = as_run_here(cfg, device)
+    opt, _ = make_optimizer(cfg, net.parameters(), 1)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     for p in net.parameters():
         p.grad = torch.randn(p.shape, generator=gen, device=device) * 1e-3

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig
-from ..harness import exclusive_run
-from ..loop import TrainingRun
+from ..harness import TrainingRun
+from ..isolation import exclusive_run
 from ..results import RunResult
 from ..verdicts import runs_verdict, turns, verdict
 

@@ -293,6 +293,18 @@ def _compile() -> str:
                      for i, r in enumerate(runs, 1))
 
 
+@check("a CUDA run records the copy knobs it could not use")
+def _copy_no_ops() -> str:
+    import fastlab
+
+    base = _small(model="tiny", loader="dataloader", steps=8, windows=2, train_images=2048)
+    pageable = fastlab.run(base.replace(non_blocking=True), label="non_blocking, pageable", progress=False)
+    assert pageable.ok and "pageable" in pageable.no_ops.get("non_blocking", ""), pageable.no_ops
+    pinned = fastlab.run(base.replace(non_blocking=True, pin_memory=True), label="pinned", progress=False)
+    assert pinned.ok and not {"pin_memory", "non_blocking"} & set(pinned.no_ops), pinned.no_ops
+    return f"non_blocking from pageable memory recorded as a no-op; with pin_memory none ({pinned.no_ops or 'no no-ops'})"
+
+
 @check("NVML utilisation samples arrive")
 def _nvml() -> str:
     import fastlab
