@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, comparison_repeats, config_for, no_op_reasons, trap_reasons
+from .config import TrainConfig, comparison_repeats, config_for, demonstration_config, plan_arm
 from .measure import Spread, bf16_is_trap, preferred_amp, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
@@ -29,7 +29,7 @@ from .outcomes import (
     tta_verdict,
 )
 from .results import RunResult, load_document, merge_repeats, save_results
-from .train import run
+from .train import not_trained, run
 from .verdicts import turns, verdict
 
 # Naive and large batch size per profile and model: the naive rung uses the small one.
@@ -178,7 +178,7 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
         if max_seconds is not None:
             budget = max_seconds() if callable(max_seconds) else max_seconds
             cfg = cfg.replace(max_seconds=max(budget, 1.0))
-        result = _run_rung(rung, cfg, progress)
+        result = _run_rung(rung, base.replace(**kept), cfg, progress)
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
         reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
@@ -207,29 +207,16 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
     return results
 
 
-def idle_rung(rung: Rung, cfg: TrainConfig, device) -> str | None:
-    """Why a rung above naive can teach nothing here (every knob it changes a no-op on this device), or None."""
-    idle = no_op_reasons(cfg, device)
-    if rung.name == "naive" or not set(rung.changes) <= set(idle):
-        return None
-    return "; ".join(f"{k}: {idle[k]}" for k in rung.changes)
-
-
-def _run_rung(rung: Rung, cfg: TrainConfig, progress: bool) -> RunResult:
-    """One throughput rung: not trained when a no-op here, one short run when a known trap, else a full run."""
-    from .config import demonstration_config
-    from .train import not_trained
-
-    device = resolve_device(cfg.device)
-    idle = idle_rung(rung, cfg, device)
-    if idle:
-        return not_trained(cfg, rung.title, idle)
-    traps = trap_reasons(cfg, device)
-    hit = [k for k in rung.changes if k in traps]
-    if rung.name != "naive" and hit:
+def _run_rung(rung: Rung, below: TrainConfig, cfg: TrainConfig, progress: bool) -> RunResult:
+    """One throughput rung, planned against the config below it (config.plan_arm): not trained when a no-op here,
+    one short run when a known trap, else a full run."""
+    plan = plan_arm(below, cfg)
+    if plan.kind == "no-op":
+        return not_trained(cfg, rung.title, plan.reason)
+    if plan.kind == "trap":
         result = run(demonstration_config(cfg), label=f"{rung.title} (trap demonstration, one short run)",
                      progress=progress)
-        result.extras["trap"] = "; ".join(f"{k}: {traps[k]}" for k in hit)
+        result.extras["trap"] = plan.reason
         return result
     return run(cfg, label=rung.title, progress=progress)
 
@@ -292,10 +279,10 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
     device = resolve_device(base.device)
     for rung in rungs:
         cfg = base.replace(**{**kept, **rung.changes})
-        idle = idle_rung(rung, cfg, device)
-        if idle:
+        plan = plan_arm(base.replace(**kept), cfg, device)
+        if plan.kind == "no-op":
             if not_run is not None:
-                not_run[rung.title] = idle
+                not_run[rung.title] = plan.reason
             if bar is not None:
                 bar.update(1)
             continue

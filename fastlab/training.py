@@ -64,11 +64,12 @@ def make_optimizer(cfg: TrainConfig, params: Any, total_steps: int) -> tuple[tor
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     else:
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
-    scheduler = None
     if cfg.scheduler == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
     elif cfg.scheduler == "onecycle":
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps)
+    else:
+        scheduler = None  # a constant learning rate
     return optimizer, scheduler
 
 
