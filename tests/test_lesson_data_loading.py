@@ -17,17 +17,18 @@ def test_worker_counts_go_past_four_times_the_cores():
         dl.worker_counts(0)
 
 
-def test_torchs_worker_warning_is_asked_here_not_lost_in_the_runs_process():
+def test_torchs_worker_warning_is_asked_here_not_lost_in_the_runs_process(smoke, monkeypatch):
+    import fastlab.train as train
     from fastlab.measure import usable_cpu_count
 
     too_many = 4 * usable_cpu_count()
     said = dl.torch_worker_check(too_many)
     assert said is not None and f"create {too_many} worker processes" in said
     assert dl.torch_worker_check(0) is None and dl.torch_worker_check(1) is None
-    swept = [RunResult(config={"num_workers": n}, label=f"num_workers={n}",
-                       extras={"torch_warning": dl.torch_worker_check(n)} if dl.torch_worker_check(n) else {})
-             for n in (0, 1, too_many)]
-    assert dl.torch_worker_warning(swept).startswith(f"torch, at num_workers={too_many}: UserWarning:")
+    monkeypatch.setattr(train, "run", lambda cfg, label="run", progress=True, comparison=None, **given: RunResult(
+        config=cfg.to_dict(), label=label, window_throughput=[100.0, 101.0], repeats=1))
+    swept = dl.compare_num_workers(smoke, progress=False)  # 01 prints the first warning the sweep kept
+    assert "torch_warning" not in swept[0].extras and "worker processes" in swept[-1].extras["torch_warning"]
 
 
 def test_pipeline_steps_are_cumulative_and_valid_configs(smoke):

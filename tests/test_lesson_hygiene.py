@@ -2,6 +2,7 @@ import pytest
 
 from fastlab.lessons import hygiene as H
 from fastlab.results import RunResult
+from fastlab.verdicts import verdict
 
 
 def test_a_kept_loss_keeps_its_graph_only_without_backward():
@@ -41,11 +42,14 @@ def test_eval_summary_groups_repeats_and_calls_noise():
     assert [s.mode for s in rows] == ["autograd", "no_grad"]
     assert rows[0].speed.n == 2 and rows[1].speed.median == pytest.approx((200 + 100 / 0.55) / 2)
     assert rows[0].growth_mb.median == pytest.approx(51)
-    text = H.describe_eval(results)
-    assert "no_grad" in text and "faster" in text and "-40.5 MiB" in text
-    same = [_fake_eval("autograd", 1.0, 150), _fake_eval("no_grad", 0.98, 150.5),
-            _fake_eval("autograd", 1.05, 151), _fake_eval("no_grad", 1.03, 149)]
-    assert "speed 1.02x: noise" in H.describe_eval(same) and "memory rise noise" in H.describe_eval(same)
+    # 05 prints each mode against autograd by the noise rule: faster, and memory rose 40.5 MiB less
+    assert "(faster)" in str(verdict(rows[0].speed, rows[1].speed, "eval images/s"))
+    assert not verdict(rows[0].growth_mb, rows[1].growth_mb, "MiB").noise
+    assert rows[1].growth_mb.median - rows[0].growth_mb.median == pytest.approx(-40.5)
+    same = H.summarize_eval([_fake_eval("autograd", 1.0, 150), _fake_eval("no_grad", 0.98, 150.5),
+                             _fake_eval("autograd", 1.05, 151), _fake_eval("no_grad", 1.03, 149)])
+    assert str(verdict(same[0].speed, same[1].speed, "eval images/s")).startswith("1.02x: noise")
+    assert verdict(same[0].growth_mb, same[1].growth_mb, "MiB").noise
 
 
 def test_log_loss_description_compares_growth_with_jitter():

@@ -65,8 +65,7 @@ def is_power_of_two(n: int) -> bool:
 
 def describe_sizes(results: list[RunResult]) -> str:
     """Each batch size's throughput and peak memory; each non-power of two against the nearest power of two run."""
-    ok = [r for r in results if r.window_throughput]
-    powers = [r for r in ok if is_power_of_two(r.images_per_step)]
+    powers = [r for r in results if r.window_throughput and is_power_of_two(r.images_per_step)]
     lines = []
     for r in results:
         if not r.window_throughput:
@@ -108,14 +107,9 @@ class BatchSearch:
 
     def summary(self) -> str:
         tried = ", ".join(f"{p.batch_size}{'' if p.fits else ' (too big)'}" for p in self.probes)
-        if self.largest is None:
-            head = "no batch size fits"
-        else:
-            head = f"largest batch that fits: {self.largest}"
-            if self.smallest_failing is not None:
-                head += f" (batch {self.smallest_failing} did not)"
-            else:
-                head += " (nothing tried failed: the search stopped at its max_batch)"
+        head = "no batch size fits" if self.largest is None else f"largest batch that fits: {self.largest} " + (
+            "(nothing tried failed: the search stopped at its max_batch)" if self.smallest_failing is None
+            else f"(batch {self.smallest_failing} did not)")
         return f"{head}; limit: {self.limit}; probes in order: {tried}"
 
 
@@ -285,18 +279,6 @@ def final_loss(result: RunResult, last: int = 3) -> float:
     """Mean training loss over the last `last` logged steps (one step's loss is noisy)."""
     values = [v for _, v in result.losses[-last:]]
     return sum(values) / len(values) if values else float("nan")
-
-
-def describe_lr_demo(results: list[RunResult]) -> str:
-    """Images seen, optimiser steps, final training loss and held-out accuracy of each lr-demo run."""
-    lines = []
-    for r in results:
-        images = r.steps_done * r.images_per_step
-        acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else "n/a"
-        lines.append(f"{r.label}: {r.steps_done} optimiser steps, {images} training images, final loss "
-                     f"{final_loss(r):.3f} (mean of the last 3 logged), held-out accuracy {acc}")
-    return "\n".join(lines)
-
 
 
 # ------------------------------------------------------------------ C7: a power of two against its neighbours

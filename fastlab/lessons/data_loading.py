@@ -6,6 +6,7 @@ loader) and :slow_storage (a starved trainer, C13); also the busy/idle trace and
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -30,8 +31,6 @@ from ..verdicts import runs_verdict, turns, verdict
 # Simulated storage latency per batch (each image sleeps STARVE_BATCH_MS / batch_size): it starves any batch size.
 STARVE_BATCH_MS = 100.0
 MAX_PIPELINE_WORKERS = 8  # the pipeline comparison's cap on workers (pipeline_workers)
-
-
 # The sweep goes past the advice's "2-4 x the cores" to this many times the cores, to show where it costs.
 OVERSUBSCRIBE = (2, 4, 6)
 
@@ -76,12 +75,6 @@ def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
     return steps
 
 
-def sweep_config(base: TrainConfig) -> TrainConfig:
-    """The sweep's base: the DataLoader, workers not kept between epochs; under smoke, few steps per point."""
-    cfg = base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None)
-    return short_for_smoke(cfg)
-
-
 def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
     """Under the smoke profile, a few steps per run: these comparisons have many runs, each starting workers."""
     return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
@@ -89,8 +82,10 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
 
 @comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())))
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """The worker sweep, counts repeated in turns (interleave): a single pair cannot tell drift from the effect."""
-    cfg, cores = sweep_config(base), usable_cpu_count()
+    """The worker sweep on the DataLoader (workers not kept between epochs), counts repeated in turns (interleave):
+    a single pair cannot tell drift from the effect."""
+    cfg = short_for_smoke(base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None))
+    cores = usable_cpu_count()
     counts = worker_counts(cores)
     results = interleave([(f"num_workers={n}", cfg.replace(num_workers=n)) for n in counts], progress=progress)
     for n, r in zip(counts, results):
@@ -102,21 +97,14 @@ def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunRes
 
 
 def torch_worker_check(num_workers: int) -> str | None:
-    """What torch's DataLoader warns for `num_workers` here (a run's own warning stays in its process)."""
+    """What torch's DataLoader warns for `num_workers` here (a run's own warning stays in its process): kept in
+    the run's extras["torch_warning"]."""
     if num_workers == 0:
         return None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         DataLoader(range(1), num_workers=num_workers)  # its constructor runs torch's check
     return str(caught[0].message) if caught else None
-
-
-def torch_worker_warning(results: list[RunResult]) -> str:
-    """What torch's DataLoader said about the first oversubscribed worker count, or that it said nothing."""
-    for r in results:
-        if r.extras.get("torch_warning"):
-            return f"torch, at num_workers={workers_of(r)}: UserWarning: {r.extras['torch_warning']}"
-    return "torch gave no warning about the worker counts"
 
 
 @comparison("01_data_loading:pipeline", arms=lambda base: len(pipeline_steps(pipeline_workers())))
@@ -212,31 +200,20 @@ def epoch_start_wait(result: RunResult) -> tuple[float, float]:
 
 
 def data_path_report(results: list[RunResult]) -> str:
-    """One line per run: throughput with spread, share of the step spent waiting for data, and the verdict."""
-    if not results:
-        return "no results"
-    lines = []
-    for r in results:
-        line = r.summary()
-        if r is not results[0]:
-            line += f"\n    vs '{results[0].label}': {runs_verdict(results[0], r)}"
-        lines.append(line)
-    return "\n".join(lines)
+    """Each run's summary and, after the first, its verdict against the first."""
+    return "\n".join(r.summary() + (f"\n    vs '{results[0].label}': {runs_verdict(results[0], r)}" if i else "")
+                     for i, r in enumerate(results))
 
 
 def describe_data_wait(result: RunResult) -> str:
-    """The panel's advice line: is this run starved for data?"""
-    share = result.data_wait_fraction()
+    """The panel's line: is this run starved for data? The copy is apart: it also waits for queued GPU work."""
+    share, copy = result.data_wait_fraction(), result.copy_fraction()
     if math.isnan(share):
         return "No timed steps: nothing to diagnose."
     kind = ("a data bottleneck: the model waits for batches" if share > 0.3 else
             "mostly compute-bound: faster loading would gain little" if share < 0.1 else "partly waiting for data")
-    text = f"{share:.0%} of step time was spent waiting for data: {kind}."
-    copy = result.copy_fraction()
-    if not math.isnan(copy):  # timed apart: a copy without non_blocking also waits for the GPU's queued work
-        text += (f" Copying batches to the device took another {copy:.0%} (not counted as data wait: it also "
-                 "waits for the previous step's GPU work to finish).")
-    return text
+    return f"{share:.0%} of step time was spent waiting for data: {kind}." + (
+        "" if math.isnan(copy) else f" Copying batches to the device took another {copy:.0%} (not counted as data wait).")
 
 
 def plot_busy_trace(results: list[RunResult], title: str = ""):
@@ -253,9 +230,7 @@ def plot_busy_trace(results: list[RunResult], title: str = ""):
             times, busy = busy_trace(r.step_seconds, r.data_wait_seconds)
             ax.step(times, busy, where="post", color="tab:blue", lw=0.8)
             ax.fill_between(times, busy, step="post", alpha=0.3, color="tab:blue")
-            elapsed = [0.0]
-            for s in r.step_seconds:
-                elapsed.append(elapsed[-1] + s)
+            elapsed = [0.0, *itertools.accumulate(r.step_seconds)]
             for s in epoch_starts(r):
                 ax.axvline(elapsed[s], color="tab:red", ls=":", lw=1)
             source = "busy share rebuilt from step records; red dotted: new epoch"
@@ -293,21 +268,19 @@ class SweepReading:
     last: RunResult | None = None  # the last point of the sweep that finished a window
 
     def describe(self) -> str:
-        p = self.peak.throughput
-        lines = [f"cores this process may use: {self.cores}; the sweep went to {workers_of(self.last)} workers "
-                 f"({workers_of(self.last) / self.cores:g}x the cores)" if self.last else "",
-                 f"peak: num_workers={workers_of(self.peak)} ({workers_of(self.peak) / self.cores:g}x the cores), "
-                 f"{p.median:,.0f} images/s (min {p.low:,.0f}, max {p.high:,.0f}); within the spread of the peak: "
-                 f"num_workers={', '.join(map(str, self.near_peak))}"]
-        if self.costs_from is not None:
-            c = self.costs_from
-            what = "oversubscription (more workers than cores)" if workers_of(c) > self.cores else "adding workers"
-            lines.append(f"{what} costs from num_workers={workers_of(c)} ({workers_of(c) / self.cores:g}x "
-                         f"the cores): {verdict(p, c.throughput).ratio:.2f}x the peak's images/s, data wait "
-                         f"{c.data_wait_fraction():.0%} of step time (the peak's: {self.peak.data_wait_fraction():.0%})")
-        else:
-            lines.append("no point past the peak was slower than it outside the spread: more workers did not cost here")
-        return "\n".join(line for line in lines if line)
+        def at(r: RunResult) -> str:
+            return f"num_workers={workers_of(r)} ({workers_of(r) / self.cores:g}x the cores)"
+
+        p, c = self.peak.throughput, self.costs_from
+        lines = [f"cores this process may use: {self.cores}; the sweep went to {at(self.last)}"] if self.last else []
+        lines.append(f"peak: {at(self.peak)}, {p.median:,.0f} images/s (min {p.low:,.0f}, max {p.high:,.0f}); within "
+                     f"the spread of the peak: num_workers={', '.join(map(str, self.near_peak))}")
+        lines.append("no point past the peak was slower than it outside the spread: more workers did not cost here"
+                     if c is None else
+                     f"{'oversubscription (more workers than cores)' if workers_of(c) > self.cores else 'adding workers'}"
+                     f" costs from {at(c)}: {verdict(p, c.throughput).ratio:.2f}x the peak's images/s, data wait "
+                     f"{c.data_wait_fraction():.0%} of step time (the peak's: {self.peak.data_wait_fraction():.0%})")
+        return "\n".join(lines)
 
 
 def read_sweep(results: list[RunResult]) -> SweepReading:
@@ -401,13 +374,6 @@ def time_copies(batch_size: int, repeats: int = 20, device: str = "auto") -> lis
             times[k].append(1000 * (time.perf_counter() - t0))
     torch.cuda.synchronize(dev)
     return [CopyTiming(label, Spread.of(t)) for (label, _, _), t in zip(arms, times)]
-
-
-def describe_copies(copies: list[CopyTiming] | str) -> str:
-    if isinstance(copies, str):
-        return f"copy timing: no-op here ({copies})"
-    return "\n".join(f"{c.label}: {c.ms.median:.3f} ms per batch (min {c.ms.low:.3f}, max {c.ms.high:.3f})"
-                     for c in copies)
 
 
 def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | None = None) -> Finding:

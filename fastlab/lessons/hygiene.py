@@ -20,10 +20,10 @@ from ..comparisons import comparison
 from ..config import TrainConfig
 from ..measure import Spread, preferred_amp, resolve_device
 from ..models import build_model
-from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
+from ..plots import data_note
 from ..results import RunResult
 from ..train import run, sweep
-from ..verdicts import turns, verdict
+from ..verdicts import turns
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
 # Repeats of each evaluation mode: one evaluation is one number, so the spread comes from repeating it.
@@ -63,7 +63,6 @@ class EvalSummary:
     mode: str
     speed: Spread  # held-out images per second of evaluation (eval_images / eval_seconds), over repeats
     growth_mb: Spread  # eval_growth_mb over repeats
-    peak_mb: Spread  # eval_peak_memory_mb over repeats
 
 
 def summarize_eval(results: list[RunResult]) -> list[EvalSummary]:
@@ -73,26 +72,8 @@ def summarize_eval(results: list[RunResult]) -> list[EvalSummary]:
     for mode in modes:
         rs = [r for r in results if r.config["eval_mode"] == mode and r.eval_seconds]
         out.append(EvalSummary(mode, Spread.of([r.dataset["eval_images"] / r.eval_seconds for r in rs]),
-                               Spread.of([eval_growth_mb(r) for r in rs]),
-                               Spread.of([r.eval_peak_memory_mb for r in rs])))
+                               Spread.of([eval_growth_mb(r) for r in rs])))
     return out
-
-
-def describe_eval(results: list[RunResult]) -> str:
-    """Evaluation speed and memory per mode, each against autograd (the pitfall), noise called as noise."""
-    rows = summarize_eval(results)
-    base = next((s for s in rows if s.mode == "autograd"), rows[0] if rows else None)
-    lines = []
-    for s in rows:
-        line = (f"{s.mode}: {s.speed.median:,.0f} eval images/s (min {s.speed.low:,.0f}, max {s.speed.high:,.0f}, "
-                f"{s.speed.n} repeats); memory rose {s.growth_mb.median:,.1f} MiB during evaluation "
-                f"(min {s.growth_mb.low:,.1f}, max {s.growth_mb.high:,.1f})")
-        if base is not None and s is not base:
-            mem = "noise" if verdict(base.growth_mb, s.growth_mb, "MiB").noise else \
-                f"{s.growth_mb.median - base.growth_mb.median:+,.1f} MiB"
-            line += f"\n    against autograd: speed {verdict(base.speed, s.speed, 'eval images/s')}; memory rise {mem}"
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def plot_eval(results: list[RunResult]):
@@ -141,13 +122,11 @@ def step_jitter_mb(result: RunResult) -> float:
 
 
 def describe_log_loss(results: list[RunResult]) -> str:
-    """Memory growth over the run of each log_loss mode; a difference within the item run's jitter is noise."""
+    """Memory growth over the run of each log_loss mode; a difference within the step-to-step jitter is noise."""
     by_mode = {r.config["log_loss"]: r for r in results}
-    lines = []
-    for mode, r in by_mode.items():
-        kept = r.kept_loss_tensors or 0
-        lines.append(f"log_loss={mode}: memory ({r.memory_kind.replace('_', ' ')}) changed "
-                     f"{memory_growth_mb(r):+,.2f} MiB over {len(r.memory_trace_mb)} steps; loss tensors kept: {kept}")
+    lines = [f"log_loss={mode}: memory ({r.memory_kind.replace('_', ' ')}) changed {memory_growth_mb(r):+,.2f} MiB "
+             f"over {len(r.memory_trace_mb)} steps; loss tensors kept: {r.kept_loss_tensors or 0}"
+             for mode, r in by_mode.items()]
     if {"item", "tensor"} <= by_mode.keys():
         item, tensor = by_mode["item"], by_mode["tensor"]
         diff = memory_growth_mb(tensor) - memory_growth_mb(item)
@@ -195,8 +174,6 @@ def item_sync_finding(logging: list[RunResult]) -> Finding:
 def find_syncs(base: TrainConfig, steps: int = 3) -> list[str] | str:
     """The distinct sync warnings of a few steps under torch.cuda.set_sync_debug_mode("warn"); no CUDA: why none."""
     import warnings
-
-    import torch
 
     dev = resolve_device(base.device)
     if dev.type != "cuda":
@@ -323,14 +300,11 @@ def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
     return fig
 
 
-
 # ------------------------------------------------------------------ the verdicts on C9, C10 and C11
 
 
 def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:
     """MiB of activations autograd saves in one evaluation forward under `mode`, from tensor sizes (no parameters)."""
-    import torch
-
     if mode not in EVAL_MODES:
         raise ValueError(f"forward_saved_mb: mode={mode!r} is not allowed: choose one of "
                          f"{', '.join(map(repr, EVAL_MODES))}")
