@@ -473,8 +473,8 @@ def judge_memory(precision: list[RunResult], breakdown: Finding | None = None) -
 
 def judge_underflow(report: UnderflowReport, net: NetUnderflow | None = None) -> Finding:
     """C5: do gradients underflow in fp16 without the scaler, and does the scaler keep them? Decided by the
-    demonstration (a regression built to underflow), so the verdict says so; `net` adds the share of the workbook
-    net's own gradients that underflow in a real run."""
+    demonstration (a regression built to underflow), so the verdict says so; `net`, when given, adds the share of
+    the workbook net's own gradients that underflow in a real run."""
     r = report
     evidence = (f"in the demonstration (MSE over batch {r.output_grads // 10:,} x 10 outputs, targets fitted to a small "
                 f"residual, built to underflow): parameter gradients zero in fp16: {r.param_zero_unscaled:,} of "
