@@ -33,12 +33,15 @@ def test_time_shapes_rejects_bad_arguments(kwargs, field):
         k.time_shapes(**kwargs)
 
 
-def test_shape_report_compares_varying_with_fixed_per_setting():
+def test_shape_timings_compare_varying_with_fixed_in_milliseconds():
+    from fastlab.verdicts import verdict
+
     fixed = k.ShapeTiming("fixed", [32] * 3, False, "cpu", 0.1, step_seconds=[0.010, 0.011, 0.012])
     varying = k.ShapeTiming("varying", [24, 36, 40], False, "cpu", 0.1, step_seconds=[0.10, 0.11, 0.12])
-    text = k.shape_report([fixed, varying])
-    assert "benchmark off: varying sizes take 10.00x" in text and "slower" in text
-    assert "benchmark on" not in text.split("\n")[-1]
+    assert (varying.step_ms.median, varying.step_ms.n) == (pytest.approx(110.0), 3)
+    c = verdict(fixed.step_ms, varying.step_ms, "ms", higher_is_better=False)
+    assert c.ratio == pytest.approx(10.0) and not c.better and not c.noise  # 10x the step time: slower
+    assert "median step 110.0 ms (min 100.0, max 120.0, 3 steps)" in varying.summary()
 
 
 def _run(amp, cl, ips):

@@ -41,12 +41,15 @@ def _run(amp, batch, ips, losses=(), status="ok", steps=(1.0,)):
                      status=status, window_throughput=list(ips), losses=list(losses), step_seconds=list(steps))
 
 
-def test_gain_by_batch_pairs_each_batch_with_its_fp32_run():
+def test_batch_pairs_pair_each_batch_with_its_fp32_run():
+    from fastlab.verdicts import runs_verdict
+
     results = [_run("off", 8, [10, 11, 12]), _run("bf16", 8, [5, 6, 7]),
                _run("off", 32, [10, 11, 12]), _run("bf16", 32, [20, 21, 22])]
-    gains = mp.gain_by_batch(results)
-    assert set(gains) == {8, 32}
-    assert "slower" in gains[8] and "faster" in gains[32]
+    pairs = mp.batch_pairs(results)
+    assert set(pairs) == {8, 32}
+    assert all((a.config["amp"], b.config["amp"]) == ("off", "bf16") for a, b in pairs.values())
+    assert "slower" in str(runs_verdict(*pairs[8])) and "faster" in str(runs_verdict(*pairs[32]))
 
 
 def test_final_loss_and_step_time_of_a_time_limited_run():

@@ -22,14 +22,11 @@ from ..measure import MemoryMeter, Spread, low_precision, now, resolve_device
 from ..models import build_model
 from ..results import RunResult
 from ..train import interleave
-from ..verdicts import Comparison, runs_verdict, verdict
+from ..verdicts import Comparison, runs_verdict
 
 NAME = "03_cudnn_benchmark_and_channels_last"
 FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timing runs at it
 VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned during warm-up; mean pixels ~ 32x32
-
-
-# Arms go through train.interleave: an all-no-op arm is reported, not trained; a known trap runs once, short.
 
 
 @comparison(f"{NAME}:cudnn_benchmark", arms=2)
@@ -66,9 +63,7 @@ def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
 
 
 def kernels_report(results: list[RunResult]) -> str:
-    """Per run: the summary, warm-up time (where autotuning lands), the verdict against the first, no-ops."""
-    if not results:
-        return "no results"
+    """Per run: its summary and warm-up (where autotuning lands), the verdict against the first, its no-ops."""
     lines = []
     for r in results:
         if r.status == "no_op":
@@ -78,13 +73,12 @@ def kernels_report(results: list[RunResult]) -> str:
         lines.append(f"{r.summary()}; warm-up {r.warmup_seconds:.2f} s{trap}")
         if r is not results[0]:
             lines.append(f"    vs '{results[0].label}': {runs_verdict(results[0], r)}")
-        for knob, why in r.no_ops.items():
-            lines.append(f"    no-op here: {knob}: {why}")
-    return "\n".join(lines)
+        lines += [f"    no-op here: {knob}: {why}" for knob, why in r.no_ops.items()]
+    return "\n".join(lines) or "no results"
 
 
 def channels_last_gain(results: list[RunResult]) -> dict[str, Comparison]:
-    """For each precision: channels_last against NCHW at that precision (printed, the verdict's sentence)."""
+    """For each precision: channels_last against NCHW at that precision."""
     out: dict[str, Comparison] = {}
     for amp in dict.fromkeys(r.config["amp"] for r in results):
         nchw = [r for r in results if r.config["amp"] == amp and not r.config["channels_last"]]
@@ -92,14 +86,6 @@ def channels_last_gain(results: list[RunResult]) -> dict[str, Comparison]:
         if nchw and nhwc:
             out["fp32" if amp == "off" else amp] = runs_verdict(nchw[0], nhwc[0])
     return out
-
-
-def describe_kernels(result: RunResult) -> str:
-    """The panel's advice line."""
-    text = f"warm-up {result.warmup_seconds:.2f} s (autotuning, if any, happens there)"
-    if result.no_ops:
-        text += "; no-ops here: " + "; ".join(f"{k} ({v})" for k, v in result.no_ops.items())
-    return text
 
 
 # ---------------------------------------------------------------- the varying-shapes pitfall
@@ -213,21 +199,6 @@ def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[Sh
                                       batch_size=base.batch_size, device=base.device,
                                       label=f"{name}, benchmark {'on' if benchmark else 'off'}", seed=base.seed))
     return out
-
-
-def shape_report(timings: list[ShapeTiming]) -> str:
-    """The timings, then for each benchmark setting: varying sizes against fixed (median step time)."""
-    lines = [t.summary() for t in timings]
-    for benchmark in (False, True):
-        fixed = [t for t in timings if t.benchmark == benchmark and len(set(t.sizes)) == 1]
-        varying = [t for t in timings if t.benchmark == benchmark and len(set(t.sizes)) > 1]
-        if fixed and varying:
-            c = verdict(fixed[0].step_ms, varying[0].step_ms, "ms", higher_is_better=False)
-            word = "noise, inside the spread" if c.noise else ("slower" if c.ratio > 1 else "faster")
-            lines.append(f"benchmark {'on' if benchmark else 'off'}: varying sizes take {c.ratio:.2f}x "
-                         f"the step time of fixed 32x32 ({word}); they carry "
-                         f"{mean_pixel_ratio(varying[0].sizes):.2f}x the pixels per image on average")
-    return "\n".join(lines)
 
 
 def plot_shape_timing(timings: list[ShapeTiming]):

@@ -9,6 +9,7 @@ Activation checkpointing (non-reentrant) keeps each segment's input and recomput
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -144,7 +145,7 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
     def step(record: bool) -> None:
         opt.zero_grad(set_to_none=set_to_none)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t) if record \
-                else _nothing(), torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                else nullcontext(), torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = nn.functional.cross_entropy(net(x), y)
         if record and dev.type == "cuda":
             synchronize(dev)
@@ -183,14 +184,6 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
         parameters_mb=_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=_bytes(state) / MiB,
         activations_mb=acts_mb, weight_copies_mb=_bytes(copies) / MiB, grads_held_between_steps_mb=held,
         recompute_mb=recompute, dtypes=dtypes, cuda=cuda)
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def _dtype_name(tensors) -> str:
@@ -279,15 +272,6 @@ def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool
     return Spread.of(times)
 
 
-def checkpoint_cost(plain: Spread, checkpointed: Spread) -> str:
-    from ..verdicts import verdict
-
-    c = verdict(plain, checkpointed, "ms", higher_is_better=False)
-    word = "noise: inside the spread" if c.noise else f"{c.ratio:.2f}x the step time"
-    return (f"step time {checkpointed.median:.1f} ms checkpointed vs {plain.median:.1f} ms (median; ranges "
-            f"{checkpointed.low:.1f}-{checkpointed.high:.1f} and {plain.low:.1f}-{plain.high:.1f}): {word}")
-
-
 # ---------------------------------------------------------------- C4 from the breakdown
 
 
@@ -312,8 +296,4 @@ def amp_pairs(model: str, batch_sizes: tuple[int, ...], amp: str, optimizer: str
     return {f"at batch {b}": (measure_breakdown(model, b, amp="off", optimizer=optimizer, device=device),
                               measure_breakdown(model, b, amp=amp, optimizer=optimizer, device=device))
             for b in batch_sizes}
-
-
-def share_of_activations(row: MemoryBreakdown) -> float:
-    return row.activations_mb / row.total_mb() if row.total_mb() else float("nan")
 

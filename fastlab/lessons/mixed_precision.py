@@ -22,7 +22,7 @@ from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, 
 from ..plots import data_note
 from ..results import RunResult
 from ..train import interleave
-from ..verdicts import runs_verdict, verdict
+from ..verdicts import verdict
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value rounds to exactly zero
 FP16_SMALLEST_NORMAL = float(torch.finfo(torch.float16).tiny)  # 2**-14: below it fp16 loses precision
@@ -128,28 +128,16 @@ def precision_report(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
-def gain_by_batch(results: list[RunResult]) -> dict[int, str]:
-    """For each batch size: the verdict of low precision against fp32 at that batch."""
-    out: dict[int, str] = {}
+def batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
+    """For each batch size: (its fp32 run, its low-precision run)."""
+    out = {}
     for batch in dict.fromkeys(int(r.config["batch_size"]) for r in results):
         pair = [r for r in results if int(r.config["batch_size"]) == batch]
         fp32 = [r for r in pair if r.config["amp"] == "off"]
         low = [r for r in pair if r.config["amp"] != "off"]
         if fp32 and low:
-            trap = " (a trap here: one short demonstration run)" if low[0].extras.get("trap") else ""
-            out[batch] = f"{low[0].config['amp']} vs fp32{trap}: {runs_verdict(fp32[0], low[0])}"
+            out[batch] = (fp32[0], low[0])
     return out
-
-
-def describe_precision(result: RunResult) -> str:
-    """The panel's advice line."""
-    text = f"final loss {final_loss(result):.3f}"
-    if result.grad_scale:
-        text += f"; GradScaler scale went {result.grad_scale[0]:g} to {result.grad_scale[-1]:g}"
-    if result.status == "time_limited":
-        text += (f"; stopped at its time budget: a median step took {median_step_seconds(result):.2f} s "
-                 "(low-precision autocast without fast kernels for it is slower, not faster)")
-    return text
 
 
 # ---------------------------------------------------------------- why fp16 needs GradScaler
@@ -443,7 +431,7 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
         findings[f"{dtype} at batch {batch}"] = Finding(f"does not hold here (quality lost: {lost})", "") if lost \
             else speed
         ratios[f"{dtype} at batch {batch}"] = _ratio(fp32, runs)
-    for b, pair in _batch_pairs(by_batch or []).items():
+    for b, pair in batch_pairs(by_batch or []).items():
         if b != batch:
             findings[f"{pair[1].config['amp']} at batch {b}"] = claims.verdict_speedup(pair[0], pair[1])
             ratios[f"{pair[1].config['amp']} at batch {b}"] = _ratio([pair[0]], [pair[1]])
@@ -461,17 +449,6 @@ C3_CLAIMED_LOW = 2.0  # the low end of C3's "up to 2-3x faster"
 
 def _ratio(base: list[RunResult], other: list[RunResult]) -> float:
     return verdict(claims.pooled_throughput(base), claims.pooled_throughput(other)).ratio
-
-
-def _batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
-    out = {}
-    for batch in dict.fromkeys(int(r.config["batch_size"]) for r in results):
-        pair = [r for r in results if int(r.config["batch_size"]) == batch]
-        fp32 = [r for r in pair if r.config["amp"] == "off"]
-        low = [r for r in pair if r.config["amp"] != "off"]
-        if fp32 and low:
-            out[batch] = (fp32[0], low[0])
-    return out
 
 
 def judge_memory(precision: list[RunResult], breakdown: Finding | None = None) -> Finding:
@@ -502,27 +479,20 @@ def judge_underflow(report: UnderflowReport, net: NetUnderflow | None = None) ->
     """C5: do gradients underflow in fp16 without the scaler, and does the scaler keep them? Decided by the
     demonstration (a regression built to underflow), so the verdict says so; `net`, when given, adds the share of
     the workbook net's own gradients that underflow in a real run."""
-    evidence = (f"in the demonstration (MSE over batch {report.output_grads // 10:,} x 10 outputs, targets fitted "
-                f"to a small residual, built to underflow): parameter gradients zero in fp16: "
-                f"{report.param_zero_unscaled:,} of {report.param_grads:,} without "
-                f"scaling, {report.param_zero_scaled:,} with GradScaler at {report.loss_scale:g}; output gradients: "
-                f"{report.output_zero_unscaled:,} and {report.output_zero_scaled:,} of {report.output_grads:,}")
-    f = _judge_demo(report, evidence)
-    if net is None:
-        return f
-    return Finding(f.verdict[:-1] + f"; in a real run of the workbook net, {net.share:.2%} of its parameter "
-                   f"gradients underflow without it)", f.evidence + "; " + net.summary())
-
-
-def _judge_demo(report: UnderflowReport, evidence: str) -> Finding:
-    lost, kept = report.param_zero_unscaled + report.output_zero_unscaled, \
-        report.param_zero_scaled + report.output_zero_scaled
+    r = report
+    evidence = (f"in the demonstration (MSE over batch {r.output_grads // 10:,} x 10 outputs, targets fitted to a small "
+                f"residual, built to underflow): parameter gradients zero in fp16: {r.param_zero_unscaled:,} of "
+                f"{r.param_grads:,} without scaling, {r.param_zero_scaled:,} with GradScaler at {r.loss_scale:g}; "
+                f"output gradients: {r.output_zero_unscaled:,} and {r.output_zero_scaled:,} of {r.output_grads:,}")
+    lost, kept = r.param_zero_unscaled + r.output_zero_unscaled, r.param_zero_scaled + r.output_zero_scaled
     if lost == 0:
-        return Finding("does not hold here (no gradient underflowed without the scaler in the demonstration)",
-                       evidence)
-    if kept >= lost:
-        return Finding("does not hold here (the scaler did not keep the gradients that underflowed in the "
-                       "demonstration)", evidence)
-    share = report.param_zero_unscaled / report.param_grads
-    return Finding(f"holds in a demonstration built to underflow ({share:.0%} of its parameter gradients underflow "
-                   f"to zero without the scaler; {'none' if kept == 0 else kept} with it)", evidence)
+        words = "does not hold here (no gradient underflowed without the scaler in the demonstration)"
+    elif kept >= lost:
+        words = "does not hold here (the scaler did not keep the gradients that underflowed in the demonstration)"
+    else:
+        words = (f"holds in a demonstration built to underflow ({r.param_zero_unscaled / r.param_grads:.0%} of its "
+                 f"parameter gradients underflow to zero without the scaler; {'none' if kept == 0 else kept} with it)")
+    if net is None:
+        return Finding(words, evidence)
+    return Finding(words[:-1] + f"; in a real run of the workbook net, {net.share:.2%} of its parameter gradients "
+                   f"underflow without it)", evidence + "; " + net.summary())
