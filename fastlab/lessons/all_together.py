@@ -50,11 +50,10 @@ def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 def top_index(results: list[RunResult]) -> int:
     """Index of the top of the ladder: the last rung that was kept and has a timed window."""
-    for i in range(len(results) - 1, -1, -1):
-        r = results[i]
-        if not r.extras.get("dropped") and r.window_throughput:
-            return i
-    raise ValueError("no rung of the ladder finished a timed window: there is no top to build on")
+    kept = [i for i, r in enumerate(results) if not r.extras.get("dropped") and r.window_throughput]
+    if not kept:
+        raise ValueError("no rung of the ladder finished a timed window: there is no top to build on")
+    return kept[-1]
 
 
 def top_config(results: list[RunResult]) -> TrainConfig:
@@ -234,25 +233,17 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
     tta = _by_rung(ttas)
     out = []
     for i, r in enumerate(results):
-        name = r.extras.get("rung")
-        if name not in tta or i == 0:
+        name, below = r.extras.get("rung"), built_on(results, i)
+        if name not in tta or below is None or not (r.window_throughput and below.window_throughput):
             continue
-        below = built_on(results, i)
-        if below is None or not (r.window_throughput and below.window_throughput):
+        per_image, base = verdict(below.throughput, r.throughput), _tta_below(ttas, tta[name][0])
+        if not per_image.better or base is None:
             continue
-        per_image = verdict(below.throughput, r.throughput)
-        if not per_image.better:
-            continue
-        speed = per_image.ratio
-        j, t = tta[name]
-        base = _tta_below(ttas, j)
-        if base is None:
-            continue
-        to_target = tta_verdict(base, t)
+        to_target = tta_verdict(base, tta[name][1])
         if to_target.faster or not to_target.told or (to_target.seconds is not None and to_target.seconds.noise):
             continue
-        out.append((r.label, f"{speed:.2f}x images/s over the rung it built on, but to the target: "
-                              f"{to_target.plain}"))
+        out.append((r.label, f"{per_image.ratio:.2f}x images/s over the rung it built on, but to the target: "
+                             f"{to_target.plain}"))
     return out
 
 
