@@ -7,6 +7,7 @@ touches every variant alike), and differs from the one before by one change.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -271,10 +272,7 @@ def plot_panel(results: list[RunResult], title: str = ""):
     ax_l, ax_t, ax_m = fig.subplots(1, 3, gridspec_kw={"width_ratios": [2.2, 1.2, 1]})
     labels = []
     for i, r in enumerate(results):
-        elapsed, t = [], 0.0
-        for sec in r.step_seconds:
-            t += sec
-            elapsed.append(t)
+        elapsed = list(itertools.accumulate(r.step_seconds))
         if r.losses and elapsed:
             ax_l.plot([elapsed[min(s, len(elapsed) - 1)] for s, _ in r.losses], [v for _, v in r.losses],
                       color=f"C{i % 10}", label=r.label)
