@@ -53,8 +53,7 @@ def test_profiles_choose_rungs_and_seeds(smoke, monkeypatch):
     assert at.tta_rung_names(cpu) == ["naive", "fused_adamw", "large_batch"] and len(at.tta_seeds(cpu)) >= 3
     skipped = at.tta_skipped(smoke)
     assert "workers" in skipped and "smoke" in skipped["all_on"] and "fused_adamw" not in skipped
-    plan = "\n".join(at.tta_plan(smoke))
-    assert "3 rungs x 2 seeds" in plan and at.EVERY_RUNG in plan
+    assert at.EVERY_RUNG in skipped["workers"] and len(at.tta_seeds(smoke)) < len(at.DEFAULT_TTA_SEEDS)
     assert "cpu" in at.tta_skipped(cpu)["workers"] and at.EVERY_RUNG in at.tta_skipped(cpu)["workers"]
     # ...and every rung when asked for the thorough version (smoke stays short)
     monkeypatch.setenv("FASTLAB_THOROUGH", "1")
@@ -207,8 +206,7 @@ def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch
     monkeypatch.setenv("FASTLAB_THOROUGH", "1")  # every rung measured: the cpu profile's thorough version
     out = at.run_tta(results, fastlab.config_for("cpu", device="cpu"), progress=False)
     assert [t.label for t in out] == ["+naive", "+channels_last"]
-    assert "cudnn: time to accuracy not measured: every change" in "\n".join(
-        at.tta_skip_lines(results, fastlab.config_for("cpu")))
+    assert at.tta_not_measured(results, fastlab.config_for("cpu"))["cudnn"].startswith("every change")
     fig = at.plot_speed_and_outcome(results, out)
     assert "no-op here" in [t.get_text() for t in fig.axes[1].texts]
 

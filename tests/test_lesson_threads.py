@@ -3,6 +3,7 @@ import sys
 import pytest
 import torch
 
+import fastlab
 from fastlab.lessons import threads as T
 from fastlab.results import RunResult
 
@@ -12,14 +13,13 @@ def fake(where, speed, switches=1.0):
                      extras={"where": where, "torch_threads": 2, "switches_per_step": switches})
 
 
-def test_the_demo_runs_both_ways_alternately_and_describes_what_it_measured(quick):
+def test_the_demo_runs_both_ways_alternately_and_records_what_it_measured(quick):
     results = T.thread_effect(quick, progress=False, repeats=1)
     assert [r.extras["where"] for r in results] == ["main", "thread"]
     assert all(r.status == "ok" and r.extras["comparison"] == T.THREADS for r in results)
     assert all(r.extras["torch_threads"] == torch.get_num_threads() for r in results)
-    text = T.describe_thread_effect(results)
-    assert text.startswith("In a new thread: ") and ("Noise" in text or "outside the noise" in text)
-    assert "Voluntary context switches per step" in text
+    assert all(r.extras["switches_per_step"] >= 0 for r in results)
+    assert fastlab.runs_verdict(*T.split_by_thread(results), interleaved=True).comparable
 
 
 def test_the_two_threads_take_turns(quick, monkeypatch):
@@ -30,13 +30,13 @@ def test_the_two_threads_take_turns(quick, monkeypatch):
 
 
 def test_the_verdict_comes_from_the_numbers():
+    """Notebook 08 prints this verdict: the new thread's runs against this thread's, paired in turns."""
     slower = [fake("main", 3000, 1), fake("thread", 2200, 140), fake("main", 3100, 1), fake("thread", 2300, 150)]
-    text = T.describe_thread_effect(slower)
-    assert "The new thread ran at 0.74x this thread's speed, outside the noise" in text
-    assert "145 in the new thread, 1 in this one" in text
+    v = fastlab.runs_verdict(*T.split_by_thread(slower), interleaved=True)
+    assert v.direction == "worse" and f"{v.ratio:.2f}" == "0.74"
     same = [fake("main", 3000), fake("thread", 3030), fake("main", 2990), fake("thread", 2980)]
-    assert "Noise:" in T.describe_thread_effect(same)
-    assert T.describe_thread_effect(same[:1]) == "Not enough finished runs to compare the two threads."
+    assert fastlab.runs_verdict(*T.split_by_thread(same), interleaved=True).noise
+    assert not fastlab.runs_verdict(*T.split_by_thread(same[:1]), interleaved=True).comparable
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info()

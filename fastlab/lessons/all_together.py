@@ -50,45 +50,15 @@ def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 def top_index(results: list[RunResult]) -> int:
     """Index of the top of the ladder: the last rung that was kept and has a timed window."""
-    for i in range(len(results) - 1, -1, -1):
-        r = results[i]
-        if not r.extras.get("dropped") and r.window_throughput:
-            return i
-    raise ValueError("no rung of the ladder finished a timed window: there is no top to build on")
+    kept = [i for i, r in enumerate(results) if not r.extras.get("dropped") and r.window_throughput]
+    if not kept:
+        raise ValueError("no rung of the ladder finished a timed window: there is no top to build on")
+    return kept[-1]
 
 
 def top_config(results: list[RunResult]) -> TrainConfig:
     """The configuration at the top of the ladder (every kept technique on)."""
     return TrainConfig.from_dict(results[top_index(results)].config)
-
-
-def summary_lines(results: list[RunResult]) -> list[str]:
-    """What the ladder measured, rung by rung, each figure computed from the results."""
-    if not results or not results[0].window_throughput:
-        return ["The naive rung did not finish a timed window: nothing to compare against."]
-    naive = results[0]
-    lines = [f"naive: {naive.throughput.median:,.0f} images/s (min {naive.throughput.low:,.0f}, "
-             f"max {naive.throughput.high:,.0f}), peak memory {naive.peak_memory_mb:,.0f} MiB"]
-    below = naive
-    for r in results[1:]:
-        if not r.window_throughput:
-            lines.append(f"{r.label}: {r.status} ({r.error or 'no timed window finished'})")
-        else:
-            step = verdict(below.throughput, r.throughput)
-            total = verdict(naive.throughput, r.throughput).ratio
-            lines.append(f"{r.label}: {total:.2f}x naive; over the rung it was built on: {step}; "
-                         f"peak memory {r.peak_memory_mb:,.0f} MiB")
-        if r.extras.get("dropped"):
-            lines.append(f"    dropped from the rungs above: {r.extras['dropped']}")
-        elif r.status != "no_op":  # a rung not trained (every change a no-op here) measured nothing to build on
-            below = r
-    top = results[top_index(results)]
-    lines.append(f"top of the ladder ({top.label}): {verdict(naive.throughput, top.throughput)}")
-    kind = (naive.memory_kind or "memory").replace("_", " ")
-    lines.append(f"peak memory, {kind}: {naive.peak_memory_mb:,.0f} MiB naive -> {top.peak_memory_mb:,.0f} MiB "
-                 f"at the top ({top.peak_memory_mb / naive.peak_memory_mb:.2f}x)" if naive.peak_memory_mb else
-                 "peak memory was not measured")
-    return lines
 
 
 def total_speedup(results: list[RunResult]) -> float:
@@ -114,20 +84,6 @@ def reference_ladders() -> dict[str, list[RunResult]]:
     return out
 
 
-def beside_reference(results: list[RunResult], reference: dict[str, list[RunResult]] | None = None) -> list[str]:
-    """This machine's ladder beside each bundled reference ladder (default reference_ladders()): lines to print."""
-    reference = reference_ladders() if reference is None else reference
-    here = results[0].env.get("device_name", "this machine")
-    lines = [f"here ({here}): top of the ladder {total_speedup(results):.2f}x the naive rung, "
-             f"{results[top_index(results)].throughput.median:,.0f} images/s"]
-    for device, ref in reference.items():
-        top = ref[top_index(ref)]
-        lines.append(f"{device} ({ref[0].env.get('date', '?')}, model {ref[0].config.get('model')}): top of the "
-                     f"ladder {total_speedup(ref):.2f}x its naive rung, {top.throughput.median:,.0f} images/s "
-                     f"({top.label})")
-    return lines
-
-
 def checklist(results: list[RunResult], base: TrainConfig,
               reference: dict[str, list[RunResult]] | None = None,
               tta: list[TimeToAccuracy] | None = None) -> list[ChecklistRow]:
@@ -136,9 +92,7 @@ def checklist(results: list[RunResult], base: TrainConfig,
 
     reference = reference_ladders() if reference is None else reference
     return build_checklist(results, techniques_here(resolve_device(base.device)), reference, skipped_rungs(base),
-                           tta=tta, tta_skipped={**tta_skipped(base), **{r.extras["rung"]: r.extras["tta_skipped"]
-                                                                         for r in results if r.extras.get("tta_skipped")}}
-                           if tta else None)
+                           tta=tta, tta_skipped=tta_not_measured(results, base) if tta else None)
 
 
 def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
@@ -161,20 +115,6 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
                 run(top.replace(**changes), label=f"top + {name}", progress=progress)]
         out.append((by_name[name].title, pair))
     return out
-
-
-def retest_lines(retests: list[tuple[str, list[RunResult]]]) -> list[str]:
-    if not retests:
-        return ["No rung was dropped on this machine: nothing to retest on top of the ladder."]
-    lines = []
-    for title, (top, changed) in retests:
-        if not (top.window_throughput and changed.window_throughput):
-            lines.append(f"{title} on top of the ladder: {changed.status} ({changed.error})")
-            continue
-        c = verdict(top.throughput, changed.throughput)
-        lines.append(f"{title} on top of the ladder: {c}"
-                     + (" -> it pays once the rest is on" if c.better else " -> still no measurable gain here"))
-    return lines
 
 
 def panel_knobs(base: TrainConfig, results: list[RunResult]) -> dict[str, Any]:
@@ -232,24 +172,6 @@ def tta_skipped(base: TrainConfig) -> dict[str, str]:
     return out
 
 
-def tta_plan(base: TrainConfig) -> list[str]:
-    """What the time-to-accuracy ladder will run, and why, as lines to print."""
-    names = tta_rung_names(base)
-    seeds = tta_seeds(base)
-    lines = [f"time to accuracy: {len(names)} rungs x {len(seeds)} seeds ({', '.join(names)}), each rung with "
-             f"exactly the configuration the throughput ladder ran"]
-    if _tta_only(base):
-        lines.append(f"under the {base.profile} profile only naive, the checklist's stack (fused_adamw: where AdamW, "
-                     f"C15's last technique, joins) and the larger batch (without a learning-rate change) are "
-                     f"measured to the target, to keep the notebook short; {EVERY_RUNG}")
-    if len(seeds) < len(DEFAULT_TTA_SEEDS):
-        lines.append(f"{len(seeds)} seeds under the {base.profile} profile for the same reason; the cpu and gpu "
-                     f"profiles use {len(DEFAULT_TTA_SEEDS)}")
-    for name, why in skipped_rungs(base).items():
-        lines.append(f"{name}: {why}")
-    return lines
-
-
 def noop_rung(results: list[RunResult], index: int) -> str | None:
     """Why results[index] computes exactly what the rung it built on does (every change a no-op here), or None."""
     r, below = results[index], built_on(results, index)
@@ -289,11 +211,10 @@ def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) 
     return out
 
 
-def tta_skip_lines(results: list[RunResult], base: TrainConfig) -> list[str]:
-    """The rungs whose time to accuracy was not measured, each with why."""
-    skipped = {**tta_skipped(base), **{r.extras["rung"]: r.extras["tta_skipped"] for r in results
-                                       if r.extras.get("tta_skipped")}}
-    return [f"{name}: time to accuracy not measured: {why}" for name, why in skipped.items()]
+def tta_not_measured(results: list[RunResult], base: TrainConfig) -> dict[str, str]:
+    """Rung name -> why its time to accuracy was not measured: the profile's choice, or every change a no-op."""
+    return {**tta_skipped(base), **{r.extras["rung"]: r.extras["tta_skipped"] for r in results
+                                    if r.extras.get("tta_skipped")}}
 
 
 def _by_rung(ttas: list[TimeToAccuracy]) -> dict[str, tuple[int, TimeToAccuracy]]:
@@ -312,25 +233,17 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
     tta = _by_rung(ttas)
     out = []
     for i, r in enumerate(results):
-        name = r.extras.get("rung")
-        if name not in tta or i == 0:
+        name, below = r.extras.get("rung"), built_on(results, i)
+        if name not in tta or below is None or not (r.window_throughput and below.window_throughput):
             continue
-        below = built_on(results, i)
-        if below is None or not (r.window_throughput and below.window_throughput):
+        per_image, base = verdict(below.throughput, r.throughput), _tta_below(ttas, tta[name][0])
+        if not per_image.better or base is None:
             continue
-        per_image = verdict(below.throughput, r.throughput)
-        if not per_image.better:
-            continue
-        speed = per_image.ratio
-        j, t = tta[name]
-        base = _tta_below(ttas, j)
-        if base is None:
-            continue
-        to_target = tta_verdict(base, t)
+        to_target = tta_verdict(base, tta[name][1])
         if to_target.faster or not to_target.told or (to_target.seconds is not None and to_target.seconds.noise):
             continue
-        out.append((r.label, f"{speed:.2f}x images/s over the rung it built on, but to the target: "
-                              f"{to_target.plain}"))
+        out.append((r.label, f"{per_image.ratio:.2f}x images/s over the rung it built on, but to the target: "
+                             f"{to_target.plain}"))
     return out
 
 
@@ -509,35 +422,27 @@ def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compa
     return [eager, compiled]
 
 
-def _final_loss(r: RunResult) -> str:
-    return f"{r.losses[-1][1]:.3f}" if r.losses else "none read"
-
-
 def describe_compile_check(runs: list[RunResult], base: TrainConfig | None = None) -> str:
-    """What the check saw, from the runs' statuses: whether compile + bf16 diverged here while eager did not."""
+    """Each run's status and last loss, then whether compile + bf16 diverged here while eager bf16 did not."""
     if not runs:
         where = device_name(resolve_device(base.device)) if base is not None else "this device"
         return f"not checked: {where} has no native bf16, so the bf16 case does not arise here"
     eager, compiled = runs
-    env = compiled.env
-    n = compiled.steps_done
+    lines = [f"{r.label}: {r.status}" + (f" at step {r.diverged_step} (last finite loss {r.last_finite_loss:.3f})"
+                                         if r.status == "diverged" and r.last_finite_loss is not None else "")
+             + (f", last loss read {r.losses[-1][1]:.3f}" if r.losses else ", no loss read") for r in runs]
+    if compiled.step_seconds:
+        lines[1] += f"; its first step (compilation included) took {compiled.step_seconds[0]:.1f} s"
+    env, n = compiled.env, compiled.steps_done
     where = (f"torch {env.get('torch', '?')} on {env.get('device_name', '?')}, model {compiled.config.get('model')}, "
              f"{n} step{'' if n == 1 else 's'} of the compiled run")
-    first = (f"; its first step (compilation included) took {compiled.step_seconds[0]:.1f} s"
-             if compiled.step_seconds else "")
-    lines = [f"{eager.label}: {eager.status}, last loss read {_final_loss(eager)}",
-             f"{compiled.label}: {compiled.status}"
-             + (f" at step {compiled.diverged_step} (last finite loss {compiled.last_finite_loss:.3f})"
-                if compiled.status == "diverged" and compiled.last_finite_loss is not None else "")
-             + f", last loss read {_final_loss(compiled)}{first}"]
     if compiled.status == "failed":
-        lines.append(f"-> torch.compile failed here ({compiled.error}): the case could not be checked ({where})")
-    elif compiled.status == "diverged" and eager.status != "diverged":
-        lines.append(f"-> it reproduces here: torch.compile + bf16 diverged while bf16 in eager mode did not ({where})")
+        said = f"torch.compile failed here ({compiled.error}): the case could not be checked"
     elif compiled.status == "diverged":
-        lines.append(f"-> both diverged here: the divergence is not torch.compile's on this machine ({where})")
+        said = ("both diverged here: the divergence is not torch.compile's" if eager.status == "diverged" else
+                "it reproduces here: torch.compile + bf16 diverged while bf16 in eager mode did not")
     elif eager.status == "diverged":
-        lines.append(f"-> bf16 eager diverged and the compiled run did not: not the case reported ({where})")
+        said = "bf16 eager diverged and the compiled run did not: not the case reported"
     else:
-        lines.append(f"-> it does not reproduce here: both stayed finite ({where}); your torch may carry the fix")
-    return "\n".join(lines)
+        said = "it does not reproduce here: both stayed finite; your torch may carry the fix"
+    return "\n".join([*lines, f"-> {said} ({where})"])

@@ -7,6 +7,7 @@ touches every variant alike), and differs from the one before by one change.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +16,14 @@ import torch
 
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import CHOICES, TrainConfig, as_run_here, tta_settings
+from ..config import CHOICES, TrainConfig, as_run_here
 from ..measure import Spread, resolve_device, synchronize
 from ..models import build_model
-from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_finding, tta_groups, tta_verdict
-from ..plots import data_note  # the same "SYNTHETIC data on <device>" note as every fastlab plot
+from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_finding, tta_groups
+from ..plots import data_note
 from ..results import RunResult
 from ..train import sweep
 from ..training import make_optimizer
-from ..verdicts import verdict
 
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
@@ -117,8 +117,6 @@ def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunRe
     return runs
 
 
-
-
 def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
     """'More stably', as far as a few seeds tell: seeds diverged or missing the target, and their steps' range."""
     def one(t: TimeToAccuracy) -> str:
@@ -172,17 +170,6 @@ def judge_c12_results(results: list[RunResult]) -> Finding:
     return judge_c12(tta_groups(results))
 
 
-def describe_changes(ttas: list[TimeToAccuracy]) -> str:
-    """Each variant's time to accuracy, and what its one change did against the variant before it."""
-    lines = []
-    for i, t in enumerate(ttas):
-        change = t.runs[0].extras.get("change", "") if t.runs else ""
-        lines.append(f"{t.summary()}\n    change: {change}")
-        if i:
-            lines.append(f"    against {ttas[i - 1].label}: {tta_verdict(ttas[i - 1], t, steps_too=True).plain}")
-    return "\n".join(lines)
-
-
 def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
     """Held-out accuracy against training seconds, one line per seed, one colour per variant, the target dashed."""
     from ..plots import ShownFigure as Figure
@@ -230,11 +217,6 @@ def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = S
     return out
 
 
-def tta_step_budget(base: TrainConfig) -> int:
-    """The steps a time-to-accuracy run may take (the length its schedule is laid over)."""
-    return int(tta_settings(base)["max_steps"])
-
-
 def plot_lr_schedules(schedules: dict[str, list[float]], marks: dict[str, float] | None = None, title: str = ""):
     """Each schedule's learning rate over the steps; marks: label -> step (e.g. the median step a variant reached
     its target), drawn as vertical lines."""
@@ -271,16 +253,6 @@ def optimizer_state_bytes(base: TrainConfig, name: str | None = None) -> tuple[i
     return params, state
 
 
-def describe_state(base: TrainConfig, names: tuple[str, ...] = tuple(OPTIMIZER_PRESETS)) -> str:
-    """Each optimiser's state beside the model's parameters, counted from the tensors."""
-    lines = []
-    for name in names:
-        params, state = optimizer_state_bytes(base, name)
-        lines.append(f"{name}: optimiser state {state / 2**20:.3f} MiB for {params / 2**20:.3f} MiB of parameters "
-                     f"({state / params:.2f}x the parameters), model {base.model}")
-    return "\n".join(lines)
-
-
 def describe_run(result: RunResult) -> str:
     """The panel's line under the plot: speed, memory, the optimiser state, accuracy labelled as one run."""
     cfg = TrainConfig.from_dict(result.config)
@@ -299,10 +271,7 @@ def plot_panel(results: list[RunResult], title: str = ""):
     ax_l, ax_t, ax_m = fig.subplots(1, 3, gridspec_kw={"width_ratios": [2.2, 1.2, 1]})
     labels = []
     for i, r in enumerate(results):
-        elapsed, t = [], 0.0
-        for sec in r.step_seconds:
-            t += sec
-            elapsed.append(t)
+        elapsed = list(itertools.accumulate(r.step_seconds))
         if r.losses and elapsed:
             ax_l.plot([elapsed[min(s, len(elapsed) - 1)] for s, _ in r.losses], [v for _, v in r.losses],
                       color=f"C{i % 10}", label=r.label)
@@ -331,17 +300,6 @@ def plot_panel(results: list[RunResult], title: str = ""):
 def opt_impls(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """AdamW with a for-loop, foreach and fused optimiser step (the step's share is sampled in warm-up)."""
     return sweep("opt_impl", list(OPT_IMPLS), preset(base, "adamw"), progress=progress)
-
-
-def describe_sampled_share(results: list[RunResult]) -> str:
-    """The optimiser step's share of a step as every run samples it in warm-up (a few synchronised steps)."""
-    lines = []
-    for r in results:
-        ms = Spread.of([1000 * s for s in r.optimizer_step_seconds])
-        note = f" (no-op: {r.no_ops['opt_impl']})" if "opt_impl" in r.no_ops else ""
-        lines.append(f"{r.label}: optimizer.step() {ms.median:.2f} ms (min {ms.low:.2f}, max {ms.high:.2f}, "
-                     f"{ms.n} sampled warm-up steps), {r.optimizer_share():.0%} of a step{note}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ optimizer.step() alone
@@ -392,22 +350,6 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
 
 def benchmark_opt_impls(base: TrainConfig, impls: tuple[str, ...] = OPT_IMPLS, repeats: int = 30) -> list[StepTiming]:
     return [time_optimizer_step(base, impl, repeats) for impl in impls]
-
-
-def describe_step_timings(timings: list[StepTiming]) -> str:
-    """Each implementation's step time; each against the first (noise when inside the spread)."""
-    lines = []
-    first = timings[0] if timings else None
-    for t in timings:
-        s = t.steps_per_second
-        line = (f"{t.optimizer} {t.impl}: {t.milliseconds:.2f} ms per optimizer.step() (median; min "
-                f"{1000 / s.high:.2f}, max {1000 / s.low:.2f}; {s.n} repeats, {t.params} parameter tensors)")
-        if t.no_op:
-            line += f"\n    no-op here: {t.no_op}"
-        if first is not None and t is not first:
-            line += f"\n    against {first.impl}: {verdict(first.steps_per_second, s, 'steps/s')}"
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def plot_step_timings(timings: list[StepTiming], device_name: str = ""):

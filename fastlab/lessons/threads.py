@@ -9,7 +9,6 @@ runs every run in a fresh process (fastlab.isolation).
 from __future__ import annotations
 
 import resource
-import statistics
 import threading
 from typing import Any
 
@@ -19,7 +18,7 @@ from ..config import TrainConfig
 from ..harness import TrainingRun
 from ..isolation import exclusive_run
 from ..results import RunResult
-from ..verdicts import runs_verdict, turns, verdict
+from ..verdicts import turns
 
 THREADS = "08_profiling:threads"
 WHERE = {"main": "the calling thread (a notebook cell's own thread)", "thread": "a new threading.Thread"}
@@ -75,33 +74,7 @@ def thread_effect(base: TrainConfig, progress: bool = True, repeats: int = 2) ->
 
 
 def split_by_thread(results: list[RunResult]) -> tuple[list[RunResult], list[RunResult]]:
+    """The runs that finished a timed window: (in this thread, in a new one)."""
     main = [r for r in results if r.extras.get("where") == "main" and r.window_throughput]
     other = [r for r in results if r.extras.get("where") == "thread" and r.window_throughput]
     return main, other
-
-
-def describe_thread_effect(results: list[RunResult]) -> str:
-    """The verdict from the measurement: the new thread's speed against this thread's, pair by pair."""
-    main, other = split_by_thread(results)
-    if not main or not other:
-        return "Not enough finished runs to compare the two threads."
-    ratios = [verdict(m.throughput, o.throughput).ratio for m, o in zip(main, other)]
-    pooled = runs_verdict(main, other, interleaved=True)  # noise unless every pair shows the same difference
-    main_all, other_all, ratio = pooled.base, pooled.other, pooled.ratio
-    noise = pooled.direction in ("noise", "not_comparable")
-    pairs = ", ".join(f"{r:.2f}x" for r in ratios)
-    head = (f"In a new thread: {other_all.median:,.0f} images/s; in this thread: {main_all.median:,.0f} "
-            f"(median over {len(other)} and {len(main)} runs; pair by pair {pairs}). ")
-    if noise:
-        said = ("Noise: on this machine, with this config, the thread a run executes in makes no difference "
-                   "outside the spread. ")
-    else:
-        said = (f"The new thread ran at {ratio:.2f}x this thread's speed, outside the noise: "
-                   "compare only runs made the same way. ")
-    switches = (f"Voluntary context switches per step (threads going to sleep): "
-                f"{statistics.median(r.extras['switches_per_step'] for r in other):,.0f} in the new thread, "
-                f"{statistics.median(r.extras['switches_per_step'] for r in main):,.0f} in this one. ")
-    threads = {r.extras.get("torch_threads") for r in main + other}
-    team = (f"torch.get_num_threads() was {threads.pop()} in both, so the team size is not the difference."
-            if len(threads) == 1 else f"torch.get_num_threads() differed: {sorted(threads)}.")
-    return head + said + switches + team
