@@ -329,18 +329,16 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
     parity check against eager: the same top-1 class on every image, logits within PARITY_TOLERANCE)."""
     ts_words = [m for messages in torchscript.values() for m in messages]
     deprecated = [m for m in ts_words if "deprecat" in m.lower()]
-    findings = {}
-    if deprecated:
-        findings["the route is TorchScript"] = Finding(
-            "does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
-    else:
-        findings["the route is TorchScript"] = Finding("holds (this PyTorch gives no deprecation warning)",
-                                                       "; ".join(ts_words) or "no warning")
     onnx = next(r for r in comparison.runtimes if r.name == "onnxruntime")
     ok = onnx.parity.top1_agreement == 1.0 and onnx.parity.max_abs_diff <= PARITY_TOLERANCE
-    findings["the route is ONNX (through torch.export)"] = Finding(
-        "holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)", str(onnx.parity))
-    combined = claims.verdict_conditions(findings)
+    combined = claims.verdict_conditions({
+        "the route is TorchScript":
+            Finding("does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
+            if deprecated else Finding("holds (this PyTorch gives no deprecation warning)",
+                                       "; ".join(ts_words) or "no warning"),
+        "the route is ONNX (through torch.export)":
+            Finding("holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)",
+                    str(onnx.parity))})
     return Finding(combined.verdict, combined.evidence)
 
 
