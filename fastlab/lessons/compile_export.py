@@ -260,9 +260,6 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-RUNTIME_FILES = {"eager PyTorch": "state_dict", "torch.export program": "torch.export", "onnxruntime": "onnx"}
-
-
 def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repeats: int = 20,
                       warmup: int = 3) -> ExportComparison:
     """Export `net` (torch.export, then ONNX) and compare the three runtimes on `batch`. Memory is each one's RSS rise
@@ -274,7 +271,7 @@ def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repea
     builders = {"eager PyTorch": lambda: net.cpu().eval(),
                 "torch.export program": lambda: exported.program.module(),
                 "onnxruntime": lambda: onnx_runner(onnx_session(exported.files["onnx"]))}
-    keep = []
+    keep = []  # each stays alive, so the next one's RSS rise is its own
     for name, build in builders.items():
         before = _rss_mb()
         fn = build()
