@@ -5,7 +5,6 @@ Compile time lands in the harness's untimed warm-up (RunResult.warmup_seconds); 
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,18 +29,13 @@ COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 
 def modes_plan(base: TrainConfig) -> tuple[list[str], dict[str, str]]:
     """Which compile modes this profile runs, and why each other one is not run."""
-    cuda = resolve_device(base.device).type == "cuda"
     if base.profile == "smoke":
-        skipped = {
-            "max-autotune": "not run under the smoke profile: it benchmarks many kernel variants while compiling "
-                            "(minutes on a CPU); it runs under the cpu and gpu profiles",
-            "reduce-overhead": "not run under the smoke profile: it adds CUDA graphs to the default compile; "
-                               "it runs under the cpu profile (a recorded no-op there) and the gpu profile",
-        }
-        return ["off", "default"], skipped
-    note = {} if cuda else {"reduce-overhead": "runs, but CUDA graphs need a CUDA GPU: here it compiles like "
-                                               "default (the result records the no-op)"}
-    return list(COMPILE_MODES), note
+        return ["off", "default"], {
+            "max-autotune": "not under smoke: it benchmarks many kernel variants while compiling (minutes on a CPU)",
+            "reduce-overhead": "not under smoke: it adds CUDA graphs to default (a recorded no-op without CUDA)"}
+    cuda = resolve_device(base.device).type == "cuda"
+    return list(COMPILE_MODES), {} if cuda else {
+        "reduce-overhead": "runs, but CUDA graphs need a CUDA GPU: here it compiles like default (a recorded no-op)"}
 
 
 def mode_config(base: TrainConfig, mode: str) -> TrainConfig:
@@ -71,7 +65,7 @@ def step_ms(result: RunResult) -> float:
 
 def compile_summary(results: list[RunResult]) -> str:
     """Per compiled run: compile cost (its warm-up seconds - eager's), steady-state verdict, and break-even steps
-    (compile cost / the saving per step, when compiled is faster)."""
+    (compile cost / the saving per step, when compiled is measurably faster)."""
     if not results or results[0].config.get("compile") != "off":
         raise ValueError("results[0] must be the eager run (compile='off') that the others are measured against")
     eager = results[0]
@@ -81,22 +75,14 @@ def compile_summary(results: list[RunResult]) -> str:
         if not r.window_throughput:
             lines.append(f"{r.label}: no steady-state window finished ({r.status}: {r.error})")
             continue
-        cost = r.warmup_seconds - eager.warmup_seconds
-        steady = verdict(eager.throughput, r.throughput)
-        line = (f"{r.label}: compile cost about {cost:.1f} s (warm-up {r.warmup_seconds:.1f} s vs eager's "
-                f"{eager.warmup_seconds:.1f} s); steady state: {steady}")
+        cost, steady = r.warmup_seconds - eager.warmup_seconds, verdict(eager.throughput, r.throughput)
         saving = step_ms(eager) - step_ms(r)
-        if steady.single_pair:
-            line += "; one run each, one after the other: whether the compile pays back cannot be told from drift"
-        elif steady.noise:
-            line += "; the steady-state gain is inside the spread, so the compile does not pay back here"
-        elif saving > 0:
-            line += f"; pays back its compile after about {1000 * cost / saving:,.0f} steps"
-        else:
-            line += "; slower in steady state, so the compile never pays back at this size"
-        if r.no_ops:
-            line += "; no-op here: " + "; ".join(f"{k}: {v}" for k, v in r.no_ops.items())
-        lines.append(line)
+        pays = ("one run each, one after the other: whether the compile pays back cannot be told from drift"
+                if steady.single_pair else "the gain is inside the spread, so the compile does not pay back here"
+                if steady.noise else f"pays back its compile after about {1000 * cost / saving:,.0f} steps"
+                if saving > 0 else "slower in steady state, so the compile never pays back at this size")
+        lines.append(f"{r.label}: compile cost about {cost:.1f} s (warm-up {r.warmup_seconds:.1f} s); "
+                     f"steady state: {steady}; {pays}")
     return "\n".join(lines)
 
 
@@ -142,12 +128,6 @@ class RecompileResult:
     @property
     def recompiles(self) -> int:
         return max(self.graphs - 1, 0)
-
-    def summary(self) -> str:
-        steady = statistics.median(self.steady_step_seconds) if self.steady_step_seconds else float("nan")
-        return (f"{self.variant:<24} graphs compiled {self.graphs} (recompiles {self.recompiles}); "
-                f"batch sizes seen {self.batch_sizes}; {sum(self.compile_step_seconds):.2f} s in the steps that "
-                f"compiled, steady step {1000 * steady:.1f} ms (median); {self.images_trained} images trained")
 
 
 def _batches(variant: str, loader: DeviceLoader, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -218,13 +198,6 @@ def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", ep
     return result
 
 
-def recompile_backend(cfg: TrainConfig) -> tuple[str, str]:
-    """The backend for the recompile demo on this config, and why."""
-    where = "Triton" if resolve_device(cfg.device).type == "cuda" else "C++"
-    return "eager", (f"dynamo captures and guards as usual but generates no code: the same graph count, without "
-                     f"a {where} compile per graph (pass backend='inductor' to recompile_demo to time real ones)")
-
-
 # ------------------------------------------------------------------ export
 
 
@@ -287,9 +260,6 @@ def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-RUNTIME_FILES = {"eager PyTorch": "state_dict", "torch.export program": "torch.export", "onnxruntime": "onnx"}
-
-
 def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repeats: int = 20,
                       warmup: int = 3) -> ExportComparison:
     """Export `net` (torch.export, then ONNX) and compare the three runtimes on `batch`. Memory is each one's RSS rise
@@ -301,7 +271,7 @@ def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repea
     builders = {"eager PyTorch": lambda: net.cpu().eval(),
                 "torch.export program": lambda: exported.program.module(),
                 "onnxruntime": lambda: onnx_runner(onnx_session(exported.files["onnx"]))}
-    keep = []
+    keep = []  # each stays alive, so the next one's RSS rise is its own
     for name, build in builders.items():
         before = _rss_mb()
         fn = build()
@@ -356,18 +326,16 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
     parity check against eager: the same top-1 class on every image, logits within PARITY_TOLERANCE)."""
     ts_words = [m for messages in torchscript.values() for m in messages]
     deprecated = [m for m in ts_words if "deprecat" in m.lower()]
-    findings = {}
-    if deprecated:
-        findings["the route is TorchScript"] = Finding(
-            "does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
-    else:
-        findings["the route is TorchScript"] = Finding("holds (this PyTorch gives no deprecation warning)",
-                                                       "; ".join(ts_words) or "no warning")
     onnx = next(r for r in comparison.runtimes if r.name == "onnxruntime")
     ok = onnx.parity.top1_agreement == 1.0 and onnx.parity.max_abs_diff <= PARITY_TOLERANCE
-    findings["the route is ONNX (through torch.export)"] = Finding(
-        "holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)", str(onnx.parity))
-    combined = claims.verdict_conditions(findings)
+    combined = claims.verdict_conditions({
+        "the route is TorchScript":
+            Finding("does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
+            if deprecated else Finding("holds (this PyTorch gives no deprecation warning)",
+                                       "; ".join(ts_words) or "no warning"),
+        "the route is ONNX (through torch.export)":
+            Finding("holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)",
+                    str(onnx.parity))})
     return Finding(combined.verdict, combined.evidence)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..comparisons import comparison
 from ..config import TrainConfig, config_for
-from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, plan_batches, run_ddp
+from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, run_ddp
 from ..measure import Spread
 from ..results import RunResult
 from ..verdicts import ratio_of, verdict
@@ -119,47 +119,17 @@ def median_step_ms(result: RunResult) -> float:
     return 1000 * statistics.median(steps) if steps else float("nan")
 
 
-def summary(one: RunResult, many: RunResult) -> str:
-    """What the notebook measured, in sentences, every figure from the two results."""
-    d = many.extras["ddp"]
-    n = d["world_size"]
-    lines = [one.summary(), many.summary(),
-             f"{n} processes against 1: {verdict(one.throughput, many.throughput)}",
-             scaling_of(one, many).describe()]
-    if d["options"]["batch"] == "per_rank":
-        t1, tn = median_step_ms(one), median_step_ms(many)
-        lines.append(f"each rank's step (same per-rank batch of {d['per_rank_batch']}): median {t1:.1f} ms alone, "
-                     f"{tn:.1f} ms with {n} ranks; the {tn - t1:+.1f} ms is the gradient all-reduce, waiting for "
-                     f"the slowest rank, and the ranks competing for shared hardware")
-    lines.append(f"all-reduced per optimiser step: {d['allreduce_mb_per_step']:.2f} MiB in "
-                 f"{d['allreduce_calls_per_step']:g} call(s) (the gradients are {d['gradient_mb']:.2f} MiB)")
-    lines.append(parameters_line(many))
-    return "\n".join(lines)
-
-
 def parameters_line(result: RunResult) -> str:
+    """Whether the ranks' parameters (and BatchNorm statistics) agree after training: DDP's promise, checked."""
     d = result.extras["ddp"]
     p, b = d["parameters"], d["buffers"]
     same = "bit-for-bit identical" if p["identical"] else f"NOT identical (max difference {p['max_abs_diff']:.3g})"
     line = (f"after training, the {p['elements']:,} parameters are {same} on all {d['world_size']} ranks "
-            f"(they moved by up to {p['max_change_from_start']:.3g} from the start)")
+            f"(moved by up to {p['max_change_from_start']:.3g} from the start)")
     if b["elements"]:
         line += (f"; BatchNorm running statistics {'agree' if b['identical'] else 'differ'} across ranks "
                  f"(max difference {b['max_abs_diff']:.3g})")
     return line
-
-
-def accumulation_summary(results: list[RunResult]) -> str:
-    """The no_sync demo: all-reduces and their bytes per optimiser step, and the time, for each run."""
-    lines = []
-    for r in results:
-        d = r.extras["ddp"]
-        lines.append(f"{r.label}: {d['allreduce_calls_per_step']:g} all-reduce(s), {d['allreduce_mb_per_step']:.2f} MiB "
-                     f"per optimiser step; {r.throughput.median:,.0f} images/s (min {r.throughput.low:,.0f}, "
-                     f"max {r.throughput.high:,.0f})")
-    if len(results) == 2:
-        lines.append(f"without no_sync against with it: {verdict(results[0].throughput, results[1].throughput)}")
-    return "\n".join(lines)
 
 
 def accumulation_jobs(base: TrainConfig) -> tuple[DDPJob, DDPJob]:
@@ -195,12 +165,6 @@ class CrashReport:
     seconds: float
     timeout_s: float
 
-    def describe(self) -> str:
-        first = str(self.error).splitlines()[0]
-        return (f"the launcher raised DistributedRunError after {self.seconds:.1f} s (its timeout was "
-                f"{self.timeout_s:g} s):\n  {first}\n  failing rank: {self.error.rank}, torchrun's exit code: "
-                f"{self.error.exit_code}")
-
 
 def crash_demo(setup: Setup, *, crash_step: int = 1, timeout_s: float = 120.0) -> CrashReport:
     """Make the last rank raise at crash_step of a short run; return what the launcher reported."""
@@ -212,11 +176,6 @@ def crash_demo(setup: Setup, *, crash_step: int = 1, timeout_s: float = 120.0) -
     except DistributedRunError as e:
         return CrashReport(e, time.perf_counter() - t0, timeout_s)
     raise RuntimeError("the crash demo finished without the deliberate crash: --crash-rank was not honoured")
-
-
-def describe_plan(config: TrainConfig, nproc: int, options: DDPOptions | None = None) -> str:
-    """The batch and learning-rate arithmetic of one DDP job, in words."""
-    return plan_batches(config, nproc, options or DDPOptions()).describe()
 
 
 def ddp_runner(nproc: int, options: DDPOptions | None = None, timeout_s: float = LAUNCH_TIMEOUT_S

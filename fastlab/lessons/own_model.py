@@ -259,11 +259,11 @@ def first_steps_demo(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 
 def advice(results: list[RunResult]) -> list[str]:
-    """What to try first on this model and machine, in order, each line computed from first_steps' results."""
+    """What to try first on this model and machine, numbered in order: the data wall, then measured gains (largest
+    first), no difference, losses, what was not measured or not tried; each line computed from first_steps' results."""
     if not results or not results[0].window_throughput:
         return ["The baseline did not finish a timed window: fix that first (see its status and error)."]
-    base = results[0]
-    out = []
+    base, out, ranked, unmeasured = results[0], [], [], []
     wait = base.data_wait_fraction()
     if not math.isnan(wait) and wait >= DATA_BOUND_SHARE:
         out.append(f"Your step waits for data {wait:.0%} of the time (at least {DATA_BOUND_SHARE:.0%}): fix the data "
@@ -271,31 +271,22 @@ def advice(results: list[RunResult]) -> list[str]:
     if not base.ok:
         out.append(f"The baseline ended {base.status} ({base.error}): its figures rest on {len(base.window_throughput)} "
                    "timed window(s), so read the verdicts below as rough; raise max_seconds for firmer ones.")
-    gains, same, worse, unmeasured = [], [], [], []
     for r in results[1:]:
         name = r.extras.get("technique", r.label)
         if r.status == "failed":
-            worse.append((0.0, f"{name}: failed here ({r.error}); leave it off"))
-            continue
-        if not r.window_throughput:
+            ranked.append((2, 0.0, f"{name}: failed here ({r.error}); leave it off"))
+        elif not r.window_throughput:
             unmeasured.append(f"{name}: not measured, {r.status} before a timed window finished ({r.error}); "
                               "rerun with a larger max_seconds")
-            continue
-        said = verdict(base.throughput, r.throughput)
-        ratio = said.ratio
-        if said.single_pair:
-            same.append((ratio, f"{name}: could not tell here ({said})"))
-        elif said.noise:
-            same.append((ratio, f"{name}: no measurable difference here ({said}); it may still pay on a GPU"))
-        elif said.better:
-            gains.append((ratio, f"{name}: try it first ({said})"))
         else:
-            worse.append((ratio, f"{name}: slower here ({said}); leave it off on this machine"))
-    for group in (gains, same, worse):
-        out += [text for _, text in sorted(group, key=lambda pair: -pair[0])]
-    out += unmeasured
+            said = verdict(base.throughput, r.throughput)
+            group, words = ((1, "could not tell here") if said.single_pair else
+                            (1, "no measurable difference here (it may still pay on a GPU)") if said.noise else
+                            (0, "try it first") if said.better else (2, "slower here: leave it off on this machine"))
+            ranked.append((group, said.ratio, f"{name}: {words} ({said})"))
+    out += [text for _, _, text in sorted(ranked, key=lambda t: (t[0], -t[1]))] + unmeasured
     out += [f"{name}: not tried here: {why}" for name, why in base.extras.get("skipped_techniques", {}).items()]
-    if gains:
+    if any(group == 0 for group, _, _ in ranked):
         out.append("Then stack the ones that paid and measure the stack (notebook 09): effects do not simply "
                    "multiply.")
     return [f"{i}. {line}" for i, line in enumerate(out, 1)]

@@ -98,7 +98,6 @@ def train_steps_profiled(model: nn.Module, batches: list, opt: torch.optim.Optim
     return prof
 
 
-
 def train_steps_watched(w, model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> float:
     """The same loop under fastlab.watch (notebook 10): the two touches, and the loss handed over."""
     model.train()
@@ -110,6 +109,7 @@ def train_steps_watched(w, model: nn.Module, batches: list, opt: torch.optim.Opt
             opt.step()
             s.loss = loss  # read once at the end: a NaN marks the run diverged
     return loss.item()
+
 
 # ------------------------------------------------------------------ 12: activation checkpointing
 
@@ -272,11 +272,6 @@ def train_epoch_ddp(make_model: Callable[[], nn.Module], data: TensorDataset, ba
     return loss.item()
 
 
-def one_process_group_env(port: int) -> dict[str, str]:
-    """What torchrun would set for a single process: enough to run train_epoch_ddp in this kernel (world of 1)."""
-    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-
-
 def free_port() -> int:
     """A TCP port nothing listens on now (for a one-process group's rendezvous)."""
     import socket
@@ -287,8 +282,8 @@ def free_port() -> int:
 
 
 def run_one_process_group(fn: Callable[..., float], *args: object) -> float:
-    """fn(*args) with torchrun's variables set for one process, restored afterwards."""
-    env = one_process_group_env(free_port())
+    """fn(*args) with the variables torchrun would set for a world of one process, restored afterwards."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
