@@ -44,13 +44,14 @@ def _device(name: str) -> str:
 
 
 def training_code(cfg: TrainConfig) -> str:
-    """fastlab.training's evaluate, make_optimizer and train, specialised to cfg: the code fastlab.run runs for it."""
+    """fastlab.training's evaluate, make_optimizer, make_scheduler (with a schedule) and train, specialised to cfg: the code fastlab.run runs for it."""
     from .specialise import specialise  # libcst: only where code is shown
 
     calls = {"build_model": MODEL_CALLS.__getitem__, "resolve_device": _device}
     drop = {"make_model", "parallel", "log", "eval_every"}
     return "\n\n".join(specialise(fn, cfg, known=PLAIN, calls=calls, drop_params=drop)
-                        for fn in (training.evaluate, training.make_optimizer, training.train))
+                        for fn in (training.evaluate, training.make_optimizer,
+                                   *([training.make_scheduler] if cfg.scheduler != "none" else []), training.train))
 
 
 def _header(cfg: TrainConfig, dataset: str) -> str:

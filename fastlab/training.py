@@ -48,8 +48,8 @@ def evaluate(cfg: TrainConfig, model: nn.Module, loader: Any, device: torch.devi
     return int(correct) / seen
 
 
-def make_optimizer(cfg: TrainConfig, params: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
-    """The optimiser and its learning-rate schedule (None without one) over total_steps."""
+def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+    """The optimiser, as cfg says."""
     impl: dict[str, bool] = {}
     if cfg.opt_impl == "for-loop":
         impl["foreach"] = False  # one parameter at a time
@@ -64,13 +64,16 @@ def make_optimizer(cfg: TrainConfig, params: Any, total_steps: int) -> tuple[tor
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
     else:
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+    return optimizer
+
+
+def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    """The learning-rate schedule over total_steps (cfg.scheduler is not "none")."""
     if cfg.scheduler == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-    elif cfg.scheduler == "onecycle":
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps)
     else:
-        scheduler = None  # a constant learning rate
-    return optimizer, scheduler
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total_steps)
+    return scheduler
 
 
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -140,8 +143,10 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         parallel.watch(ddp_model)  # fastlab counts the all-reduces (a comm hook): a script leaves this line out
 
     # ---- optimiser and schedule
+    optimizer = make_optimizer(cfg, model.parameters())
     total_steps = cfg.warmup_steps + cfg.steps
-    optimizer, scheduler = make_optimizer(cfg, model.parameters(), total_steps)
+    if cfg.scheduler != "none":
+        scheduler = make_scheduler(cfg, optimizer, total_steps)  # the learning rate, step by step
 
     # ---- compilation and precision
     if cfg.compile == "default":

@@ -163,7 +163,7 @@ def test_optimizer_step_changes_parameters_like_a_real_step(quick):
 
     from fastlab.training import make_optimizer
 
-    opt, _ = make_optimizer(O.preset(quick, "adamw"), torch.nn.Linear(2, 2).parameters(), 10)
+    opt = make_optimizer(O.preset(quick, "adamw"), torch.nn.Linear(2, 2).parameters())
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["weight_decay"] == 0.05
 
 

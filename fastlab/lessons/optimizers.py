@@ -23,7 +23,7 @@ from ..outcomes import TimeToAccuracy, describe_accuracy, time_to_accuracy, tta_
 from ..plots import data_note
 from ..results import RunResult
 from ..train import sweep
-from ..training import make_optimizer
+from ..training import make_optimizer, make_scheduler
 
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
@@ -206,7 +206,8 @@ def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = S
     for name in names:
         cfg = base.replace(scheduler=name, opt_impl="default")
         param = torch.nn.Parameter(torch.zeros(1))
-        opt, sched = make_optimizer(cfg, [param], total_steps)
+        opt = make_optimizer(cfg, [param])
+        sched = make_scheduler(cfg, opt, total_steps) if name != "none" else None
         lrs = []
         for _ in range(total_steps):
             lrs.append(opt.param_groups[0]["lr"])
@@ -243,7 +244,7 @@ def optimizer_state_bytes(base: TrainConfig, name: str | None = None) -> tuple[i
     cfg = cfg.replace(device="cpu", opt_impl="default")
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model)
-    opt, _ = make_optimizer(cfg, net.parameters(), 1)
+    opt = make_optimizer(cfg, net.parameters())
     for p in net.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
@@ -332,7 +333,7 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(device)
     cfg, no_ops, _ = as_run_here(cfg, device)
-    opt, _ = make_optimizer(cfg, net.parameters(), 1)
+    opt = make_optimizer(cfg, net.parameters())
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     for p in net.parameters():
         p.grad = torch.randn(p.shape, generator=gen, device=device) * 1e-3
