@@ -156,7 +156,7 @@ def _pct(x: float) -> str:
 
 
 def _finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and not math.isnan(x) and not math.isinf(x)
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _step_seconds(r: RunResult) -> float:
@@ -476,10 +476,9 @@ def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | N
         changes, alternatives = compile_change, ()
     else:
         return None
-    technique = (f"a larger batch ({new_batch})" if "batch_size" in changes else "") + (
-        " or " if "batch_size" in changes and compile_change else "") + (
-        ("CUDA graphs: torch.compile(mode='reduce-overhead')" if gpu else "torch.compile (fewer, fused ops)")
-        if compile_change else "")
+    compiled = "CUDA graphs: torch.compile(mode='reduce-overhead')" if gpu else "torch.compile (fewer, fused ops)"
+    technique = " or ".join(([f"a larger batch ({new_batch})"] if "batch_size" in changes else [])
+                            + ([compiled] if compile_change else []))
     return Finding("overhead_bound", "launch/overhead-bound: small steps, each paying fixed per-op costs",
                    tuple(evidence), technique, (NOTEBOOKS["batch"], NOTEBOOKS["compile"]), changes,
                    "per-op costs (Python, dispatch, kernel launch) are paid per micro-batch, so more images per op "
