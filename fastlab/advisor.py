@@ -96,17 +96,9 @@ class Evidence:
     unit: str = ""  # "%", "ms", "MiB", "GiB" or "" (how value is printed)
 
     def shown(self) -> str:
-        v = self.value
-        if isinstance(v, str):
-            text = v
-        elif self.unit == "%":
-            text = f"{v:.0%}"
-        elif self.unit == "ms":
-            text = f"{v:.1f} ms"
-        elif self.unit in ("MiB", "GiB"):
-            text = f"{v:,.1f} {self.unit}"
-        else:
-            text = f"{v:g}"
+        v, u = self.value, self.unit
+        text = (v if isinstance(v, str) else f"{v:.0%}" if u == "%" else f"{v:.1f} ms" if u == "ms"
+                else f"{v:,.1f} {u}" if u else f"{v:g}")
         return f"{self.what} = {text}" + (f" (rule: {self.rule})" if self.rule else "")
 
 
@@ -126,24 +118,12 @@ class Finding:
     confidence: str = ""  # how sure the remedy is, and why ("high: ..."); empty where the rule does not weigh it
 
     def text(self) -> str:
-        lines = [f"{self.bottleneck}", *(f"  evidence: {e.shown()}" for e in self.evidence),
-                 f"  try: {self.technique}" + (f"  -> changes {describe_changes(self.changes)}" if self.changes else ""),
-                 f"  why: {self.why}", f"  notebook: {', '.join(self.notebooks)}"]
-        if self.alternatives:
-            lines.append("  or: " + "; ".join(describe_changes(a) for a in self.alternatives))
-        if self.confidence:
-            lines.append(f"  how sure: {self.confidence}")
-        return "\n".join(lines)
-
-    def html(self) -> str:
-        e = html.escape
-        items = "".join(f"<li>{e(x.shown())}</li>" for x in self.evidence)
-        change = f" <code>{e(describe_changes(self.changes))}</code>" if self.changes else ""
-        alt = ("<br>or: " + "; ".join(f"<code>{e(describe_changes(a))}</code>" for a in self.alternatives)
-               if self.alternatives else "")
-        sure = f"<br>how sure: {e(self.confidence)}" if self.confidence else ""
-        return (f"<b>{e(self.bottleneck)}</b><ul>{items}</ul>try: {e(self.technique)}{change}{alt}{sure}"
-                f"<br><i>{e(self.why)}</i><br>notebook: {e(', '.join(self.notebooks))}")
+        change = f"  -> changes {describe_changes(self.changes)}" if self.changes else ""
+        return "\n".join([self.bottleneck, *(f"  evidence: {e.shown()}" for e in self.evidence),
+                          f"  try: {self.technique}{change}", f"  why: {self.why}",
+                          f"  notebook: {', '.join(self.notebooks)}"]
+                         + (["  or: " + "; ".join(map(describe_changes, self.alternatives))] if self.alternatives else [])
+                         + ([f"  how sure: {self.confidence}"] if self.confidence else []))
 
 
 class Advice(list):
@@ -155,7 +135,17 @@ class Advice(list):
         self.verification: Verification | None = None
 
     def text(self) -> str:
-        return advice_text(self.result, self)
+        """The result's summary, its watch notes, then each finding (what `python -m fastlab advise` prints)."""
+        r = self.result
+        lines = [f"{r.summary()}; on {r.env.get('device_name', '?')}"]
+        lines += [f"  note: {n}" for n in (r.extras.get("watch") or {}).get("notes", [])]
+        if not self and r.status == "failed":
+            done = f"failed after {r.steps_done} steps" if r.steps_done else "measured nothing"
+            lines.append(f"  Nothing to advise: the run {done} (see above).")
+        elif not self:
+            lines.append("  No bottleneck crossed its threshold: nothing to advise from this run.")
+        lines += [f"{i}. " + f.text().replace("\n", "\n   ") for i, f in enumerate(self, 1)]
+        return "\n".join(lines + ([self.verification.text()] if self.verification else []))
 
 
 # --------------------------------------------------------------------------- the rules
@@ -166,7 +156,7 @@ def _pct(x: float) -> str:
 
 
 def _finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and not math.isnan(x) and not math.isinf(x)
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _step_seconds(r: RunResult) -> float:
@@ -197,64 +187,54 @@ def _compute_capability(r: RunResult) -> float:
         return float("nan")
 
 
-def _divergence_remedies(r: RunResult, cfg: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    """Changes that commonly make a diverging run learn again, most likely first, each with its notebook."""
+def _divergence_remedies(r: RunResult, cfg: dict[str, Any]) -> list[tuple[dict[str, Any], str, str, str]]:
+    """(change, notebook, what to try, why) for each change that commonly makes a diverging run learn again, most
+    likely first, naming only the techniques this run used; the learning rate last, always (change {} if unknown)."""
     amp, comp, lr = cfg.get("amp"), cfg.get("compile"), cfg.get("lr")
-    out: list[tuple[dict[str, Any], str]] = []
-    if amp == "fp16":  # fp16's narrow range overflows; bf16 has fp32's range where it is native
+    out: list[tuple[dict[str, Any], str, str, str]] = []
+    if amp == "fp16":  # bf16 has fp32's range where it is native
         native_bf16 = r.env.get("device_type") == "cpu" or _compute_capability(r) >= BF16_CC
-        out.append(({"amp": "bf16" if native_bf16 else "off"}, NOTEBOOKS["amp"]))
-    if comp not in (None, "off"):  # a compiled kernel may accumulate in low precision
-        out.append(({"compile": "off"}, NOTEBOOKS["compile"]))
+        out.append(({"amp": "bf16" if native_bf16 else "off"}, "amp", "bf16 (or fp32) instead of fp16",
+                    "fp16's narrow range overflows"))
+    if comp not in (None, "off"):
+        out.append(({"compile": "off"}, "compile", "torch.compile off (or its default mode)",
+                    "a compiled kernel may accumulate reductions in low precision"))
         if comp != "default":
-            out.append(({"compile": "default"}, NOTEBOOKS["compile"]))
+            out.append(({"compile": "default"}, "compile", "", ""))
     if amp == "bf16":
-        out.append(({"amp": "off"}, NOTEBOOKS["amp"]))
-    if _finite(lr) and lr > 0:
-        out.append(({"lr": lr / 10}, NOTEBOOKS["optimizer"]))
+        out.append(({"amp": "off"}, "amp", "fp32 instead of bf16", "bf16 keeps few digits"))
+    known = _finite(lr) and lr > 0
+    lower = f"a lower learning rate ({lr / 10:g})" if known else "a tenth of your learning rate"
+    out.append(({"lr": lr / 10} if known else {}, "optimizer",
+                lower + ("" if out else ", or gradient clipping (torch.nn.utils.clip_grad_norm_)"),
+                "too large a step overshoots"))
     return out
 
 
 def _diverged(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     if r.status != "diverged":
         return None
-    step = getattr(r, "diverged_step", None)  # getattr: older results lack these fields
-    last = getattr(r, "last_finite_loss", None)
-    evidence = [Evidence("status", f"diverged{f' at step {step}' if step is not None else ''}: "
-                                   f"{r.error or 'a non-finite loss'}", "loss, grad scale or parameters non-finite")]
+    last = getattr(r, "last_finite_loss", None)  # getattr: older results lack it
+    evidence = [Evidence("status", _diverged_at(r), "loss, grad scale or parameters non-finite")]
     if last is not None:
         evidence.append(Evidence("last finite training loss", float(last)))
     knobs = {k: cfg[k] for k in ("amp", "compile", "lr") if k in cfg}
     if knobs:
         evidence.append(Evidence(", ".join(knobs), ", ".join(str(v) for v in knobs.values())))
     remedies = _divergence_remedies(r, cfg)
-    notebooks = tuple(dict.fromkeys(nb for _, nb in remedies)) or (NOTEBOOKS["optimizer"],)
-    technique, why = _divergence_words_for(cfg, bool(r.extras.get(WATCHED)))
-    return Finding("diverged", "diverged: the loss became non-finite or blew up, so this run's speed is not credited",
-                   tuple(evidence), technique, notebooks, remedies[0][0] if remedies else {}, why,
-                   tuple(c for c, _ in remedies[1:]), metric="finite")
-
-
-def _divergence_words_for(cfg: dict[str, Any], watched: bool) -> tuple[str, str]:
-    """What to try and why, naming only the techniques this run used (fp16, bf16, torch.compile) and the step."""
-    amp, comp, lr = cfg.get("amp"), cfg.get("compile"), cfg.get("lr")
-    tries, whys = [], []
-    if amp == "fp16":
-        tries.append("bf16 (or fp32) instead of fp16")
-        whys.append("fp16's narrow range overflows")
-    if comp not in (None, "off"):
-        tries.append("torch.compile off (or its default mode)")
-        whys.append("a compiled kernel may accumulate reductions in low precision")
-    if amp == "bf16":
-        tries.append("fp32 instead of bf16")
-        whys.append("bf16 keeps few digits")
-    lower = f"a lower learning rate ({lr / 10:g})" if _finite(lr) and lr > 0 else "a tenth of your learning rate"
-    tries.append(lower + ("" if tries else ", or gradient clipping (torch.nn.utils.clip_grad_norm_)"))
-    whys.append("too large a step overshoots")
-    check = ("watch the changed loop and compare the two with fastlab.compare_loops" if watched else
+    changes = [c for c, *_ in remedies if c]
+    notebooks = tuple(dict.fromkeys(NOTEBOOKS[nb] for c, nb, _, _ in remedies if c)) or (NOTEBOOKS["optimizer"],)
+    check = ("watch the changed loop and compare the two with fastlab.compare_loops" if r.extras.get(WATCHED) else
              "verify reruns with the change and checks that its loss stays finite")
-    return ("one change at a time: " + "; ".join(tries),
-            f"a run that stopped learning is not fast: {', '.join(whys)}; {check}")
+    why = f"a run that stopped learning is not fast: {', '.join(w for *_, w in remedies if w)}; {check}"
+    return Finding("diverged", "diverged: the loss became non-finite or blew up, so this run's speed is not credited",
+                   tuple(evidence), "one change at a time: " + "; ".join(t for *_, t, _ in remedies if t), notebooks,
+                   changes[0] if changes else {}, why, tuple(changes[1:]), metric="finite")
+
+
+def _diverged_at(r: RunResult) -> str:
+    step = getattr(r, "diverged_step", None)
+    return f"diverged{f' at step {step}' if step is not None else ''}: {r.error or 'a non-finite loss'}"
 
 
 def _theil_sen(ys: list[float], xs: list[float] | None = None) -> tuple[float, float]:
@@ -310,9 +290,9 @@ def _memory_leak(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None
                    "keep numbers, not tensors: losses.append(loss.item()) (every few steps: each .item() is a "
                    "host-device sync) or loss.detach(); evaluate under torch.inference_mode()",
                    (NOTEBOOKS["hygiene"],), {},
-                   "a tensor that still belongs to autograd keeps its graph alive (C11: logging `loss` itself); "
-                   "without backward() (evaluation without no_grad) that graph holds every activation of the "
-                   "forward pass, so each kept step adds its activations until the run runs out of memory")
+                   "a tensor still attached to autograd keeps its graph alive (C11: logging `loss` itself); without "
+                   "backward() (evaluation without no_grad) that graph holds the forward pass's activations, so each "
+                   "kept step adds them until the run runs out of memory")
 
 
 def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
@@ -418,13 +398,13 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
     new_workers = min(max(2, cores) if off_cpu else cores - 1, LOADER_MAX_WORKERS)
     sleeps = (f"medium: the wait is mostly off the CPU (sleeping on a disk, the network or a lock): {new_workers} "
               "workers can wait side by side without a core each")
+    spare = f"medium: {cores} cores leave {cores - 1} for workers"
     out: list[Remedy] = []
     if cfg.get("loader") != "dataloader":
         if cores >= LOADER_MIN_CORES or off_cpu:
             out.append(({}, f"a torch DataLoader with worker processes (num_workers={new_workers}) around your data",
-                        sleeps if off_cpu else f"medium: {cores} cores leave {cores - 1} for workers"))
-        return out + ([bigger] if small else [])
-    if workers > 0:
+                        sleeps if off_cpu else spare))
+    elif workers > 0:
         crowded = workers + 1 > cores
         if crowded or small:
             why = ([f"{workers} workers and the training process share {cores} cores"] if crowded else []) + (
@@ -441,8 +421,7 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
         out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
                     sleeps if off_cpu else
                     (f"low: {cores} cores leave {cores - 1} for workers, but each batch of {batch} images is pickled "
-                     "between processes, which can cost more than it saves" if small else
-                     f"medium: {cores} cores leave {cores - 1} for workers")))
+                     "between processes, which can cost more than it saves" if small else spare)))
     return out + ([bigger] if small else [])
 
 
@@ -497,10 +476,9 @@ def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | N
         changes, alternatives = compile_change, ()
     else:
         return None
-    technique = (f"a larger batch ({new_batch})" if "batch_size" in changes else "") + (
-        " or " if "batch_size" in changes and compile_change else "") + (
-        ("CUDA graphs: torch.compile(mode='reduce-overhead')" if gpu else "torch.compile (fewer, fused ops)")
-        if compile_change else "")
+    compiled = "CUDA graphs: torch.compile(mode='reduce-overhead')" if gpu else "torch.compile (fewer, fused ops)"
+    technique = " or ".join(([f"a larger batch ({new_batch})"] if "batch_size" in changes else [])
+                            + ([compiled] if compile_change else []))
     return Finding("overhead_bound", "launch/overhead-bound: small steps, each paying fixed per-op costs",
                    tuple(evidence), technique, (NOTEBOOKS["batch"], NOTEBOOKS["compile"]), changes,
                    "per-op costs (Python, dispatch, kernel launch) are paid per micro-batch, so more images per op "
@@ -687,19 +665,9 @@ class Verification:
     sentence: str
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def ratio(self) -> float:
-        return verdict(self.before, self.after).ratio
-
     def text(self) -> str:
         head = f"Tried {describe_changes(self.finding.changes)} (for: {self.finding.bottleneck}): {self.outcome}."
         return "\n".join([head, f"  {self.metric}: {self.sentence}", *(f"  {n}" for n in self.notes)])
-
-    def html(self) -> str:
-        e = html.escape
-        notes = "".join(f"<br>{e(n)}" for n in self.notes)
-        return (f"<b>Tried <code>{e(describe_changes(self.finding.changes))}</code>: {e(self.outcome)}</b><br>"
-                f"{e(self.metric)}: {e(self.sentence)}{notes}")
 
 
 def _pick(findings: list[Finding], finding: int | str | Finding | None) -> Finding | None:
@@ -750,24 +718,15 @@ def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResul
     return OUTCOMES.get(c.direction, "inconclusive"), c.base, c.other, c.words, notes
 
 
-def _divergence_words(r: RunResult) -> str:
-    step = getattr(r, "diverged_step", None)
-    return f"diverged{f' at step {step}' if step is not None else ''} ({r.error or 'non-finite loss'})"
-
-
-def _final_losses(r: RunResult) -> list[float]:
-    return [float(v) for _, v in r.losses]
-
-
 def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, str, list[str]]:
     """The verdict on a fix for divergence: every rerun ends not diverged, with finite logged losses."""
     after = Spread.of([w for r in new_runs for w in r.window_throughput])
     notes = ["the diverged run's own speed is not credited, so no speed-up over it is claimed"]
     if (d := next((r for r in new_runs if r.status == "diverged"), None)) is not None:
-        return "still diverges", after, f"{d.label}: {_divergence_words(d)}", notes
+        return "still diverges", after, f"{d.label}: {_diverged_at(d)}", notes
     if (b := next((r for r in new_runs if r.status in ("failed", "interrupted")), None)) is not None:
         return "failed", after, f"{b.label}: {b.status} ({b.error or 'stopped'}); no verdict", notes
-    losses = [x for r in new_runs for x in _final_losses(r)]
+    losses = [float(v) for r in new_runs for _, v in r.losses]
     if not losses or not all(math.isfinite(x) for x in losses):
         return "still diverges", after, "the rerun logged no finite loss", notes
     last = new_runs[-1].losses[-1]
@@ -779,13 +738,6 @@ def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, str, list
     return "fixed", after, sentence, notes
 
 
-def _refuse_watched(result: RunResult) -> None:
-    if result.extras.get(WATCHED):
-        raise ValueError("this result is a run of your own loop (fastlab.watch): fastlab cannot re-run it. Make the "
-                         "change in your loop and measure both versions in turns with "
-                         "fastlab.compare_loops(before_fn, after_fn, repeats=3)")
-
-
 def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1,
            dataset: Any = None, model: Any = None, progress: bool = False, runner: Runner = run) -> Verification | None:
     """Apply a finding's changes (default: the top finding that has any), run it, and report the effect.
@@ -793,7 +745,10 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
     The baseline is rerun fresh, in turns with the change, so both see the same machine load. dataset / model:
     what the original run was given, if anything. Returns None when no finding has a change to try.
     """
-    _refuse_watched(result)
+    if result.extras.get(WATCHED):
+        raise ValueError("this result is a run of your own loop (fastlab.watch): fastlab cannot re-run it. Make the "
+                         "change in your loop and measure both versions in turns with "
+                         "fastlab.compare_loops(before_fn, after_fn, repeats=3)")
     findings = findings_for(result)
     chosen = _pick(findings, finding)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -853,31 +808,13 @@ def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advic
 _verify = verify
 
 
-def advice_text(result: RunResult, findings: list[Finding] | None = None) -> str:
-    """The findings of one result as plain text (what `python -m fastlab advise` prints)."""
-    findings = findings_for(result) if findings is None else findings
-    lines = [f"{result.summary()}; on {result.env.get('device_name', '?')}"]
-    lines += [f"  note: {n}" for n in (result.extras.get("watch") or {}).get("notes", [])]
-    if not findings and result.status == "failed":
-        done = f"failed after {result.steps_done} steps" if result.steps_done else "measured nothing"
-        lines.append(f"  Nothing to advise: the run {done} (see above).")
-    elif not findings:
-        lines.append("  No bottleneck crossed its threshold: nothing to advise from this run.")
-    for i, f in enumerate(findings, 1):
-        lines.append(f"{i}. " + f.text().replace("\n", "\n   "))
-    verification = getattr(findings, "verification", None)
-    if verification is not None:
-        lines.append(verification.text())
-    return "\n".join(lines)
-
-
 def results_advice_text(results: list[RunResult]) -> str:
     """The advice for every run of a results file (`python -m fastlab advise`): diverged runs named first."""
     diverged = [r for r in results if r.status == "diverged"]
     head = ([f"DIVERGED (speed not credited): {', '.join(r.label for r in diverged)}; advice for "
              f"{'it' if len(diverged) == 1 else 'them'} first.", ""] if diverged else [])
     ordered = diverged + [r for r in results if r.status != "diverged"]
-    return "\n".join(head + [advice_text(r) + "\n" for r in ordered]).rstrip("\n")
+    return "\n".join(head + [advise(r).text() + "\n" for r in ordered]).rstrip("\n")
 
 
 def advice_html(result: RunResult) -> str:
@@ -885,5 +822,5 @@ def advice_html(result: RunResult) -> str:
     findings = findings_for(result)
     if not findings:
         return f"<b>Advice for {html.escape(result.label)}:</b> no bottleneck crossed its threshold."
-    items = "".join(f"<li>{f.html()}</li>" for f in findings)
+    items = "".join(f"<li><pre style='white-space: pre-wrap'>{html.escape(f.text())}</pre></li>" for f in findings)
     return f"<b>Advice for {html.escape(result.label)}</b> (most important first):<ol>{items}</ol>"

@@ -18,7 +18,6 @@ from fastlab.advisor import (
     OPTIMIZER_SHARE,
     SHORT_STEP_S,
     advice_html,
-    advice_text,
     findings_for,
     verify,
 )
@@ -86,7 +85,7 @@ def test_a_tiny_batch_with_no_data_wait_is_overhead_bound(quick):
     # work) its measured share once crossed the data-wait line, and then no rule fired: the rule is the test here.
     r.data_wait_seconds = [0.0] * len(r.data_wait_seconds)
     findings = findings_for(r)
-    assert keys(findings)[0] == "overhead_bound", advice_text(r)
+    assert keys(findings)[0] == "overhead_bound", adv_fn(r).text()
     top = findings[0]
     assert top.changes["batch_size"] > 2 and "04_batch_size" in top.notebooks
     assert any(e.value == 2 and str(CPU_SMALL_BATCH) in e.rule for e in top.evidence)
@@ -106,8 +105,8 @@ def test_validation_without_no_grad_is_named(quick):
 
 def test_a_balanced_cpu_run_gets_no_advice(quick):
     r = fastlab.run(quick.replace(loader="device", batch_size=32, opt_impl="fused", device="cpu"), progress=False)
-    assert findings_for(r) == [], advice_text(r)
-    assert "nothing to advise" in advice_text(r)
+    assert findings_for(r) == [], adv_fn(r).text()
+    assert "nothing to advise" in adv_fn(r).text()
 
 
 def test_following_the_advice_on_the_smoke_naive_rung_is_measured():
@@ -120,7 +119,7 @@ def test_following_the_advice_on_the_smoke_naive_rung_is_measured():
         pytest.skip(f"machine saturated (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): the naive rung "
                     f"measured data wait {r.data_wait_fraction():.0%}, under {DATA_WAIT_SHARE:.0%}")
     advice = fastlab.advise(r, verify=True)
-    assert advice, f"nothing fired on the naive rung: data wait {r.data_wait_fraction():.0%}\n{advice_text(r)}"
+    assert advice, f"nothing fired on the naive rung: data wait {r.data_wait_fraction():.0%}\n{advice.text()}"
     assert advice[0].key == "data_bound" and advice[0].changes["loader"] == "device"
     v = advice.verification
     assert v is not None and v.finding == advice[0]
@@ -132,7 +131,7 @@ def test_following_the_advice_on_the_smoke_naive_rung_is_measured():
         assert (v.outcome == "gain") == (v.after.median > v.before.median)
     assert v.before.n == naive.windows and v.after.n == naive.windows
     assert "SYNTHETIC" in v.text()
-    assert v.text() in advice_text(r, advice)
+    assert v.text() in advice.text()
 
 
 def test_a_panel_shows_advice_after_a_run(quick):
