@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, comparison_repeats, config_for, demonstration_config, plan_arm
-from .measure import Spread, bf16_is_trap, preferred_amp, resolve_device, usable_cpu_count
+from .config import TrainConfig, comparison_repeats, config_for, demonstration_config, plan_arm, preferred_amp
+from .measure import Spread, bf16_is_trap, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
     TimeToAccuracy,

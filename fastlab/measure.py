@@ -274,38 +274,6 @@ def bf16_is_trap(device: torch.device) -> bool:
     return device.type == "cpu" and not bf16_supported(device)
 
 
-def preferred_amp(device: torch.device) -> str:
-    """The autocast dtype a run on this device should use: bf16 where it is native; on a GPU without it, fp16
-    with GradScaler; on a CPU without it, "off" (fp32): nothing here judges a CPU's fp16, so it is not assumed."""
-    if bf16_supported(device):
-        return "bf16"
-    return "off" if device.type == "cpu" else "fp16"
-
-
-def low_precision(device: torch.device | str = "auto") -> str:
-    """The half precision to compare with fp32 here: preferred_amp, but bf16 on a CPU without native bf16 (the
-    known trap, shown in one short run)."""
-    dev = resolve_device(device) if isinstance(device, str) else device
-    amp = preferred_amp(dev)
-    return "bf16" if amp == "off" else amp
-
-
-def describe_amp(device: torch.device) -> str:
-    """preferred_amp(device) and why, in words: what decided it on this hardware."""
-    amp = preferred_amp(device)
-    if device.type == "cpu":
-        cpu = f"{cpu_model()}, {cpu_isa()}"
-        if amp == "bf16":
-            return f"bf16 (this CPU, {cpu}, has native bf16 instructions)"
-        return (f"none, fp32 (this CPU, {cpu}, has no native bf16 instructions: bf16 autocast runs emulated there, "
-                f"a known trap, shown in one short run)")
-    if device.type == "cuda":
-        cap = torch.cuda.get_device_capability(device)
-        why = "native bf16" if amp == "bf16" else "bf16 only emulated below 8.0"
-        return f"{amp}{' with GradScaler' if amp == 'fp16' else ''} (compute capability {cap[0]}.{cap[1]}: {why})"
-    return f"{amp}{' with GradScaler' if amp == 'fp16' else ''} (no native bf16 on {device.type})"
-
-
 def usable_cpu_count() -> int:
     """Cores this process may run on: a container's or a job's share, not the host's total (os.cpu_count)."""
     try:

@@ -189,8 +189,17 @@ def test_a_dropped_rung_is_retested_on_top(quick):
     title, (top, changed) = retests[0]
     assert title == "+channels_last" and top.config["channels_last"] is False and changed.config["channels_last"]
     assert fastlab.runs_verdict(top, changed).comparable  # both fresh runs finished: the notebook prints it
+    assert top.repeats == changed.repeats == fastlab.config.comparison_repeats(quick)  # interleaved, not one pair
     with pytest.raises(ValueError, match="limit=-1"):
         at.retest_dropped([naive], rungs, limit=-1)
+
+
+def test_a_dropped_change_that_cannot_apply_on_top_is_not_retested(quick):
+    rungs = at.ladder(quick)
+    workers = next(r for r in rungs if r.name == "workers")
+    dropped = rung("workers", [1.0], dropped="noise", **quick.replace(**workers.changes).to_dict())
+    on_device = rung("device_loader", [2.0], **quick.replace(loader="device").to_dict())  # no workers there
+    assert at.retest_dropped([dropped, on_device], rungs, progress=False) == []
 
 
 def test_both_notebook_comparisons_are_named_for_their_reference_results():

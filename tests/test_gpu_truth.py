@@ -203,7 +203,7 @@ def _pretend_cuda(monkeypatch, capability: tuple[int, int]) -> torch.device:
 @pytest.mark.parametrize("capability, expected", [((7, 5), "fp16"), ((7, 0), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
 def test_bf16_only_where_native(monkeypatch, capability, expected):
     dev = _pretend_cuda(monkeypatch, capability)
-    assert measure.preferred_amp(dev) == expected
+    assert config.preferred_amp(dev) == expected
     assert measure.bf16_supported(dev) == (expected == "bf16")
 
 

@@ -48,7 +48,7 @@ def test_bf16_supported_on_a_cpu_follows_the_cpu_not_the_device_type(native_bf16
     native_bf16(native)
     assert measure.bf16_supported(CPU) is native
     assert measure.bf16_is_trap(CPU) is (not native)
-    assert measure.preferred_amp(CPU) == preferred
+    assert config.preferred_amp(CPU) == preferred
     # the lessons that compare a half precision keep bf16 where it is a trap: it is shown, as a trap
     assert mixed_precision.low_precision(CPU) == "bf16"
     amp = next(r for r in bench.ladder(config_for("smoke", device="cpu")) if r.name == "amp")

@@ -17,7 +17,7 @@ from ..config import TrainConfig, thorough
 from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
-from ..train import run
+from ..train import interleave, run
 from ..verdicts import ratio_of, verdict
 
 NAME = "09_all_together:ladder"
@@ -97,8 +97,8 @@ def checklist(results: list[RunResult], base: TrainConfig,
 
 def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
                    progress: bool = True) -> list[tuple[str, list[RunResult]]]:
-    """Up to `limit` dropped rungs' changes retried on top of the ladder: (rung title, [top, top + change]).
-    Both runs are fresh and back to back, so they see the same machine load."""
+    """Up to `limit` dropped rungs' changes retried on top of the ladder: (rung title, [top, top + change]),
+    interleaved (train.interleave). A change that cannot apply on top (workers with the device loader) is skipped."""
     if limit < 0:
         raise ValueError(f"limit={limit!r} is not allowed: an integer >= 0")
     by_name = {r.name: r for r in rungs}
@@ -111,8 +111,11 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
         changes = by_name[name].changes
         if all(top.to_dict().get(k) == v for k, v in changes.items()):
             continue  # already part of the top configuration: nothing to retest
-        pair = [run(top, label="top of the ladder", progress=progress),
-                run(top.replace(**changes), label=f"top + {name}", progress=progress)]
+        try:
+            changed = top.replace(**changes)
+        except ValueError:
+            continue
+        pair = interleave([("top of the ladder", top), (f"top + {name}", changed)], progress=progress)
         out.append((by_name[name].title, pair))
     return out
 

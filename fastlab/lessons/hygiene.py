@@ -17,8 +17,8 @@ from torch import nn
 from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import TrainConfig
-from ..measure import Spread, preferred_amp, resolve_device
+from ..config import TrainConfig, preferred_amp
+from ..measure import Spread, resolve_device
 from ..models import build_model
 from ..plots import data_note
 from ..results import RunResult

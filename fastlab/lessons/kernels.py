@@ -17,8 +17,8 @@ from torch import nn
 from .. import claims, isolation
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import TrainConfig
-from ..measure import MemoryMeter, Spread, low_precision, now, resolve_device
+from ..config import TrainConfig, low_precision
+from ..measure import MemoryMeter, Spread, now, resolve_device
 from ..models import build_model
 from ..results import RunResult
 from ..train import interleave

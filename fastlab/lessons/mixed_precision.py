@@ -16,8 +16,8 @@ from torch import nn
 from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import THOROUGH_SEEDS, TrainConfig, thorough, trap_reasons
-from ..measure import Spread, low_precision, resolve_device
+from ..config import THOROUGH_SEEDS, TrainConfig, low_precision, thorough, trap_reasons
+from ..measure import Spread, resolve_device
 from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
 from ..plots import data_note
 from ..results import RunResult
