@@ -1,11 +1,9 @@
 """The checklist table: each technique, whether it applies here, what it did here and on the reference GPU.
 
-Every figure is computed from ladder results (fastlab.bench.run_ladder):
+From ladder results (fastlab.bench.run_ladder), against the rung it was built on (the last one below it kept):
 
-    effect = median images/s of the rung that added it / median images/s of the rung it was built on
-    outcome effect = median seconds to target of the rung it was built on / median seconds of the rung that added it
-
-"The rung it was built on" is the last rung below it that was kept, as in run_ladder.
+    effect = median images/s of the rung that added it / that of the rung it was built on
+    outcome effect = median seconds to target of the rung it was built on / that of the rung that added it
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from .verdicts import verdict
 
 @dataclass(frozen=True)
 class Technique:
-    """One checklist line: the ladder rung that adds it, the knobs it sets, and any condition on that rung."""
+    """One checklist line: the ladder rung that adds it, the knobs it sets, any condition on that rung."""
 
     name: str  # as in fastlab.environment_report.techniques_here()
     rung: str  # "" when the technique is not a ladder rung (see `elsewhere`)
@@ -46,9 +44,6 @@ TECHNIQUES: tuple[Technique, ...] = (
               elsewhere="not a ladder rung: conv TF32 is on in every rung, as in stock PyTorch; notebook 03 "
                         "(03_cudnn_benchmark_and_channels_last:tf32) compares strict fp32, conv TF32 and TF32 matmuls"),
 )
-
-NO_REFERENCE = "none bundled yet"
-
 
 @dataclass(frozen=True)
 class ChecklistRow:
@@ -75,7 +70,7 @@ def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
 
 
 def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None = None) -> str:
-    """What adding `technique` did on the ladder `results`, in words and a ratio computed from them."""
+    """What adding `technique` did on the ladder `results`: a ratio, or why there is none."""
     if not technique.rung:
         return technique.elsewhere
     i = _rung_index(results, technique.rung)
@@ -175,7 +170,7 @@ def _cell(text: str) -> str:
 
 
 def checklist_markdown(rows: Sequence[ChecklistRow], results: Sequence[RunResult]) -> str:
-    """The rows as a Markdown table, with what each figure means below it."""
+    """The rows as a Markdown table (notebook 09 says what each figure means)."""
     devices = sorted({d for row in rows for d in row.reference})
     here = results[0].env.get("device_name", "this machine") if results else "this machine"
     data = "SYNTHETIC data" if results and results[0].synthetic else (results[0].dataset.get("name", "?") if results
@@ -186,19 +181,9 @@ def checklist_markdown(rows: Sequence[ChecklistRow], results: Sequence[RunResult
     heads += [f"effect on {d}" for d in devices] or ["effect on the reference GPU"]
     lines = ["| " + " | ".join(_cell(h) for h in heads) + " |", "|" + " --- |" * len(heads)]
     for row in rows:
-        ref = [row.reference.get(d, "not measured") for d in devices] or [NO_REFERENCE]
+        ref = [row.reference.get(d, "not measured") for d in devices] or ["none bundled yet"]
         cells = [row.technique, row.applies, row.here] + ([row.outcome] if outcome else []) + ref
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines += ["", "Effect = median images/s of the rung that added the technique / median images/s of the rung it "
-              "was built on (the last rung below it that was kept). 'noise': the two medians lie inside each other's "
-              "min-max range. A rung dropped as a trap is measured and shown, then left out of the rungs above it. "
-              "A rung that diverged (non-finite loss) says so: its speed is never credited."]
-    if outcome:
-        lines += ["", "Time to accuracy: median training seconds to the target of the rung it was built on / the "
-                  "rung's own, over seeds (above 1: it reached the target sooner). A technique faster per image can be "
-                  "slower to a result: read both columns."]
-    if not devices:
-        lines += ["", "No reference results from a real GPU are bundled yet: the last column fills in when they are."]
     return "\n".join(lines) + "\n"
 
 

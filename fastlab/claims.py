@@ -1,7 +1,6 @@
-"""The advice's claims C1-C15, the verdicts this machine's measurements give them, and where they are kept.
+"""The advice's claims C1-C15 (claims.json), the verdicts computed from this machine's measurements, and their store.
 
-Each claim is plain data (claims.json). A notebook quotes it (quote()), measures it, and prints a verdict
-computed by one of the verdict functions below, never typed. A verdict reads as one of:
+A verdict starts with one of:
 
     holds                     the measurement supports the claim, figures included
     holds only when ...       it holds under some of the conditions measured, not the others
@@ -12,8 +11,7 @@ computed by one of the verdict functions below, never typed. A verdict reads as 
     not testable here: ...    the claim is about a device this machine does not have, or the test could not
                               come out otherwise
 
-A finding on a single pair is printed, never recorded: it cannot tell drift from an effect. Verdicts are kept in a
-store (FASTLAB_RESULTS_DIR, else ~/.cache/fastlab/) for notebook 00's claim map.
+A finding on a single pair is printed, never recorded: it cannot tell drift from an effect.
 """
 
 from __future__ import annotations
@@ -48,9 +46,6 @@ class Claim:
     section: str  # the section of that notebook, as its heading reads
     needs_gpu: bool = False  # the advice is about a GPU (its copies, cuDNN, its utilisation): a CPU cannot test it
 
-    def where(self) -> str:
-        return f"{self.notebook}, {self.section}"
-
 
 CLAIMS: tuple[Claim, ...] = tuple(Claim(**row) for row in json.loads(
     (Path(__file__).with_name("claims.json")).read_text(encoding="utf-8"))["claims"])  # the table is data
@@ -63,14 +58,8 @@ def get(claim_id: str) -> Claim:
     return BY_ID[claim_id]
 
 
-def claims_for(notebook: str) -> list[Claim]:
-    """The claims a notebook tests (its name with or without .ipynb)."""
-    name = notebook.removesuffix(".ipynb")
-    return [c for c in CLAIMS if c.notebook == name]
-
-
 def quote(claim_id: str, width: int = 112) -> str:
-    """The claim as a markdown `>` blockquote, id first, attributed to the common advice (paste it into a notebook)."""
+    """The claim as a markdown `>` blockquote, id first, attributed to the common advice."""
     c = get(claim_id)
     figures = "" if c.figures == "-" else f" (its figure: {c.figures})"
     body = f"**{c.id}**, {ATTRIBUTION}: \"{c.text}\"{figures}"
@@ -91,8 +80,7 @@ NOT_TESTABLE = "not testable here"
 
 
 class Finding(NamedTuple):
-    """What a verdict function concludes: the verdict words, the measurement they rest on, and whether it may be
-    recorded as the claim's verdict (False: it rests on a single pair). Rewrap one with ._replace(...)."""
+    """A verdict, the measurement it rests on, and whether it may be recorded (False: a single pair)."""
 
     verdict: str
     evidence: str
@@ -107,7 +95,7 @@ def check_verdict(words: str) -> str:
 
 
 def no_accelerator(why: str) -> str:
-    """The verdict of a claim about a GPU on a machine without one: what the claim needs that is missing here."""
+    """The verdict of a claim about a GPU on a machine without one."""
     return f"{NOT_TESTABLE}: no accelerator ({why})"
 
 
@@ -118,7 +106,7 @@ def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
 
 
 def unseen(c: Comparison, what: str = "no difference detected", on_gpu: bool = False) -> str:
-    """The words of "could not tell here (...)": what it saw, the smallest change it could see, what would tell."""
+    """The words inside "could not tell here (...)": what it saw, the smallest change it could see, what would tell."""
     to_tell = TO_TELL_ON_A_GPU if on_gpu else TO_TELL
     if not math.isfinite(c.detectable):  # a single pair: no size of change can be told from drift
         return (f"{what}, {c.gain:.2f}x, but a side is one run, not interleaved with the other: the machine's "
@@ -270,9 +258,6 @@ class Verdict:
             text += f"\n    measured: {self.evidence}"
         return text
 
-    def where(self) -> str:
-        return f"{self.source}: {self.device}, profile {self.profile}, {self.date}"
-
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -291,7 +276,7 @@ def _context(results: Sequence[RunResult]) -> tuple[str, str]:
 
 def verdict_for(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *,
                 result_summary: str | None = None) -> Verdict:
-    """A Verdict for a claim from a finding, dated, with the device and profile of the results it came from."""
+    """A dated Verdict from a finding, with the device and profile of its results."""
     device, profile = _context(results)
     summary = result_summary if result_summary is not None else "; ".join(r.summary() for r in results[:6])
     return Verdict(claim=claim_id, verdict=finding.verdict, evidence=finding.evidence, result_summary=summary,

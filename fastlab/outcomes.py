@@ -1,7 +1,6 @@
-"""Outcomes, not only speed: accuracy over seeds, and the time it takes to reach a target accuracy.
+"""Outcomes, not only speed: accuracy over seeds (one short run's is mostly seed noise), and time to accuracy.
 
-One short run's held-out accuracy is mostly seed noise, so accuracy is compared over seeds. Training seconds to
-target = wall time of every training step up to the checkpoint that reached it, warm-up and compilation
+Training seconds to target: every training step up to the checkpoint that reached it, warm-up and compilation
 included, evaluation excluded (as DAWNBench reports).
 """
 
@@ -41,12 +40,12 @@ def run_seeds(config: TrainConfig, seeds: Sequence[int] = DEFAULT_SEEDS, *, labe
 
 
 def accuracy_spread(results: Sequence[RunResult]) -> Spread:
-    """Held-out accuracy over runs (seeds): median, min, max. Runs that diverged count as what they reached."""
+    """Held-out accuracy over runs (seeds); a run that diverged counts as what it reached."""
     return Spread.of([r.eval_accuracy for r in results if r.eval_accuracy is not None])
 
 
 def describe_accuracy(results: Sequence[RunResult]) -> str:
-    """'84.1% (min 80.2%, max 86.0%, 3 seeds)', or a single run labelled as one that supports no comparison."""
+    """'84.1% (min 80.2%, max 86.0%, 3 seeds)'; a single run says it supports no comparison."""
     a = accuracy_spread(results)
     if a.n == 0:
         return "no accuracy measured"
@@ -74,7 +73,7 @@ def outcome_verdict(base_runs: Sequence[RunResult], other_runs: Sequence[RunResu
 
 @dataclass
 class TimeToAccuracy:
-    """Time-to-accuracy of one configuration over seeds; each run's extras["tta"] holds its own figures."""
+    """Time to accuracy of one configuration over seeds; each run's extras["tta"] holds its figures."""
 
     label: str
     target: float
@@ -96,7 +95,7 @@ class TimeToAccuracy:
 
     @property
     def best_accuracy(self) -> Spread:
-        """Best held-out accuracy over the seeds that were evaluated at all (a trap may stop before its first)."""
+        """Best held-out accuracy over the seeds evaluated at all (a trap may stop before its first)."""
         return Spread.of([b for r in self.runs if (b := r.extras["tta"]["best_accuracy"]) is not None])
 
     def summary(self) -> str:
@@ -168,10 +167,10 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
 
 @dataclass(frozen=True)
 class TrapLimits:
-    """How the ladders cut a rung above naive short: each seed stops after `max_training_seconds` of training.
-    A first seed that diverged, failed, or was stopped by that limit while slower per image than
-    `max_seconds_per_image` (or before its first synchronised window) is a trap: the other seeds are not run. A
-    stop by the harness's budget (config.max_seconds) never is. Per image: a larger batch makes a longer step."""
+    """How the ladders cut a rung short: each seed stops after `max_training_seconds` of training. A first seed
+    that diverged, failed, or was stopped by that limit slower per image than `max_seconds_per_image` (or before
+    its first synchronised window) is a trap: its other seeds are not run. The harness's budget never makes one.
+    Per image, because a larger batch makes a longer step."""
 
     max_training_seconds: float | None = None
     max_seconds_per_image: float | None = None
@@ -208,14 +207,9 @@ def seconds_per_image(r: RunResult) -> float | None:
     return statistics.median(per_window) if per_window else None
 
 
-def timed_step_seconds(r: RunResult) -> list[float]:
-    """The wall times of a run's timed steps (after its warm-up steps)."""
-    return r.step_seconds[int(r.config.get("warmup_steps", 0)):]
-
-
 def median_step_seconds(r: RunResult) -> float:
     """Median step time of the timed steps, or of every step (warm-up included) when no timed step finished."""
-    steps = timed_step_seconds(r) or r.step_seconds
+    steps = r.step_seconds[int(r.config.get("warmup_steps", 0)):] or r.step_seconds
     return statistics.median(steps) if steps else float("nan")
 
 
@@ -244,7 +238,7 @@ def _why_not(t: TimeToAccuracy) -> str:
 @dataclass(frozen=True)
 class TtaVerdict:
     """Is `other` faster to the target than `base`, why, the comparison of seconds it rests on (None when a side
-    diverged or never reached it), and whether the test could tell (told False: it could not have seen a gain)."""
+    diverged or never reached it), and whether the test could have seen a gain (told)."""
 
     faster: bool
     why: str
@@ -265,7 +259,7 @@ class TtaVerdict:
 
 
 def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> TtaVerdict:
-    """tta_finding's answer, typed: faster or not, why, and the comparison of seconds to target it rests on."""
+    """tta_finding's answer, typed."""
     n, nb = len(other.runs), len(base.runs)
     diverged = sum(r.status == "diverged" for r in other.runs)
     evidence = f"{other.summary()}; against {base.summary()}"
@@ -300,18 +294,14 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     # seconds alone may be the machine's load changing: credited only when fewer steps or a faster step show it
     speed = verdict(pooled_throughput(base.runs), pooled_throughput(other.runs))
     if not (steps.better or (speed.better and not steps_too)):
+        per_image = (f"images/s {speed.ratio:.2f}x: {speed.direction}" + (", a single pair" if speed.single_pair else "")
+                     if speed.comparable else "images/s not measured")
         return TtaVerdict(False, f"{ratio:.2f}x in seconds to {other.target:.0%}, but neither the steps to target "
                                  f"(median {other.steps.median:.0f} vs {base.steps.median:.0f}: {steps.direction}) nor "
-                                 f"the speed per step ({_speed_words(speed)}) shows it: the seconds alone cannot "
+                                 f"the speed per step ({per_image}) shows it: the seconds alone cannot "
                                  f"tell the change from the machine's load changing between runs", evidence, c,
                           told=False)
     return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
-
-
-def _speed_words(c: Comparison) -> str:
-    if not c.comparable:
-        return "images/s not measured"
-    return f"images/s {c.ratio:.2f}x: {c.direction}" + (", a single pair" if c.single_pair else "")
 
 
 def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
@@ -319,7 +309,7 @@ def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
     the seeds' spread is none.
 
-    Fewer steps to the target or a faster step must show a gain too, else "could not tell". steps_too: the change
-    does not alter a step's cost (an optimiser, a schedule), so only the steps to target can show it.
+    Fewer steps or a faster step must show the gain too, else "could not tell". steps_too: the change does not
+    alter a step's cost (an optimiser, a schedule): only the steps can show it.
     """
     return tta_verdict(base, other, steps_too=steps_too).finding

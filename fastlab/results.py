@@ -65,7 +65,7 @@ class RunResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        """The summary line, not every list the run recorded (print(result) in a notebook)."""
+        """The summary line, not every list the run recorded."""
         return f"<RunResult {self.summary()}>"
 
     @property
@@ -74,8 +74,8 @@ class RunResult:
 
     @property
     def throughput(self) -> Spread:
-        """Images per second over the timed windows of every repeat; a run alone is its own one repeat, so the
-        noise rule knows it was not interleaved (verdicts.single_pair)."""
+        """Images/s over the timed windows of every repeat; a run alone is its own one repeat, so the noise rule
+        knows it was not interleaved (verdicts.single_pair)."""
         alone = [self.window_throughput] if self.repeats == 1 else None
         return Spread.of(self.window_throughput, self.repeat_windows or alone)
 
@@ -90,7 +90,7 @@ class RunResult:
         return sum(self.data_wait_seconds[warm:]) / total if total else float("nan")
 
     def copy_fraction(self) -> float:
-        """Share of timed step time spent in the host-to-device copy; nan on a CPU run or without copy times."""
+        """Share of step time spent in the host-to-device copy; nan on a CPU run or without copy times."""
         n = len(self.sampled_step_seconds)
         if self.copy_seconds and len(self.copy_seconds) == n:  # the sampled warm-up steps (steps 1..n) only
             total, copies = sum(self.step_seconds[1:n + 1]), self.copy_seconds
@@ -100,12 +100,6 @@ class RunResult:
         if not (total and copies) or self.env.get("device_type", "cpu") == "cpu":
             return float("nan")
         return sum(copies) / total
-
-    def data_split(self) -> str:
-        """'data wait 12%, copy to device 30%' (the copy only where there was one)."""
-        wait, copy = self.data_wait_fraction(), self.copy_fraction()
-        text = "data wait " + ("not measured" if wait != wait else f"{wait:.0%}")  # NaN: not measured
-        return text + ("" if copy != copy else f", copy to device {copy:.0%}")
 
     def optimizer_share(self) -> float:
         """Share of a (sampled, synchronised) step spent in optimizer.step(); nan when not sampled."""
@@ -125,9 +119,11 @@ class RunResult:
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
                     f"({self.error or 'stopped early'}; median step {step:.2f} s over {self.steps_done} steps, "
                     f"warm-up included), {data}")
-        t = self.throughput
+        t, wait, copy = self.throughput, self.data_wait_fraction(), self.copy_fraction()  # NaN: not measured
+        split = f"data wait {'not measured' if wait != wait else f'{wait:.0%}'}"
+        split += "" if copy != copy else f", copy to device {copy:.0%}"
         parts = [f"{self.label}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows)",
-                 f"peak memory {self.peak_memory_mb:,.0f} MiB", self.data_split()]
+                 f"peak memory {self.peak_memory_mb:,.0f} MiB", split]
         if self.eval_accuracy is not None:
             parts.append(f"held-out accuracy {self.eval_accuracy:.1%}")
         parts.append(data)
@@ -223,14 +219,10 @@ def load_results(path: str | os.PathLike) -> list[RunResult]:
     return [RunResult.from_dict(r) for r in load_document(path)["results"]]
 
 
-def reference_files() -> list[Path]:
-    return sorted(REFERENCE_DIR.glob("*.json"))
-
-
 def load_reference() -> dict[str, list[RunResult]]:
     """Bundled results measured on real GPUs, by device name; empty when none is bundled yet."""
     out: dict[str, list[RunResult]] = {}
-    for path in reference_files():
+    for path in sorted(REFERENCE_DIR.glob("*.json")):
         results = load_results(path)
         if results:
             out[results[0].env.get("device_name", path.stem)] = results
@@ -248,7 +240,7 @@ def reference_for(comparison: str) -> dict[str, list[RunResult]]:
 
 
 def reference_summary(*comparisons: str) -> str:
-    """Lines describing the bundled reference results of these comparisons; one notice for all that have none."""
+    """The bundled reference results of these comparisons, a line each; one notice for all that have none."""
     lines, missing = [], []
     for comparison in comparisons:
         found = reference_for(comparison)
