@@ -99,12 +99,6 @@ def no_accelerator(why: str) -> str:
     return f"{NOT_TESTABLE}: no accelerator ({why})"
 
 
-def _no_op(runs: list[RunResult], knob: str | None) -> str | None:
-    if knob and runs and all(knob in r.no_ops for r in runs):
-        return runs[0].no_ops[knob]
-    return None
-
-
 def unseen(c: Comparison, what: str = "no difference detected", on_gpu: bool = False) -> str:
     """The words inside "could not tell here (...)": what it saw, the smallest change it could see, what would tell."""
     to_tell = TO_TELL_ON_A_GPU if on_gpu else TO_TELL
@@ -130,9 +124,9 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
     other = [other_runs] if isinstance(other_runs, RunResult) else list(other_runs)
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
-    why = _no_op(other, knob)
-    if why:
-        return Finding(f"no-op here ({why})", f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
+    if knob and all(knob in r.no_ops for r in other):
+        return Finding(f"no-op here ({other[0].no_ops[knob]})",
+                       f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
     c = runs_verdict(base, other, unit=unit)
     if c.comparable:
         return verdict_faster(c.base, c.other, claimed_ratio, unit=unit, what="windows",
@@ -288,14 +282,10 @@ STORE_NAME = "verdicts.json"
 MAX_KEPT = 500  # the store keeps the newest verdicts only, so it never grows without bound
 
 
-def results_dir() -> Path:
-    """Where the reader's own verdicts are kept: FASTLAB_RESULTS_DIR, else ~/.cache/fastlab."""
-    env = os.environ.get("FASTLAB_RESULTS_DIR", "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fastlab"
-
-
 def store_path() -> Path:
-    return results_dir() / STORE_NAME
+    """Where the reader's own verdicts are kept: in FASTLAB_RESULTS_DIR, else ~/.cache/fastlab."""
+    env = os.environ.get("FASTLAB_RESULTS_DIR", "").strip()
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "fastlab") / STORE_NAME
 
 
 @contextlib.contextmanager
