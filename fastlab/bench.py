@@ -84,20 +84,18 @@ def ladder(base: TrainConfig) -> list[Rung]:
     ]
 
 
-# What a rung does on a CUDA GPU, a CPU and another device (MPS): printed beside each rung, true where it runs.
+# What a rung does on a CUDA GPU, a CPU and another device (MPS), true where it runs.
+_WORKERS = "the DataLoader settings: worker processes decode and augment in parallel"
+_NO_CUDNN = "a no-op here: cuDNN runs only on NVIDIA GPUs"
 RUNG_WHY: dict[str, tuple[str, str, str]] = {
-    "workers": ("the DataLoader settings: worker processes decode and augment in parallel; pinned memory lets "
-                "the copy to the GPU run asynchronously (non_blocking)",
-                "the DataLoader settings: worker processes decode and augment in parallel, on the same cores as "
-                "training; pin_memory and non_blocking do nothing without a GPU",
-                "the DataLoader settings: worker processes decode and augment in parallel; pin_memory and "
-                "non_blocking act only on copies to a CUDA GPU"),
+    "workers": (f"{_WORKERS}; pinned memory lets the copy to the GPU run asynchronously (non_blocking)",
+                f"{_WORKERS}, on the same cores as training; pin_memory and non_blocking do nothing without a GPU",
+                f"{_WORKERS}; pin_memory and non_blocking act only on copies to a CUDA GPU"),
     "amp": ("lower precision halves memory traffic and runs matmuls and convolutions on tensor cores",
             "lower precision halves memory traffic; a CPU has no tensor cores, and bf16 pays only where it has bf16 "
             "instructions (AVX-512 BF16): elsewhere it can be many times slower",
             "lower precision halves memory traffic"),
-    "cudnn": ("cuDNN times its algorithms per shape and keeps the fastest",
-              "a no-op here: cuDNN runs only on NVIDIA GPUs", "a no-op here: cuDNN runs only on NVIDIA GPUs"),
+    "cudnn": ("cuDNN times its algorithms per shape and keeps the fastest", _NO_CUDNN, _NO_CUDNN),
     "channels_last": ("NHWC is the layout tensor cores want",
                       "NHWC: oneDNN has channels-last kernels; whether they beat NCHW here is measured",
                       "NHWC: whether it beats NCHW on this device is measured"),
@@ -105,8 +103,7 @@ RUNG_WHY: dict[str, tuple[str, str, str]] = {
 
 
 def _why(device_type: str, rung: str) -> str:
-    cuda, cpu, other = RUNG_WHY[rung]
-    return {"cuda": cuda, "cpu": cpu}.get(device_type, other)
+    return RUNG_WHY[rung][{"cuda": 0, "cpu": 1}.get(device_type, 2)]
 
 
 RUNG_NAMES = [r.name for r in ladder(TrainConfig(device="cpu", profile="smoke"))]
@@ -135,10 +132,10 @@ def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
     """Why a rung's change should not be carried up the ladder, or None; a stop by the harness's budget is no trap."""
     if below is None:
         return None
-    if stopped_by_harness_budget(result) and not result.window_throughput:
+    budget_stop = stopped_by_harness_budget(result)
+    if budget_stop and not result.window_throughput:
         return (f"not measured: the harness's time budget ran out before its first timed window ({result.error}); "
                 "not a trap, but nothing measured to carry up")
-    budget_stop = stopped_by_harness_budget(result)
     if result.status in ("failed", "diverged") or (result.status == "time_limited" and not budget_stop) \
             or not result.window_throughput:
         return f"{result.status}: {result.error or 'no timed window finished'}"
@@ -156,12 +153,12 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                max_seconds: float | Callable[[], float] | None = None, budget_s: float | None = None,
                not_run: dict[str, str] | None = None, repeats: int | None = None,
                on_update: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
-    """Run the rungs cumulatively; a trap here (see drop_reason) is not carried up; stops when a run is interrupted.
+    """Run the rungs cumulatively; a trap (drop_reason) is not carried up; stops when a run is interrupted.
 
-    on_result(result): after each rung of the first pass. max_seconds: each rung's budget on its timed steps (a
-    number, or a function called before each rung). budget_s: no first-pass rung starts after this much wall time;
-    not_run gets each such rung's title and why. repeats (default: the profile's): later passes alternate direction
-    (naive, +a, +b, +b, +a, naive) so a steady drift lands on every rung alike. on_update(results): after every run."""
+    max_seconds: each rung's budget on its timed steps (or a function called before each rung). budget_s: no
+    first-pass rung starts after this much wall time (not_run gets its title and why). repeats (default: the
+    profile's): later passes alternate direction so a steady drift lands on every rung alike. on_result: after
+    each first-pass rung; on_update(results): after every run."""
     results: list[RunResult] = []
     configs: list[TrainConfig] = []
     kept: dict[str, Any] = {}
@@ -208,8 +205,7 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
 
 
 def _run_rung(rung: Rung, below: TrainConfig, cfg: TrainConfig, progress: bool) -> RunResult:
-    """One throughput rung, planned against the config below it (config.plan_arm): not trained when a no-op here,
-    one short run when a known trap, else a full run."""
+    """One rung, planned against the config below (config.plan_arm): no-op, a short trap run, or a full run."""
     plan = plan_arm(below, cfg)
     if plan.kind == "no-op":
         return not_trained(cfg, rung.title, plan.reason)

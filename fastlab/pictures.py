@@ -1,10 +1,7 @@
-"""The two pictures a teacher draws on the board: the data pipeline, and the anatomy of one training step.
+"""Two pictures: the data pipeline (a diagram) and the anatomy of one training step (measured).
 
-The pipeline is a diagram (what runs where, in which process or thread). The step anatomy is measured: the
-harness samples warm-up steps after the first with a synchronisation around each part (fastlab.step_parts), so
-each part's time is its own even on a GPU, where work is otherwise queued and overlaps. Those
-steps are warm-up steps and their syncs remove the overlap a timed step has: the picture shows what each part
-costs, not how a timed step hides one part behind another.
+The anatomy comes from warm-up steps sampled with a sync around each part (fastlab.step_parts), so each part's
+time is its own even on a GPU; the syncs remove the overlap of a timed step: it shows what each part costs.
 """
 
 from __future__ import annotations
@@ -15,15 +12,14 @@ import textwrap
 from .plots import ShownFigure, data_note
 from .results import RunResult
 
-# The parts of a step, in the order they happen, with a colour each (the same in every figure).
+# The parts of a step in order, one colour each.
 PARTS = ("data wait", "copy", "forward", "backward", "optimiser", "loss read / sync", "other")
 COLOURS = {"data wait": "tab:orange", "copy": "tab:brown", "data wait + copy": "tab:orange", "forward": "tab:blue",
            "backward": "tab:purple", "optimiser": "tab:green", "loss read / sync": "tab:red", "other": "tab:gray"}
 
 
 def _copies(r: RunResult, n: int) -> list[float] | None:
-    """Per sampled step, the host-to-device copy's seconds, when the run timed it apart from the data wait (runs
-    from before copy_seconds existed counted the copy in the data wait)."""
+    """Per sampled step, the host-to-device copy's seconds; None where the data wait includes the copy."""
     if len(r.copy_seconds) == n:  # one per sampled step
         return list(r.copy_seconds)
     if len(r.copy_seconds) < n + 1:
@@ -32,13 +28,11 @@ def _copies(r: RunResult, n: int) -> list[float] | None:
 
 
 def step_anatomy(r: RunResult) -> dict[str, float]:
-    """Median milliseconds of each part of a step, over the run's sampled warm-up steps (steps 1 .. n).
+    """Median milliseconds of each part of a step over the run's sampled warm-up steps (steps 1 .. n).
 
-    data wait: next(batches); copy: the host-to-device copy, up to the sync that ends it (a run from before the
-    copy was timed apart counted it in the data wait: the part is then named "data wait + copy"); forward, backward, optimiser: each bracketed by syncs; other: the rest of the sampled
-    step (zero_grad, the scaler's update, the syncs themselves); loss read / sync: the step's booked time after
-    the sampled part (the loss read of a logging step, the clock's own sync at a window's end): near zero here,
-    since the sampled step has synchronised already, while in a timed step the host waits there for queued work.
+    copy: up to its sync ("data wait + copy" where not timed apart); forward, backward, optimiser: each between
+    syncs; other: the rest (zero_grad, the scaler, the syncs); loss read / sync: the step's time after the sampled
+    part, near zero here (already synchronised) where a timed step waits for queued work.
     """
     n = len(r.forward_seconds)
     if not n or len(r.sampled_step_seconds) != n or len(r.step_seconds) < n + 1:
@@ -74,7 +68,7 @@ def describe_anatomy(results: list[RunResult]) -> str:
 
 
 def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"):
-    """One horizontal bar per run (naive and tuned side by side), split into the measured parts of a step."""
+    """One horizontal bar per run, split into the measured parts of a step."""
     fig = ShownFigure(figsize=(10, 1.2 + 0.8 * len(results)), layout="constrained")
     ax = fig.subplots()
     seen: set[str] = set()
@@ -99,7 +93,7 @@ def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"
 
 # ---------------------------------------------------------------- the data pipeline, drawn
 
-# (label, where it runs, what it does): the stages of a DataLoader feeding a GPU, left to right.
+# (stage, where it runs, what it does), left to right.
 PIPELINE = (
     ("Dataset", "in each worker\n(or the main process)", "__getitem__(i): read, decode,\naugment one image"),
     ("worker processes", "num_workers of them", "each builds whole batches;\nprefetch_factor batches ahead"),
@@ -111,8 +105,8 @@ PIPELINE = (
 
 
 def plot_data_pipeline(device_type: str = "cuda"):
-    """The DataLoader pipeline as boxes and arrows: which stage runs in which process or thread. device_type:
-    where training runs; on a CPU the pin-memory and copy stages are marked as doing nothing."""
+    """The DataLoader pipeline as boxes: which stage runs in which process or thread; off CUDA the pin-memory
+    and copy stages are greyed (they do nothing)."""
     fig = ShownFigure(figsize=(12, 2.9), layout="constrained")
     ax = fig.subplots()
     ax.set_xlim(0, len(PIPELINE))

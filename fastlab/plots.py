@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import statistics
 from typing import Any
 
 from matplotlib.figure import Figure
@@ -18,10 +19,7 @@ from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, unc
 
 
 class ShownFigure(Figure):
-    """A matplotlib Figure that Jupyter shows as a PNG when a cell returns it, whatever the backend.
-
-    Bare Figures (not pyplot) let widgets draw from a background thread.
-    """
+    """A Figure Jupyter shows as a PNG whatever the backend; bare (not pyplot), so widgets draw from a thread."""
 
     def _repr_png_(self) -> bytes:
         return figure_png(self)
@@ -34,7 +32,6 @@ def data_note(results: list[RunResult]) -> str:
 
 
 def new_figure(ncols: int, width: float = 5.0, height: float = 3.6):
-    # a bare Figure, not pyplot: safe from a widget's background thread
     fig = ShownFigure(figsize=(width * ncols, height))
     axes = fig.subplots(1, ncols, squeeze=False)
     return fig, list(axes[0])
@@ -155,12 +152,12 @@ def plot_comparison(results: list[RunResult], title: str = "", reference: list[R
     ax_m.barh(y, [r.peak_memory_mb for r in results], color="tab:purple")
     ends = [m + e for m, e in zip(med, err[1])]  # where each row's text may start: right of whisker and mark
     handles = legend_handles(kinds, [m for ms in marks for m in ms], than="its baseline")
-    for i, r in enumerate(results):
-        paired = r.extras.get("paired")
-        if paired and paired.get("ratios"):
-            ax_t.plot([paired["baseline"]] * 2, [i - 0.42, i + 0.42], color="black", ls="--", lw=1.2)
-            ends[i] = max(ends[i], paired["baseline"])
-    if any((r.extras.get("paired") or {}).get("ratios") for r in results):
+    paired_rows = [i for i, r in enumerate(results) if (r.extras.get("paired") or {}).get("ratios")]
+    for i in paired_rows:
+        baseline = results[i].extras["paired"]["baseline"]
+        ax_t.plot([baseline] * 2, [i - 0.42, i + 0.42], color="black", ls="--", lw=1.2)
+        ends[i] = max(ends[i], baseline)
+    if paired_rows:
         from matplotlib.lines import Line2D
 
         handles.append(Line2D([], [], color="black", ls="--", lw=1.2, label=PAIRED_MARK))
@@ -187,9 +184,7 @@ def plot_comparison(results: list[RunResult], title: str = "", reference: list[R
 
 
 def plot_step_split(results: list[RunResult], title: str = ""):
-    """Median per-step time split into waiting for data and everything else (compute)."""
-    import statistics
-
+    """Median per-step time split into waiting for data, the copy to the device and the rest (compute)."""
     fig, (ax,) = new_figure(1, width=max(5.0, 1.1 * len(results) + 2))
     waits, copies, computes = [], [], []
     for r in results:
