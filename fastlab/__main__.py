@@ -188,11 +188,11 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     from .tools.install import copy_notebooks
 
     report = copy_notebooks(_writable_folder(Path(args.dir), "the DIR argument"), force=args.force)
-    for name in report.copied + report.updated + report.overwritten:
-        how = "updated" if name in report.updated else "overwrote your edited" if name in report.overwritten else "wrote"
-        print(f"{how} {report.folder / name}")
-    done = len(report.copied) + len(report.updated) + len(report.overwritten)
-    print(f"{done} notebooks written to {report.folder.resolve()}"
+    written = {"wrote": report.copied, "updated": report.updated, "overwrote your edited": report.overwritten}
+    for how, names in written.items():
+        for name in names:
+            print(f"{how} {report.folder / name}")
+    print(f"{sum(map(len, written.values()))} notebooks written to {report.folder.resolve()}"
           + (f"; {len(report.unchanged)} already up to date" if report.unchanged else "")
           + f". Open it with: jupyter lab {report.folder}")
     if report.kept:

@@ -51,13 +51,8 @@ class Entry:
     own: tuple[Callable[..., Any], tuple[str, ...]] | None = None  # no knob: (function, markers of its lines)
 
 
-def _c12_configs() -> tuple[dict[str, Any], dict[str, Any]]:
-    """C12's first and last variants (Adam; AdamW with cosine), as notebook 06 builds them."""
-    variants = optimizers.c12_changes(BASE)
-    return BASE.diff(variants[0].config), BASE.diff(variants[-1].config)
-
-
-_C12_START, _C12_END = _c12_configs()
+_C12 = optimizers.c12_changes(BASE)  # its first and last variants: Adam, then AdamW with cosine (as notebook 06)
+_C12_START, _C12_END = BASE.diff(_C12[0].config), BASE.diff(_C12[-1].config)
 _CHECKLIST = dict(num_workers=4, pin_memory=True, non_blocking=True, persistent_workers=True, amp="fp16",
                   cudnn_benchmark=True, optimizer="adamw", weight_decay=0.05)
 

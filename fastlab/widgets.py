@@ -28,6 +28,7 @@ from .config import (
     field_names,
     plan_arm,
 )
+from .isolation import active_run
 from .measure import Spread
 from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
@@ -67,9 +68,7 @@ def busy_elsewhere(panel: Panel | None = None) -> str | None:
         if other is not panel and other._thread is not None and other._thread.is_alive():
             return (f"Cannot run: the panel '{other.key}' is running <i>{other._label}</i> in this kernel "
                     "(one run at a time): wait for it, or press its Stop.")
-    from . import train
-
-    active = getattr(train, "active_run", lambda: None)()
+    active = active_run()
     if active is not None:
         return f"Cannot run: <i>{active}</i> is running in this kernel (one run at a time): wait for it to finish."
     return None

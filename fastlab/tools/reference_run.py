@@ -46,10 +46,6 @@ REPEATED_ON_A_GPU: dict[str, NamedComparison] = {c.name: c for c in (
 )}
 
 
-def device_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="fastlab/reference", help="folder for <device>.json")
@@ -62,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fastlab.tools.reference_run: no CUDA GPU here; reference results are measured on a real GPU only.",
               file=sys.stderr)
         return 2
-    path = Path(args.out) / f"{device_slug(device_name(device))}.json"
+    path = Path(args.out) / f"{re.sub(r'[^a-z0-9]+', '-', device_name(device).lower()).strip('-')}.json"
     start = time.monotonic()
     results: list[RunResult] = []
 
