@@ -94,7 +94,6 @@ def _results_file(path_text: str) -> Path:
 
 
 def _flags_config(args: argparse.Namespace) -> TrainConfig:
-    """The --profile preset with the TrainConfig flags given."""
     from .config import config_for
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}
@@ -177,10 +176,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     from .results import load_results
 
     results = load_results(_results_file(args.results))
-    if not results:
-        print(f"{args.results} holds no results")
-    else:
-        print(results_advice_text(results))
+    print(results_advice_text(results) if results else f"{args.results} holds no results")
     return 0
 
 
