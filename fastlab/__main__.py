@@ -20,7 +20,7 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line like every other CLI error (not usage text plus a message)."""
+    """argparse whose usage error is one line, like every other CLI error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         _fail(message, f"see `{self.prog} --help`")
@@ -35,7 +35,7 @@ def _fail(what: str, fix: str, status: int = 2) -> int:
 
 
 def _what_and_fix(e: BaseException) -> tuple[str, str]:
-    """Split an exception raised by the package into what went wrong and its fix (the API's messages say both)."""
+    """What went wrong and its fix, from an exception the package raised (its messages say both)."""
     from .data import DatasetError
 
     text = " ".join(str(e).split())
@@ -63,7 +63,7 @@ def _what_and_fix(e: BaseException) -> tuple[str, str]:
 
 
 def _writable_folder(folder: Path, flag: str = "--out") -> Path:
-    """Create `folder` (with parents) before any training, so a bad path fails in a second, not after a run."""
+    """Create `folder` before any training, so a bad path fails at once, not after a run."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".fastlab-write-test"
@@ -76,7 +76,7 @@ def _writable_folder(folder: Path, flag: str = "--out") -> Path:
 
 
 def _results_file(path_text: str) -> Path:
-    """A results.json named directly or by its folder; missing files are named with the fix."""
+    """A results.json named directly or by its folder."""
     path = Path(path_text)
     if path.is_dir():
         path = path / "results.json"
@@ -87,10 +87,17 @@ def _results_file(path_text: str) -> Path:
 
     try:
         load_document(path)
-    except ValueError as e:  # not JSON, or another schema version (whose message names the fix after ". ")
+    except ValueError as e:  # not JSON, or another schema version (the fix follows ". ")
         what, _, said = str(e).partition(". ")
         raise CliError(what, said or fix) from None
     return path
+
+
+def _flags_config(args: argparse.Namespace) -> TrainConfig:
+    from .config import config_for
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}
+    return config_for(args.profile, **{k: v for k, v in vars(args).items() if k in fields and v is not None})
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -107,7 +114,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return [x.strip() for x in text.split(",") if x.strip()] if text else None
 
     only, skip = split(args.only), split(args.skip)
-    select_rungs(ladder(TrainConfig(device="cpu", profile="smoke")), only, skip)  # rung names first: no folder left
+    select_rungs(ladder(TrainConfig(device="cpu", profile="smoke")), only, skip)  # bad rung names fail before the folder
     out = _writable_folder(Path(args.out) if args.out else default_out_dir())
     out = bench(out, profile=args.profile, model=args.model, only=only, skip=skip, metric=args.metric,
                 seeds=args.seeds)
@@ -118,13 +125,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .config import config_for
     from .results import save_results
     from .train import run
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}  # --profile picks the preset
-    changes = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    cfg = config_for(args.profile, **changes)
+    cfg = _flags_config(args)
     if args.out and Path(args.out).is_dir():
         raise CliError(f"--out {args.out} is a folder", f"give a file name, such as {Path(args.out) / 'result.json'}")
     if args.out:
@@ -142,9 +146,7 @@ def _cmd_code(args: argparse.Namespace) -> int:
     from .code import code, code_diff
     from .config import config_for
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}
-    changes = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    cfg = config_for(args.profile, **changes)
+    cfg = _flags_config(args)
     if args.diff is None:
         print(code(cfg), end="")
     else:  # against the profile's preset (the flags undone), or another profile's
@@ -174,10 +176,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     from .results import load_results
 
     results = load_results(_results_file(args.results))
-    if not results:
-        print(f"{args.results} holds no results")
-    else:
-        print(results_advice_text(results))  # diverged runs named first
+    print(results_advice_text(results) if results else f"{args.results} holds no results")
     return 0
 
 
@@ -185,11 +184,11 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     from .tools.install import copy_notebooks
 
     report = copy_notebooks(_writable_folder(Path(args.dir), "the DIR argument"), force=args.force)
-    for name in report.copied + report.updated + report.overwritten:
-        how = "updated" if name in report.updated else "overwrote your edited" if name in report.overwritten else "wrote"
-        print(f"{how} {report.folder / name}")
-    done = len(report.copied) + len(report.updated) + len(report.overwritten)
-    print(f"{done} notebooks written to {report.folder.resolve()}"
+    written = {"wrote": report.copied, "updated": report.updated, "overwrote your edited": report.overwritten}
+    for how, names in written.items():
+        for name in names:
+            print(f"{how} {report.folder / name}")
+    print(f"{sum(map(len, written.values()))} notebooks written to {report.folder.resolve()}"
           + (f"; {len(report.unchanged)} already up to date" if report.unchanged else "")
           + f". Open it with: jupyter lab {report.folder}")
     if report.kept:

@@ -1,8 +1,5 @@
-"""Notebook 00's map of the claims: each with the reader's latest verdict, else the bundled GPU reference's.
-
-A claim is judged on bundled reference results by the lesson function that judges the reader's own runs, as the
-explicit list JUDGES names: nothing registers itself on import.
-"""
+"""Notebook 00's map of the claims, each with the reader's latest verdict, else the bundled GPU reference's:
+judged by the lesson function that judges the reader's runs (the explicit list JUDGES)."""
 
 from __future__ import annotations
 
@@ -42,7 +39,7 @@ JUDGES: tuple[ClaimJudge, ...] = (
 
 
 def reference_verdicts(judges: Sequence[ClaimJudge] = JUDGES) -> dict[str, Verdict]:
-    """Each judged claim's verdict on the first device's bundled reference results (none from a single pair)."""
+    """Each judged claim's verdict on the first device's bundled reference results (a single pair gives none)."""
     out: dict[str, Verdict] = {}
     for entry in judges:
         if entry.claim in out:
@@ -50,9 +47,9 @@ def reference_verdicts(judges: Sequence[ClaimJudge] = JUDGES) -> dict[str, Verdi
         for device, results in reference_for(entry.comparison.name).items():
             try:
                 finding = entry.judge(results)
-            except (ValueError, KeyError, IndexError):  # reference runs this judge cannot read: no verdict
+            except (ValueError, KeyError, IndexError):  # reference runs this judge cannot read
                 continue
-            if not finding.recorded:  # a single pair: no verdict from it, here either
+            if not finding.recorded:
                 continue
             v = verdict_for(entry.claim, finding, results)
             v.source, v.device = "reference", device
@@ -70,7 +67,6 @@ def _verdict_line(v: Verdict | None, missing: str = "not measured yet") -> str:
 
 
 def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
-    """The claims grouped: what this machine showed, what only a GPU can show, what is not measured here."""
     sections: dict[str, list[Claim]] = {"here": [], "gpu": [], "rest": []}
     for c in CLAIMS:
         v = mine.get(c.id)
@@ -83,14 +79,13 @@ def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
 
 
 MAP_HEADINGS = {"here": "What this machine showed (your latest runs)",
-                "gpu": "What only a GPU can show (the advice is about a GPU: its copies, cuDNN, its utilisation)",
+                "gpu": "What only a GPU can show",
                 "rest": "Not measured on this machine yet"}
 
 
 def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
               width: int = 110) -> str:
-    """Each claim, where it is tested, and its verdict, grouped by _map_sections (the reader's latest verdicts,
-    else the bundled GPU reference's). mine/reference default to the store and the bundled results."""
+    """Each claim, where it is tested, and its verdict (mine: default the store; reference: the bundled results)."""
     mine = latest_verdicts() if mine is None else mine
     if reference is None:
         reference = reference_verdicts()
@@ -109,9 +104,8 @@ def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdi
             else:
                 lines.append(_verdict_line(mine.get(c.id) or reference.get(c.id)))
             lines.append("")
-    counts = {"yours": sum(c.id in mine for c in CLAIMS),
-              "reference": sum(c.id not in mine and c.id in reference for c in CLAIMS)}
-    lines.append(f"{counts['yours']} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "
-                 f"{counts['reference']} from bundled reference results, the rest not measured yet.")
+    yours, ref = sum(c.id in mine for c in CLAIMS), sum(c.id not in mine and c.id in reference for c in CLAIMS)
+    lines.append(f"{yours} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "
+                 f"{ref} from bundled reference results, the rest not measured yet.")
     return "\n".join(textwrap.fill(line, width, subsequent_indent="     ") if len(line) > width else line
                      for line in lines)

@@ -10,18 +10,14 @@ from .measure import bf16_is_trap, bf16_supported, environment, has_tensor_cores
 
 
 def techniques_here(device: torch.device | None = None) -> list[tuple[str, bool, str]]:
-    """(technique, applies here?, why) for each technique the workbook teaches. Whether a knob does anything here
-    is decided once, by config.no_op_reasons (what a run records as a no-op), never a second time here."""
+    """(technique, applies here?, why) for each technique taught; whether a knob acts is config.no_op_reasons'."""
     dev = device or resolve_device()
     cuda = dev.type == "cuda"
 
-    def idle(**knobs: object) -> str | None:  # why these knobs do nothing here, or None when they act
-        reasons = no_op_reasons(TrainConfig(device=dev.type, **knobs), dev)
-        return "; ".join(reasons[k] for k in knobs if k in reasons) or None
-
     def row(name: str, does: str, **knobs: object) -> tuple[str, bool, str]:
-        why = idle(**knobs)
-        return name, why is None, does if why is None else why
+        reasons = no_op_reasons(TrainConfig(device=dev.type, **knobs), dev)
+        why = "; ".join(reasons[k] for k in knobs if k in reasons)
+        return name, not why, why or does
 
     return [
         ("DataLoader workers", True, "parallel decoding and augmentation on CPU cores"),
@@ -47,8 +43,8 @@ def environment_report() -> str:
     lines = ["fastlab environment", ""]
     lines += [f"  {k:<20} {v}" for k, v in env.items()]
     cifar = data_dir()
-    lines += ["", f"  {'CIFAR-10':<20} {'on disk at ' + str(cifar) if cifar10_on_disk(cifar) else 'not on disk (' + str(cifar) + '); the SYNTHETIC set is used offline'}",
-              "", "techniques on this machine:"]
+    where = f"on disk at {cifar}" if cifar10_on_disk(cifar) else f"not on disk ({cifar}); the SYNTHETIC set is used offline"
+    lines += ["", f"  {'CIFAR-10':<20} {where}", "", "techniques on this machine:"]
     for name, applies, why in techniques_here(dev):
         lines.append(f"  [{'x' if applies else ' '}] {name:<28} {why}")
     return "\n".join(lines)

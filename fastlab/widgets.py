@@ -1,10 +1,8 @@
-"""A widget panel for a notebook: one control per knob, Run, Stop and Clear buttons, a progress bar and a plot.
+"""A notebook panel: one control per knob, Run/Stop/Clear, a progress bar, the plot and the code diff.
 
-The run happens in a background thread so that Stop stays responsive; from that thread only widget traits are
-updated, since output written with `with out:` from a thread never reaches the page. Each Run measures the
-panel's baseline beside the variant (A/B/A by default), so its ratio compares runs under the same load. One run
-per kernel: a Run while another panel's run is going is refused. A re-executed panel cell takes over the results
-and any run of the panel it replaces. Under the plot: the code diff of the knobs as set (fastlab.code_diff).
+Runs train in a background thread (Stop stays responsive), which updates widget traits only: `with out:` from a
+thread never reaches the page. Each Run measures the baseline beside the variant (A/B/A by default), so the ratio
+compares runs under the same load. One run per kernel; a re-executed cell takes over the old panel's runs.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from .config import (
     field_names,
     plan_arm,
 )
+from .isolation import active_run
 from .measure import Spread
 from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
@@ -42,11 +41,6 @@ PlotFn = Callable[[list[RunResult]], Any]
 NONE_CHOICE = "None (torch's default)"
 # Run orders: A is the panel's baseline, B the knobs as set. "none" compares with the first result only.
 PAIRINGS = {"ABA": "ABA", "AB": "AB", "none": "B"}
-PAIRING_COST = {"ABA": "<br>A/B/A: the baseline is measured before and after the knobs as set, so a Run takes "
-                       "about 3 runs' time.",
-                "AB": "<br>A/B: the baseline is measured just before the knobs as set, so a Run takes about "
-                      "2 runs' time.",
-                "none": ""}
 
 # One run per kernel: every panel of this process by key, and the panels whose run is in progress.
 _PANELS: dict[str, Panel] = {}
@@ -74,9 +68,7 @@ def busy_elsewhere(panel: Panel | None = None) -> str | None:
         if other is not panel and other._thread is not None and other._thread.is_alive():
             return (f"Cannot run: the panel '{other.key}' is running <i>{other._label}</i> in this kernel "
                     "(one run at a time): wait for it, or press its Stop.")
-    from . import train
-
-    active = getattr(train, "active_run", lambda: None)()
+    active = active_run()
     if active is not None:
         return f"Cannot run: <i>{active}</i> is running in this kernel (one run at a time): wait for it to finish."
     return None
@@ -99,6 +91,12 @@ def pair_summary(base_runs: list[RunResult], variant: RunResult) -> dict[str, An
             "label": "noise" if c.noise else f"{ratio:.2f}x"}
 
 
+def _cost(pairing: str) -> str:
+    order = PAIRINGS[pairing]
+    return "" if len(order) == 1 else (f"<br>{'/'.join(order)}: the baseline is measured beside the knobs as set, "
+                                       f"so a Run takes about {len(order)} runs' time.")
+
+
 def _trap_note(plan: ArmPlan) -> str:
     return f"<br>A known trap here ({html.escape(plan.reason)}): one short demonstration run." if plan.kind == "trap" else ""
 
@@ -106,14 +104,10 @@ def _trap_note(plan: ArmPlan) -> str:
 class Panel:
     """Controls for some TrainConfig fields; each Run adds one result to `results` and redraws the plot.
 
-    knobs: field name -> options (None for a yes/no field or a field with fixed choices).
-    results: results to show beside new runs; the first with the base config is the "page load" baseline.
-    pairing: "ABA" (default) measures the baseline before and after each variant, "AB" before it only, "none"
-        compares with the first result (cheapest; wrong as soon as the machine's load changes).
-    key: identifies the panel in this kernel (default: the title, else the knob names); a new Panel with the
-        same key takes over its results and its run in progress.
-    keep: the plot shows the given results and the last `keep` runs.
-    describe(result): HTML shown under the plot after each run; advice=True adds fastlab.advise's findings.
+    knobs: field -> options (None: a yes/no or fixed-choice field). results: shown beside new runs; the first with
+    the base config is the page-load baseline. pairing: "ABA", "AB" or "none" (compare with the first result:
+    cheapest, wrong once the load changes). key: a new Panel with the same key takes over this one's runs.
+    keep: how many of the latest runs the plot shows. describe(result): HTML under the plot; advice adds advise's.
     """
 
     def __init__(self, base: TrainConfig, knobs: dict[str, Sequence[Any] | None], *,
@@ -134,7 +128,7 @@ class Panel:
         self._successor: Panel | None = None
         self._label = ""
         self.controls = {name: _control(name, getattr(base, name), opts) for name, opts in knobs.items()}
-        # No button icons: they come from Font Awesome, which a page must not fetch (the dashboard runs offline).
+        # no button icons: Font Awesome would be fetched, and the dashboard runs offline
         self.run_button = W.Button(description="Run", button_style="primary")
         self.stop_button = W.Button(description="Stop", button_style="warning", disabled=True)
         self.clear_button = W.Button(description="Clear", tooltip="remove this panel's runs from the plot")
@@ -164,7 +158,6 @@ class Panel:
         ])
 
     def _take_over(self, old: Panel | None) -> None:
-        """A re-executed cell: keep the old panel's runs, and show its run in progress here."""
         if old is None or old is self:
             return
         self.results.extend(old.results[old._n_given:])
@@ -176,7 +169,6 @@ class Panel:
                                  "its result will show here.")
 
     def _view(self) -> Panel:
-        """Where a run's output goes: the newest panel that took over this one."""
         panel = self
         while panel._successor is not None:
             panel = panel._successor
@@ -192,23 +184,24 @@ class Panel:
                                     for name, c in self.controls.items()})
 
     def show_code(self) -> None:
-        """Under the plot: the diff of the knobs as set against the baseline, or why they cannot run (no traceback)."""
-        head = "<b>The code</b>: what the knobs as set change in the baseline's PyTorch script (fastlab.code_diff)"
+        """The diff of the knobs as set against the baseline's script, or why there is none (no traceback)."""
+        head = "<b>The code</b>"
         try:
             cfg = self.current_config()
-        except ValueError as e:  # an invalid combination: the field, the value and what is allowed
-            self.code.value = f"<b>The code</b>: not a valid combination, so no diff: {html.escape(str(e))}"
+        except ValueError as e:
+            self.code.value = f"{head}: not a valid combination, so no diff: {html.escape(str(e))}"
             return
         try:
             diff = code_diff(self.base, cfg)
-        except Exception as e:  # the panel must keep working whatever the script writer meets
-            self.code.value = f"<b>The code</b>: could not be written: {type(e).__name__}: {html.escape(str(e))}"
+        except Exception as e:  # the panel keeps working whatever the script writer meets
+            self.code.value = f"{head}: could not be written: {type(e).__name__}: {html.escape(str(e))}"
             return
         if not diff.unified:
             self.code.value = f"{head}: no change from the baseline."
             return
-        # a long diff (another loader swaps whole classes) scrolls inside its box, so Run and the plot stay in view
-        self.code.value = f'{head}:<div style="max-height:28em;overflow:auto">{diff._repr_html_()}</div>'
+        # a long diff scrolls in its box, so Run and the plot stay in view
+        self.code.value = (f'{head} (fastlab.code_diff against the baseline):'
+                           f'<div style="max-height:28em;overflow:auto">{diff._repr_html_()}</div>')
 
     @property
     def running(self) -> bool:
@@ -219,17 +212,15 @@ class Panel:
         self.advice.value = ""  # advice about an earlier run must not read as advice about this one
 
     def start(self) -> None:
-        """What the Run button does: validate the knobs, then train in a background thread."""
         if self.running:
             return self._refuse("A run is already going: press Stop first.")
         try:
             cfg = self.current_config()
         except ValueError as e:
             return self._refuse(f"<b>Cannot run:</b> {e}")
-        plan = plan_arm(self.base, cfg)  # as every comparison does: no run that can teach nothing here
+        plan = plan_arm(self.base, cfg)  # as every comparison: no run that can teach nothing here
         if plan.kind == "no-op":
-            return self._refuse(f"<b>Not trained:</b> every change is a no-op here ({html.escape(plan.reason)}); "
-                                "a run would only time the baseline again.")
+            return self._refuse(f"<b>Not trained:</b> every change is a no-op here ({html.escape(plan.reason)}).")
         with _GUARD:
             busy = busy_elsewhere(self)
             if busy is not None:
@@ -242,12 +233,12 @@ class Panel:
             _RUNNING.append(self)
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.progress.value = 0
-        self.status.value = f"Running <i>{self._label}</i> ...{PAIRING_COST[self.pairing]}{_trap_note(plan)}"
+        self.status.value = f"Running <i>{self._label}</i> ...{_cost(self.pairing)}{_trap_note(plan)}"
         self.advice.value = ""
         self._thread.start()
 
     def request_stop(self) -> None:
-        """What the Stop button does: the run ends after its current step, keeping its partial result."""
+        """The run ends after its current step, keeping its partial result."""
         self._stop.set()
         self.status.value = "Stopping after the current step ..."
 
@@ -256,7 +247,6 @@ class Panel:
             self._thread.join(timeout)
 
     def clear(self) -> None:
-        """What the Clear button does: drop this panel's runs from the plot (the given results stay)."""
         del self.results[self._n_given:]
         self.redraw()
         self.advice.value = ""
@@ -264,7 +254,7 @@ class Panel:
     def _work(self, cfg: TrainConfig, label: str, plan: ArmPlan) -> None:
         try:
             self._finish(self._measure(cfg, label, plan))
-        except Exception as e:  # shown in the panel: a thread's exception would otherwise vanish
+        except Exception as e:  # a thread's exception would otherwise vanish
             self._view().status.value = f"<b>Run failed:</b> {type(e).__name__}: {e}"
         finally:
             with _GUARD:
@@ -275,7 +265,7 @@ class Panel:
 
     def _measure(self, cfg: TrainConfig, label: str,
                  plan: ArmPlan) -> tuple[RunResult | None, list[RunResult], float]:
-        """The variant and the baselines beside it, in the pairing's order (a trap: one short run)."""
+        """The variant and the baselines beside it, in the pairing's order; a trap gets one short run."""
         order = PAIRINGS[self.pairing]
         if plan.kind == "trap":
             cfg = demonstration_config(cfg)
@@ -285,7 +275,7 @@ class Panel:
             what = "the knobs as set" if role == "B" else "the baseline, beside it"
             if len(order) > 1:
                 ui.status.value = (f"Running <i>{label}</i>: run {i + 1} of {len(order)}, {what} ..."
-                                   f"{PAIRING_COST[self.pairing]}{_trap_note(plan)}")
+                                   f"{_cost(self.pairing)}{_trap_note(plan)}")
             t0 = time.perf_counter()
             result = self.runner(self.base if role == "A" else cfg,
                                  label=f"{label} (paired baseline)" if role == "A" else label, progress=False,
@@ -306,11 +296,6 @@ class Panel:
         ui.progress.max = total * len(PAIRINGS[self.pairing])
         ui.progress.value = index * total + done
 
-    def page_load_baseline(self) -> RunResult | None:
-        """The first given result measured with the base config: the baseline the page opened with."""
-        base = self.base.to_dict()
-        return next((r for r in self.results[:self._n_given] if r.config == base and r.window_throughput), None)
-
     def _finish(self, measured: tuple[RunResult | None, list[RunResult], float]) -> None:
         variant, baselines, base_seconds = measured
         ui = self._view()
@@ -321,9 +306,9 @@ class Panel:
         if variant.extras.get("trap"):
             beside = (f" against {median_step_seconds(baselines[0]):.2f} s in the baseline beside it" if baselines
                       else "")
-            lines.append(f"A known trap here ({html.escape(variant.extras['trap'])}): shown in one short run "
-                         f"(at most {DEMONSTRATION_STEPS} timed steps and {DEMONSTRATION_SECONDS:g} s): a median step "
-                         f"took {median_step_seconds(variant):.2f} s{beside}; its accuracy is not compared.")
+            lines.append(f"A known trap here ({html.escape(variant.extras['trap'])}), one short run (at most "
+                         f"{DEMONSTRATION_STEPS} steps, {DEMONSTRATION_SECONDS:g} s): a median step took "
+                         f"{median_step_seconds(variant):.2f} s{beside}; accuracy not compared.")
         if variant.no_ops:
             lines.append("No-ops here: " + "; ".join(f"{k}: {v}" for k, v in variant.no_ops.items()))
         if baselines:
@@ -346,27 +331,26 @@ class Panel:
         if not paired["ratios"]:
             return f"Against the baseline measured beside it: no timed window to compare (cost: {cost})."
         pairs = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
-        verdict = ("<b>cannot tell</b> drift from an effect: one baseline run, then one run of the knobs, so a change "
-                   "in the machine's load between them reads as a difference (the A/B/A pairing tells)"
-                   if paired.get("single_pair") else "<b>noise</b>: the difference is inside the spread"
-                   if paired["noise"] else f"<b>{paired['ratio']:.2f}x</b>")
+        verdict = ("<b>cannot tell</b> drift from an effect in one A/B pair (A/B/A tells)" if paired.get("single_pair")
+                   else "<b>noise</b>: inside the spread" if paired["noise"] else f"<b>{paired['ratio']:.2f}x</b>")
         return (f"Against the baseline measured beside it ({paired['baseline']:,.0f} images/s): {verdict} "
                 f"(pairs: {pairs}; cost: {cost}).")
 
     def _machine_line(self, paired: dict[str, Any]) -> list[str]:
-        """Say so when the baseline now differs from the page-load one beyond the spread."""
-        first = self.page_load_baseline()
-        now = Spread(paired["baseline"], paired.get("baseline_low", paired["baseline"]),
-                     paired.get("baseline_high", paired["baseline"]), 1)
-        # the same arm then and now, one after the other: the drift itself, so the windows alone (not as one run)
-        if first is None or not paired["ratios"] or verdict(Spread.of(first.window_throughput), now).noise:
+        """A line when the baseline now differs from the page-load one (the first given result with the base
+        config) beyond the spread."""
+        base = self.base.to_dict()
+        first = next((r for r in self.results[:self._n_given] if r.config == base and r.window_throughput), None)
+        if first is None or not paired["ratios"]:
+            return []
+        now = Spread(paired["baseline"], paired["baseline_low"], paired["baseline_high"], 1)
+        if verdict(Spread.of(first.window_throughput), now).noise:  # the drift itself: the windows alone
             return []
         word = "busier" if now.median < first.throughput.median else "less busy"
         return [f"The machine is {word} now: the baseline was {first.throughput.median:,.0f} images/s at page load, "
                 f"{now.median:,.0f} now (the ratio above uses the baseline measured now)."]
 
     def shown_results(self) -> list[RunResult]:
-        """What the plot shows: the given results, then the last `keep` runs."""
         runs = self.results[self._n_given:]
         return self.results[:self._n_given] + runs[-self.keep:]
 

@@ -1,10 +1,8 @@
 """The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python -m fastlab.tools.gpu_check`).
 
-Checks, with assertions and at small sizes, every CUDA-only path of fastlab, then runs both bench ladders at
-gpu-profile sizes and saves their results. Needs torch 2.11 or newer with the torchvision of the same release,
-numpy, Pillow and nvidia-ml-py; it names any that is missing before starting. Without CUDA it says so and exits 0.
-Exit status 1 when any check failed; each outcome is printed and written to <out>/checks.json. A check past its
-deadline (CHECK_DEADLINE_S) is stopped as by Ctrl-C and fails. About 4 minutes with the default --ladder-budget-s.
+Asserts every CUDA-only path of fastlab at small sizes, then runs both bench ladders at gpu-profile sizes and
+saves them. Needs torch 2.11+ with its torchvision, numpy, Pillow and nvidia-ml-py. Without CUDA: exit 0. Exit 1
+when a check failed (or passed its deadline, CHECK_DEADLINE_S); outcomes go to <out>/checks.json. About 4 minutes.
 """
 
 from __future__ import annotations
@@ -27,20 +25,20 @@ from unittest import mock
 import torch
 from torch import nn
 
-# What the paths gpu-check runs import, beyond torch: (module, the package that provides it, where it is needed).
+# (module, its package, what needs it): what gpu-check imports beyond torch.
 PACKAGES: tuple[tuple[str, str, str], ...] = (
     ("numpy", "numpy", "data sets and preflight"),
     ("torchvision", "torchvision (the release that matches torch)", "ResNet-18 and the DataLoader rungs"),
     ("PIL", "Pillow", "the DataLoader rungs' transforms"),
     ("pynvml", "nvidia-ml-py", "GPU utilisation"),
 )
-LADDER_RUNG_SECONDS = 3.0  # each rung's budget on its timed steps: a few windows at every rung's speed
-CHECK_DEADLINE_S = 180.0  # a check not done by then fails: several times the longest one's time
-LADDER_OVERRUN_S = 240.0  # the ladders' deadline past their budget: the rungs started before it, compiled ones too
+LADDER_RUNG_SECONDS = 3.0  # each rung's timed steps: a few windows at every rung's speed
+CHECK_DEADLINE_S = 180.0  # several times the longest check's time
+LADDER_OVERRUN_S = 240.0  # past the ladders' budget: for the rungs started before it, compiled ones too
 
 
 def missing_packages() -> list[str]:
-    """The packages gpu-check needs that do not import here, with why (a mismatched torchvision counts too)."""
+    """The packages gpu-check needs that do not import here (a mismatched torchvision too), with why."""
     missing = []
     for module, package, used_for in PACKAGES:
         try:
@@ -52,9 +50,8 @@ def missing_packages() -> list[str]:
 
 
 def within_deadline(fn: Callable[[], str], seconds: float) -> tuple[str, bool]:
-    """(fn()'s detail, True), or (why, False) when it raised or was not done within `seconds`. At the deadline the
-    main thread gets a Ctrl-C; should this process itself hang (a CUDA call never returns), faulthandler prints
-    every thread's traceback and exits with status 1 after a grace period."""
+    """(fn()'s detail, True), or (why, False) when it raised or passed `seconds` (then it gets a Ctrl-C). Should the
+    process hang in a CUDA call, faulthandler prints every thread's traceback and exits 1 after a grace period."""
     from .. import isolation
 
     expired = threading.Event()
@@ -146,12 +143,8 @@ OOM_PROBE_STEPS = 2
 
 
 @check("an out-of-memory run returns memory to its starting level; find_max_batch is exact")
+@mock.patch.dict(os.environ, FASTLAB_ISOLATION="thread")  # runs in this process: its allocator is what is checked
 def _oom() -> str:
-    with mock.patch.dict(os.environ, FASTLAB_ISOLATION="thread"):  # the hog's runs in this process: its allocator
-        return _oom_in_process()
-
-
-def _oom_in_process() -> str:
     import fastlab
     from fastlab.lessons.batch_size import find_max_batch, probe_config
 
@@ -167,7 +160,7 @@ def _oom_in_process() -> str:
     search = find_max_batch(base, start=max(huge // 8, 1), resolution=1, probe_steps=OOM_PROBE_STEPS,
                             runner=lambda cfg, **kw: fastlab.run(cfg, model=_Hog, **kw))
     assert search.largest and search.smallest_failing == search.largest + 1, (search.largest, search.smallest_failing)
-    # the probes' own configuration: a larger training set kept on the device would fail at the boundary
+    # the probes' own configuration: a larger on-device training set would fail at the boundary
     again = fastlab.run(probe_config(base, search.largest, OOM_PROBE_STEPS), model=_Hog, progress=False)
     assert again.ok, again.summary()
     return (f"OOM at batch {huge}: allocated {before / 2**20:.0f} -> {after / 2**20:.0f} MiB; largest batch "
@@ -201,8 +194,8 @@ def _precision() -> str:
 
 
 def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda") -> Callable[[], nn.Module]:
-    """A ResNet-18 factory recording (input, weight) channels_last at each forward on `device_type` only: the
-    factory also builds a model for preflight's CPU check, which says nothing about the training run."""
+    """A ResNet-18 factory recording (input, weight) channels_last at each forward on `device_type` (not in
+    preflight's CPU check)."""
     from ..models import build_model
 
     def net() -> nn.Module:
@@ -245,8 +238,8 @@ def _cudnn() -> str:
 
 
 class UntunedForward(nn.Module):
-    """ResNet-18 whose forward convolutions run with cudnn.benchmark off, so cuDNN autotunes its backward pass
-    alone (ATen reads the flag as each convolution runs). A class, so a run in a fresh process can build it."""
+    """ResNet-18 whose forward runs with cudnn.benchmark off, so only its backward is autotuned (ATen reads the
+    flag per convolution). A class, so a fresh process can build it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -267,12 +260,12 @@ class UntunedForward(nn.Module):
 def _cudnn_backward() -> str:
     import fastlab
 
-    # warm-up of one step: the step that autotunes, synchronised at its end
+    # one warm-up step: the one that autotunes
     cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=1)
     off, on = (fastlab.run(cfg.replace(cudnn_benchmark=b), model=UntunedForward, progress=False) for b in (False, True))
     assert off.ok and on.ok, (off.summary(), on.summary())
     assert off.extras.get("isolation") == on.extras.get("isolation") == "process", off.extras.get("isolation")
-    # backward plans cached by the off run (autograd's thread outlives a run) would leave nothing to tune
+    # plans cached by the off run (autograd's thread outlives it) would leave nothing to tune: fresh processes
     assert on.warmup_seconds > off.warmup_seconds * 1.1, (f"first step {on.warmup_seconds:.3f} s with benchmark vs "
                                                           f"{off.warmup_seconds:.3f} s without (forward untuned in both)")
     return (f"first step {off.warmup_seconds:.2f} s off, {on.warmup_seconds:.2f} s on, forward untuned in both: "
@@ -286,7 +279,7 @@ def _compile() -> str:
     cfg = _small(model="compact", compile="reduce-overhead", amp="bf16", channels_last=True, loader="device",
                  max_seconds=120.0)
     runs = [fastlab.run(cfg, label=f"reduce-overhead #{i}", progress=False) for i in (1, 2)]
-    for r in runs:  # the second compiles and records graphs after the first's pools were freed
+    for r in runs:  # the second records graphs after the first's pools were freed
         assert r.ok, r.summary()
         assert "cuda_graphs" not in r.no_ops, r.no_ops.get("cuda_graphs")
     return "; ".join(f"#{i}: {r.throughput.median:,.0f} images/s, warm-up (compile) {r.warmup_seconds:.1f} s"
@@ -316,7 +309,7 @@ def _nvml() -> str:
 
 def plain_loop(amp: bool = False, workers: int = 0, channels_last: bool = False, device: str = "cuda",
                images: int = 2048, batch_size: int = 128, model: str = "compact") -> Callable[[Any], None]:
-    """A loop as a reader writes it, on CUDA, under the watch's touches: what an exercise measures in a GPU room."""
+    """A loop as a reader writes it, under the watch: what an exercise measures in a GPU room."""
     from torch.utils.data import DataLoader, TensorDataset
 
     from ..models import build_model
@@ -350,7 +343,7 @@ def _watched_loops() -> str:
 
 
 def watched_loops(device: str, **sizes: Any) -> str:
-    """compare_loops as exercise.check runs it (the loops differ in arguments only), and what the watch saw of each."""
+    """compare_loops as exercise.check runs it, and what the watch saw of each technique."""
     from ..exercise import technique_shown
     from ..watch import compare_loops
 
@@ -381,15 +374,15 @@ def _ddp() -> str:
 
 
 def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS) -> str:
-    """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds` (the same for every rung,
-    so late rungs do not look like traps); no rung starts once a ladder has run its half of `budget_s`."""
+    """Both ladders at gpu-profile sizes, every rung's timed steps limited to `rung_seconds`; no rung starts once a
+    ladder has spent its half of `budget_s`."""
     from ..bench import ladder, markdown_table, run_ladder
     from ..config import config_for
     from ..results import save_results
 
     lines = []
     for model in ("resnet18", "compact"):
-        base = config_for("gpu", model=model, dataset="synthetic")  # offline: no CIFAR-10 download from the budget
+        base = config_for("gpu", model=model, dataset="synthetic")  # no download from the budget
         done: list = []
         not_run: dict[str, str] = {}
         path = out / f"ladder-{model}.json"
@@ -400,7 +393,7 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
             done.append(r)
             save_results(path, done, meta=meta)
 
-        # one pass (no repeats): gpu-check shows each rung works on CUDA within its budget; `make bench` measures
+        # one pass: each rung works on CUDA; `make bench` measures
         run_ladder(base, ladder(base), progress=False, on_result=save, max_seconds=rung_seconds,
                    budget_s=budget_s / 2, not_run=not_run, repeats=1)
         save_results(path, done, meta=meta)
@@ -451,8 +444,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m` runs this file as __main__, where a class it defines (UntunedForward) cannot be built in a run's
-    # fresh process: the checks run from the module imported under its own name
+    # a fresh process cannot build __main__.UntunedForward: run the module imported under its own name
     from fastlab.tools.gpu_check import main as importable_main
 
     sys.exit(importable_main())

@@ -1,9 +1,7 @@
-"""Getting the workbook onto a machine: where fastlab installs from, each notebook's first cell, and the copy.
+"""Getting the workbook onto a machine: each notebook's install cell, and the copy of the notebooks.
 
-- No address is built in: a teacher sets the install source once (SOURCE_ENV, or a SOURCE_FILE in the notebook's
-  folder): what `pip install` takes, a wheel's path or URL, or a clone's folder.
-- install_cell_source(): each notebook's first cell: imports fastlab, else prints (on Colab runs) the install line.
-- copy_notebooks(): what `python -m fastlab notebooks DIR` runs, never over a notebook the user edited unless forced.
+The teacher sets the install source once (SOURCE_ENV, or SOURCE_FILE beside the notebook): a wheel's path or URL,
+or a clone's folder. copy_notebooks() is `python -m fastlab notebooks DIR`; it keeps notebooks the user edited.
 """
 
 from __future__ import annotations
@@ -17,15 +15,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Where a notebook's first cell installs fastlab from, set by the teacher. After changing these names, run
-# `python -m fastlab.tools.install --ensure-notebooks notebooks/` so every notebook's first cell follows.
+# After changing these, run `python -m fastlab.tools.install --ensure-notebooks notebooks/`.
 SOURCE_ENV = "FASTLAB_INSTALL_SOURCE"
 SOURCE_FILE = "fastlab-install-source.txt"
 INSTALL_LINE = "pip install .   # in a clone of the repository (or: pip install fastlab-<version>-py3-none-any.whl)"
 
 CELL_ID = "fastlab-install"  # the install cell's id in every notebook (nbformat 4.5 cell ids)
-CELL_MARK = "# fastlab install check"  # its first line: how the cell is found again
-# Out of the learner's path: JupyterLab collapses the cell's input, Colab shows it as a form (its title line).
+CELL_MARK = "# fastlab install check"  # how the cell is found again
+# out of the learner's path: JupyterLab collapses its input, Colab shows it as a form
 CELL_TITLE = "# @title Install check: imports fastlab, or says how to install it"
 CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 MANIFEST = ".fastlab-notebooks.json"  # in a copy's folder: the hash of each notebook as it was copied
@@ -33,7 +30,8 @@ DEFAULT_DIR = "fastlab-notebooks"
 
 
 def install_cell_source() -> str:
-    """The first code cell of every notebook: import fastlab, or install it from the teacher's source."""
+    """Every notebook's first code cell: import fastlab, else install it from the teacher's source (on Colab) or
+    print the line that does."""
     return f'''{CELL_TITLE}
 {CELL_MARK} (written by `python -m fastlab.tools.install`; edit fastlab/tools/install.py, not this cell)
 try:
@@ -72,37 +70,32 @@ print(f"fastlab {{fastlab.__version__}} from {{fastlab.__path__[0]}}")'''
 # ---------------------------------------------------------------- the install cell in notebooks
 
 
-def _lines(text: str) -> list[str]:
-    """Jupyter's stored form of a cell source: lines that keep their newline, the last one without."""
-    return text.splitlines(keepends=True)
-
-
 def _is_install_cell(cell: dict) -> bool:
     source = "".join(cell.get("source", []))
     return cell.get("cell_type") == "code" and (cell.get("id") == CELL_ID or source.startswith((CELL_MARK, CELL_TITLE)))
 
 
 def has_current_install_cell(nb: dict) -> bool:
-    """Whether the notebook's first code cell is the install cell with today's source, collapsed."""
+    """Whether the first code cell is today's install cell, collapsed."""
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     return (bool(code) and _is_install_cell(code[0]) and "".join(code[0]["source"]) == install_cell_source()
             and code[0].get("metadata") == CELL_METADATA)
 
 
 def ensure_install_cell(path: str | Path) -> bool:
-    """Make the install cell the notebook's first code cell, with today's source; True if the file changed."""
+    """Make today's install cell the first code cell; True if the file changed."""
     path = Path(path)
     nb = json.loads(path.read_text(encoding="utf-8"))
     if has_current_install_cell(nb):
         return False
     cells = [c for c in nb["cells"] if not _is_install_cell(c)]
     cell = {"cell_type": "code", "execution_count": None, "metadata": copy.deepcopy(CELL_METADATA), "outputs": [],
-            "source": _lines(install_cell_source())}
+            "source": install_cell_source().splitlines(keepends=True)}
     if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
         cell["id"] = CELL_ID
     first_code = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
     nb["cells"] = cells[:first_code] + [cell] + cells[first_code:]
-    # nbformat's own layout (sorted keys, one-space indent), so the diff shows only the cell
+    # nbformat's layout, so the diff shows only the cell
     path.write_text(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return True
 
@@ -112,7 +105,7 @@ def ensure_install_cell(path: str | Path) -> bool:
 
 def packaged_notebooks() -> Path:
     """The notebooks this fastlab carries: fastlab/notebooks in a wheel, else the checkout's notebooks/."""
-    here = Path(__file__).resolve().parents[1]  # the fastlab package (this file is fastlab/tools/install.py)
+    here = Path(__file__).resolve().parents[1]  # the fastlab package
     for folder in (here / "notebooks", here.parent / "notebooks"):
         if any(folder.glob("*.ipynb")):
             return folder
@@ -135,8 +128,8 @@ class CopyReport:
 
 
 def copy_notebooks(dest: str | Path = DEFAULT_DIR, force: bool = False) -> CopyReport:
-    """Copy the packaged notebooks (*.ipynb) into `dest`. A notebook already there is replaced only when it is still
-    what an earlier copy wrote (hashes in MANIFEST); one the user edited or ran is kept unless `force`."""
+    """Copy the packaged notebooks into `dest`, replacing one there only while it is what an earlier copy wrote
+    (hashes in MANIFEST): one the user edited or ran is kept unless `force`."""
     source = packaged_notebooks()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,8 @@
 
     PYTHONPATH=. python -m fastlab.tools.reference_run --out fastlab/reference --budget-s 540
 
-Runs the bench ladder (ResNet-18 and the compact net) and then the notebook comparisons listed in
-REPEATED_ON_A_GPU under the gpu profile, saving after each one (atomically), so a run cut short by its
-budget still leaves every finished result on disk with its environment fingerprint and date.
+Runs the bench ladders (ResNet-18, compact) and then REPEATED_ON_A_GPU under the gpu profile, saving after each
+result, so a run cut short by its budget keeps every finished result.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ from ..lessons import (
 from ..measure import device_name, resolve_device
 from ..results import RunResult, save_results
 
-# The comparisons whose GPU results a notebook reads back, in reading order: a run cut short keeps the earlier
-# ones. Not here: threads.thread_effect (a CPU demo whose reference no notebook reads).
+# The comparisons whose GPU results a notebook reads back, in reading order (threads.thread_effect is CPU only).
 REPEATED_ON_A_GPU: dict[str, NamedComparison] = {c.name: c for c in (
     data_loading.compare_num_workers, data_loading.compare_pipeline, data_loading.compare_slow_storage,
     mixed_precision.compare_precision, mixed_precision.compare_batch_size,
@@ -46,10 +44,6 @@ REPEATED_ON_A_GPU: dict[str, NamedComparison] = {c.name: c for c in (
     compile_export.modes, profiling_lesson.naive_vs_tuned, all_together.run_all_together,
     own_model.first_steps_demo, ddp.scaling,
 )}
-
-
-def device_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fastlab.tools.reference_run: no CUDA GPU here; reference results are measured on a real GPU only.",
               file=sys.stderr)
         return 2
-    path = Path(args.out) / f"{device_slug(device_name(device))}.json"
+    path = Path(args.out) / f"{re.sub(r'[^a-z0-9]+', '-', device_name(device).lower()).strip('-')}.json"
     start = time.monotonic()
     results: list[RunResult] = []
 
@@ -76,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - start:6.0f} s] {what}: {len(results)} results saved to {path}", flush=True)
 
     def keep(new: list[RunResult], what: str) -> None:
-        # a comparison that could not use the GPU (DDP with one GPU falls back to CPU ranks) is not GPU reference
+        # a result off the GPU (DDP on one GPU falls back to CPU ranks) is no GPU reference
         gpu = [r for r in new if r.env.get("device_type") == "cuda"]
         if len(gpu) < len(new):
             print(f"{what}: {len(new) - len(gpu)} result(s) measured off the GPU were not kept", flush=True)

@@ -1,7 +1,5 @@
-"""How long each notebook takes, measured: notebooks/timings.json, written by tests/notebook_timings.py.
-
-A notebook's first cells print its time from here (notebook_time); the instructor's guide pastes timings_table().
-"""
+"""How long each notebook took: notebooks/timings.json (written by tests/notebook_timings.py), read back by
+each notebook's first cell (notebook_time) and by the instructor's guide (timings_table)."""
 
 from __future__ import annotations
 
@@ -17,9 +15,7 @@ from typing import Any
 TIMINGS_VERSION = 1
 TIMINGS_NAME = "timings.json"
 REPO_NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
-
-
-PACKAGED_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"  # where a wheel carries the notebooks
+PACKAGED_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"  # where a wheel carries them
 
 
 def timings_path() -> Path:
@@ -48,11 +44,8 @@ def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, d
 def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
                   machine: str, date: str | None = None, load: float | None = None,
                   first_result: float | None = None, core_path: float | None = None) -> None:
-    """Set one notebook's time on one profile in the timings file (atomically; other entries kept).
-
-    load: the machine's 1-minute load average while it ran (other work slows a notebook down; a reader is told).
-    first_result: seconds until its first result (the dashboard's baseline), where the notebook tags that cell.
-    core_path: seconds until the end of its core path (the cells before "## Going further"), where it has one."""
+    """Set one notebook's time on one profile, atomically, keeping the other entries. load: the 1-minute load
+    average while it ran; first_result: seconds to its tagged first result; core_path: seconds to "## Going further"."""
     path = Path(path)
     notebooks = load_timings(path)
     entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
@@ -82,44 +75,38 @@ def _duration(seconds: float) -> str:
 
 
 def notebook_time(notebook: str, profile: str | None = None) -> str:
-    """One sentence: how long `notebook` took on `profile` (default: the active one), or that it was not measured."""
+    """How long `notebook` took on `profile` (default: the active one), or that it was not measured."""
     from ..config import active_profile
 
     profile = profile or active_profile()
     entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile)
     if not entry:
-        return (f"{notebook}: not measured yet on profile {profile} (tests/notebook_timings.py measures the "
-                f"CPU profiles)" + thorough_hint(notebook, profile))
+        return f"{notebook}: not measured yet on profile {profile}" + thorough_hint(notebook, profile)
     status = "" if entry.get("status") == "ok" else f" (that run ended: {entry.get('status')})"
+    cores = re.search(r"(\d+) cores usable", entry["machine"])  # a load above the cores was other work
     busy = (f" while other work kept it busy (load average {entry['load']:g})"
-            if entry.get("load") and entry["load"] > _cores(entry["machine"]) + 0.5 else "")
+            if entry.get("load") and entry["load"] > (int(cores.group(1)) if cores else 1) + 0.5 else "")
     return (f"{notebook} took {_duration(entry['seconds'])} top to bottom on profile {profile}{status}, measured "
             f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ" + thorough_hint(notebook, profile))
 
 
-def _cores(machine: str) -> int:
-    """The cores the machine's description names ("2 cores usable"; else 1): a load above them was other work."""
-    found = re.search(r"(\d+) cores usable", machine)
-    return int(found.group(1)) if found else 1
-
-
-# Notebooks FASTLAB_THOROUGH changes nothing in (no time-sized comparison): their first line offers no thorough version.
-WITHOUT_THOROUGH = frozenset({"dashboard"})
+WITHOUT_THOROUGH = frozenset({"dashboard"})  # no time-sized comparison: FASTLAB_THOROUGH changes nothing
 
 
 def thorough_hint(notebook: str, profile: str) -> str:
-    """How to run the thorough version of a notebook, with its measured time (timings key '<profile>-thorough')."""
+    """How to run the thorough version, with its measured time (timings key '<profile>-thorough')."""
     from ..config import time_sizing
 
-    if time_sizing(profile) is None or notebook.removesuffix(".ipynb") in WITHOUT_THOROUGH:
+    name = notebook.removesuffix(".ipynb")
+    if time_sizing(profile) is None or name in WITHOUT_THOROUGH:
         return ""
-    entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(f"{profile}-thorough")
+    entry = load_timings().get(name, {}).get(f"{profile}-thorough")
     took = f"it took {_duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
     return f". The thorough version (more seeds, longer runs): set FASTLAB_THOROUGH=1 before starting ({took})"
 
 
 def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.PathLike | None = None) -> str:
-    """A markdown table: each measured notebook's time per profile, and the machines and dates behind them."""
+    """A markdown table of each notebook's time per profile, with the machines and dates behind them."""
     data = load_timings(path)
     if not data:
         return "No notebook has been timed yet: run `python tests/notebook_timings.py`."
@@ -150,7 +137,7 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
     rows.append("Measured on: " + "; ".join(f"{m} ({d})" for m, d in sorted(machines)) + ".")
     if loads:
         rows.append(f"The machine's 1-minute load average during these runs: {min(loads):g} to {max(loads):g} "
-                    f"(other work on it slows a notebook down).")
+                    "(other work on it slows a notebook down).")
     return "\n".join(rows)
 
 
