@@ -143,8 +143,12 @@ OOM_PROBE_STEPS = 2
 
 
 @check("an out-of-memory run returns memory to its starting level; find_max_batch is exact")
-@mock.patch.dict(os.environ, FASTLAB_ISOLATION="thread")  # runs in this process: its allocator is what is checked
 def _oom() -> str:
+    with mock.patch.dict(os.environ, FASTLAB_ISOLATION="thread"):  # the hog's runs in this process: its allocator
+        return _oom_in_process()
+
+
+def _oom_in_process() -> str:
     import fastlab
     from fastlab.lessons.batch_size import find_max_batch, probe_config
 
