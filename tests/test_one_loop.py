@@ -71,7 +71,7 @@ def test_distributed_keeps_only_the_launcher_and_gathering():
 def test_the_loop_is_one_readable_function_without_exceptions_as_control_flow():
     """Issue 35: the training step exists once, in fastlab/training.py's train(); it ends with a break, never
     raises to end a run, touches the watch only through w(...), w.step_done and w.paused; and every knob of
-    TrainConfig is read there, in the harness around it (fastlab/loop.py) or its clock."""
+    TrainConfig is read there, in the harness around it (fastlab/harness.py) or its clock."""
     text = (PACKAGE / "training.py").read_text()
     tree = ast.parse(text)
     raises = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Raise)]
