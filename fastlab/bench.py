@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, comparison_repeats, config_for, demonstration_config, plan_arm, preferred_amp
+from .config import TrainConfig, comparison_repeats, config_for, plan_arm, preferred_amp
 from .measure import Spread, bf16_is_trap, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
@@ -29,7 +29,7 @@ from .outcomes import (
     tta_verdict,
 )
 from .results import RunResult, load_document, merge_repeats, save_results
-from .train import not_trained, run
+from .train import run, skip_or_demonstrate
 from .verdicts import turns, verdict
 
 # Naive and large batch size per profile and model: the naive rung uses the small one.
@@ -205,16 +205,9 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
 
 
 def _run_rung(rung: Rung, below: TrainConfig, cfg: TrainConfig, progress: bool) -> RunResult:
-    """One rung, planned against the config below (config.plan_arm): no-op, a short trap run, or a full run."""
-    plan = plan_arm(below, cfg)
-    if plan.kind == "no-op":
-        return not_trained(cfg, rung.title, plan.reason)
-    if plan.kind == "trap":
-        result = run(demonstration_config(cfg), label=f"{rung.title} (trap demonstration, one short run)",
-                     progress=progress)
-        result.extras["trap"] = plan.reason
-        return result
-    return run(cfg, label=rung.title, progress=progress)
+    """One rung, planned against the config below: no-op, a short trap run, or a full run."""
+    skipped = skip_or_demonstrate(below, cfg, rung.title, progress=progress)
+    return skipped if skipped is not None else run(cfg, label=rung.title, progress=progress)
 
 
 def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: int, progress: bool,

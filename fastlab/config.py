@@ -425,10 +425,11 @@ def as_run_here(config: TrainConfig, device: torch.device | str) -> tuple[TrainC
     no_ops = no_op_reasons(config, device)
     changes = {knob: stock for knob, stock in (("opt_impl", "default"), ("amp", "off")) if knob in no_ops}
     notes = []
-    if config.amp == "bf16" and not bf16_supported(device) and device.type == "cuda":
+    emulated = config.amp == "bf16" and not bf16_supported(device)
+    if emulated and device.type == "cuda":
         notes.append("bf16 is emulated on this GPU (compute capability below 8.0): fp16 with GradScaler is its "
                      "native half precision")
-    elif config.amp == "bf16" and not bf16_supported(device) and device.type == "cpu":
+    elif emulated and device.type == "cpu":
         notes.append("this CPU has no native bf16 instructions: bf16 autocast ran emulated (converted to and from "
                      "fp32 around every op)")
     return (config.replace(**changes) if changes else config), no_ops, notes

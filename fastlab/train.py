@@ -135,19 +135,10 @@ def interleave(arms: list[Arm], *, baseline: TrainConfig | None = None, repeats:
     done: dict[int, list[RunResult]] = {}
     trained = []
     for i, (label, cfg, *_) in enumerate(arms):
-        plan = plan_arm(base, cfg, device)
-        if plan.kind == "no-op":
-            done[i] = [not_trained(cfg, label, plan.reason)]
-            if comparison:
-                done[i][0].extras["comparison"] = comparison
-        elif plan.kind == "trap":
-            demo = run(demonstration_config(cfg), label=f"{label} (trap demonstration, one short run)",
-                       progress=progress, comparison=comparison)
-            demo.extras["trap"] = plan.reason
-            done[i] = [demo]
-        else:
+        skipped = skip_or_demonstrate(base, cfg, label, progress=progress, comparison=comparison, device=device)
+        done[i] = [] if skipped is None else [skipped]
+        if skipped is None:
             trained.append(i)
-            done[i] = []
     if seeds is None:
         rounds: list[int | None] = [None] * max(1, repeats if repeats is not None else comparison_repeats(base))
     else:
@@ -170,6 +161,24 @@ def interleave(arms: list[Arm], *, baseline: TrainConfig | None = None, repeats:
             result.extras["variant"] = arms[i][0]
         out += results
     return out
+
+
+def skip_or_demonstrate(baseline: TrainConfig, arm: TrainConfig, label: str, *, progress: bool = True,
+                        comparison: str | None = None, device: torch.device | str | None = None) -> RunResult | None:
+    """The result of an arm that is not trained in full here (config.plan_arm against `baseline`): a no-op is not
+    trained (its result says why), a known trap runs once, short. None: train it."""
+    plan = plan_arm(baseline, arm, device)
+    if plan.kind == "no-op":
+        result = not_trained(arm, label, plan.reason)
+        if comparison:
+            result.extras["comparison"] = comparison
+        return result
+    if plan.kind == "trap":
+        result = run(demonstration_config(arm), label=f"{label} (trap demonstration, one short run)",
+                     progress=progress, comparison=comparison)
+        result.extras["trap"] = plan.reason
+        return result
+    return None
 
 
 def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:

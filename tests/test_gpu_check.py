@@ -170,7 +170,7 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
     clock = [0.0]
     seen: list[float] = []
 
-    def fake_run(cfg, label="run", progress=True):
+    def fake_run(cfg, label="run", progress=True, **kwargs):
         seen.append(cfg.max_seconds)
         clock[0] += 40.0  # each rung's wall time: set-up, compile, evaluation and all
         budget_stop = len(seen) == 3  # the third rung stops at the harness's budget, at an ordinary speed
@@ -178,6 +178,7 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
                          window_throughput=[100.0, 100.0], stopped_by="max_seconds" if budget_stop else "")
 
     monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr("fastlab.train.run", fake_run)  # a rung that is a known trap here runs through it
     monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
     base = config_for("smoke")
     rungs = bench.ladder(base)

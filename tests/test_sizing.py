@@ -100,6 +100,7 @@ def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf1
     native_bf16(False)
     seen = []
     monkeypatch.setattr(bench, "run", fake_run(seen))
+    monkeypatch.setattr(fastlab.train, "run", fake_run(seen))  # the trap's demonstration run
     base = smoke.replace(device="cpu")
     results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["amp", "channels_last"]),
                                progress=False)
