@@ -1,9 +1,9 @@
 """The parts of one training step, each timed on its own: the copy, the forward, the backward, the optimiser.
 
-fastlab.run's watch samples warm-up steps after the first this way (fastlab.pictures draws them): torch's global
-forward hooks and optimiser step hooks mark where each part begins and ends, with a synchronise at each mark, so
-a part's time is its own even on a GPU, where work is otherwise queued and overlaps. The hooks exist only during
-the sampled steps. A compiled model is not sampled: hooks that come and go would make it compile again.
+fastlab.run samples warm-up steps after the first this way (fastlab.pictures draws them): torch's global forward
+and optimiser step hooks mark where each part begins and ends, with a synchronise at each mark, so a part's time is
+its own even on a GPU. The hooks exist only during the sampled steps (a compiled model is not sampled: it would
+compile again).
 
     copy      from the batch's arrival (the end of next()) to the model's call (x.to(device), channels_last)
     forward   the outermost module's call
@@ -22,43 +22,57 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from .measure import synchronize
+from .results import RunResult
 
 
 class StepParts:
-    """Times the parts of the steps between begin() and end() (see the module's text)."""
+    """Times the parts of the steps between begin() and end(result) (see the module's text); begin() does nothing
+    unless enabled."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, enabled: bool) -> None:
         self.device = device
+        self.enabled = enabled
         self._handles: list[Any] = []
         self._thread = 0
         self._depth = 0
-        self._mark = 0.0  # the last event's time
-        self._after = ""  # what that event was: "fetch", "forward" or ""
-        self.copy = self.forward = self.backward = self.optimizer = 0.0
-        self.until_optimizer_end = 0.0  # the step's sampled part: from begin() to the optimiser step's end
-        self._begin = 0.0
-
-    def _now(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
+        self._mark = self._begin = 0.0  # the last mark's time; begin()'s
+        self._after = ""  # what ended at that mark: "fetch", "forward" or ""
+        self.seconds: dict[str, float] = {}  # copy, forward, backward, optimizer_step
+        self.until_optimizer_end = 0.0
 
     def begin(self) -> None:
+        if not self.enabled:
+            return
         self._thread = threading.get_ident()
-        self.copy = self.forward = self.backward = self.optimizer = self.until_optimizer_end = 0.0
-        self._after = ""
-        self._begin = self._mark = self._now()
+        self.seconds = dict.fromkeys(("copy", "forward", "backward", "optimizer_step"), 0.0)
+        self.until_optimizer_end = 0.0
+        self._book(None)
+        self._begin = self._mark
         self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
                          register_optimizer_step_pre_hook(self._opt_pre),
                          register_optimizer_step_post_hook(self._opt_post)]
 
-    def end(self) -> None:
+    def end(self, res: RunResult) -> None:
+        """Remove the hooks and add the step's parts to res (none when GradScaler skipped the optimiser step)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self.until_optimizer_end:
+            res.sampled_step_seconds.append(self.until_optimizer_end)
+            for part, seconds in self.seconds.items():
+                getattr(res, f"{part}_seconds").append(seconds)
 
     @property
     def active(self) -> bool:
         return bool(self._handles)
+
+    def _book(self, part: str | None, after: str = "") -> None:
+        """Synchronise, book the time since the last mark to `part` (None: to no part), and mark now."""
+        synchronize(self.device)
+        t = time.perf_counter()
+        if part is not None:
+            self.seconds[part] += t - self._mark
+        self._mark, self._after = t, after
 
     def _ours(self) -> bool:
         # backward's recomputation (checkpointing) runs forwards too: not a forward of the loop's
@@ -66,44 +80,29 @@ class StepParts:
 
     def fetch_started(self) -> None:
         if self.active and self._after == "forward":
-            self.backward += self._now() - self._mark
-            self._after = ""
+            self._book("backward")
 
     def fetch_ended(self) -> None:
         if self.active:
-            self._mark, self._after = self._now(), "fetch"
+            self._book(None, "fetch")
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if not self._ours():
-            return
-        self._depth += 1
-        if self._depth == 1:
-            t = self._now()
-            if self._after == "fetch":
-                self.copy += t - self._mark
-            self._mark, self._after = t, ""
+        if self._ours():
+            self._depth += 1
+            if self._depth == 1:
+                self._book("copy" if self._after == "fetch" else None)
 
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if not self._ours():
-            return
-        self._depth -= 1
-        if self._depth == 0:
-            t = self._now()
-            self.forward += t - self._mark
-            self._mark, self._after = t, "forward"
+        if self._ours():
+            self._depth -= 1
+            if self._depth == 0:
+                self._book("forward", "forward")
 
     def _opt_pre(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if threading.get_ident() != self._thread:
-            return
-        t = self._now()
-        if self._after == "forward":
-            self.backward += t - self._mark
-        self._mark, self._after = t, ""
+        if threading.get_ident() == self._thread:
+            self._book("backward" if self._after == "forward" else None)
 
     def _opt_post(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if threading.get_ident() != self._thread:
-            return
-        t = self._now()
-        self.optimizer += t - self._mark
-        self.until_optimizer_end = t - self._begin
-        self._mark = t
+        if threading.get_ident() == self._thread:
+            self._book("optimizer_step")
+            self.until_optimizer_end = self._mark - self._begin

@@ -12,11 +12,10 @@
 
     fastlab.compare_loops(before_fn, after_fn, repeats=3)  # each fn(w) runs the loop under the watch it is given
 
-Measured: step time (end of one step to the end of the next, leaving out the time between epochs and inside
-`with w.paused():`); data wait (time inside the loader, with the process's CPU time over it); throughput over
-windows of `window_steps` synchronised only at their ends, after `warmup_steps` untimed steps (median, min, max);
-memory and its peak; GPU utilisation (NVML); and the loss, kept as a tensor and read once at the end, so watching
-adds no sync (fastlab.clocks.DivergenceWatch judges it). sync_debug=True counts host-device syncs by line (CUDA);
+Measured: step time (leaving out the time between epochs and inside `with w.paused():`), data wait (with the
+process's CPU time over it), throughput over windows of `window_steps` synchronised only at their ends after
+`warmup_steps` untimed steps, memory and its peak, GPU utilisation, and the loss, kept as a tensor and read once
+at the end (fastlab.clocks.DivergenceWatch judges it). sync_debug=True counts host-device syncs by line (CUDA);
 profile_steps=N profiles N steps after the warm-up; facts=True records what the first step did (fastlab.loop_facts).
 Misuse ends in an error, or a note in extras["watch"]["notes"] that fastlab.advise prints.
 
@@ -34,7 +33,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,15 +49,14 @@ from .step_parts import StepParts
 from .verdicts import turns, verdict
 
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
-SYNC_WARNING = re.compile(r"synchronizing CUDA operation")  # what set_sync_debug_mode("warn") says
+SYNC_WARNING = "synchronizing CUDA operation"  # what set_sync_debug_mode("warn") says
 SOURCE = "your loop (fastlab.watch)"
-# Reading a CPU's resident set costs tens of microseconds: after MEMORY_DENSE_STEPS timed steps (enough for a trend)
-# it is read at most once per MEMORY_EVERY_S.
+# Reading a CPU's resident set costs tens of microseconds: after MEMORY_DENSE_STEPS timed steps it is read at most
+# once per MEMORY_EVERY_S.
 MEMORY_EVERY_S = 0.02
 MEMORY_DENSE_STEPS = 16
-WRAPPER_ATTRIBUTES = ("iterable", "loader")  # where a wrapper keeps the loader it wraps (tqdm: .iterable)
-EARLIER_KEPT = 20  # watched runs remembered in this process, so advice never proposes a setting just left
-_EARLIER: list[dict[str, Any]] = []  # what each finished watch ran with and measured (this process only)
+# what the last 20 finished watches ran with and measured, so advice never proposes a setting just left
+_EARLIER: deque[dict[str, Any]] = deque(maxlen=20)
 
 
 def safe_name(label: str) -> str:
@@ -72,13 +70,10 @@ def _positive_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-# ---------------------------------------------------------------- what the loader is
-
-
 def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config entries, dataset entries) read from the loader, looking through wrappers (w(tqdm(loader)))."""
+    """(config entries, dataset entries) read from the loader, looking through wrappers (tqdm keeps .iterable)."""
     for _ in range(3):
-        inner = next((i for a in WRAPPER_ATTRIBUTES if (i := getattr(loader, a, None)) is not None), None)
+        inner = next((i for a in ("iterable", "loader") if (i := getattr(loader, a, None)) is not None), None)
         if isinstance(loader, torch.utils.data.DataLoader) or inner is None:
             break
         loader = inner
@@ -95,25 +90,21 @@ def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             "prefetch_factor": loader.prefetch_factor if workers else None}, data
 
 
-# ---------------------------------------------------------------- syncs caught by torch
-
-
 class SyncCounter:
     """Counts the host-device syncs torch.cuda.set_sync_debug_mode("warn") reports, by file:line."""
 
     def __init__(self) -> None:
         self.where: Counter[str] = Counter()
         self._saved_mode = 0
-        self._warnings: warnings.catch_warnings | None = None
+        self._warnings = warnings.catch_warnings()
 
     def start(self) -> None:
-        self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
-        warnings.filterwarnings("always", message=".*" + SYNC_WARNING.pattern)  # each one, not once per line
+        warnings.filterwarnings("always", message=".*" + SYNC_WARNING)  # each one, not once per line
         show = warnings.showwarning
 
         def count(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
-            if SYNC_WARNING.search(str(message)):
+            if SYNC_WARNING in str(message):
                 self.where[f"{filename}:{lineno}"] += 1
             else:
                 show(message, category, filename, lineno, file, line)
@@ -133,9 +124,7 @@ class SyncCounter:
 
     def stop(self) -> None:
         torch.cuda.set_sync_debug_mode(self._saved_mode)
-        if self._warnings is not None:
-            self._warnings.__exit__(None, None, None)
-            self._warnings = None
+        self._warnings.__exit__(None, None, None)
 
     def summary(self, steps: int) -> dict[str, Any]:
         total = sum(self.where.values())
@@ -143,12 +132,10 @@ class SyncCounter:
                 "where": [[w, n] for w, n in self.where.most_common(5)]}
 
 
-# ---------------------------------------------------------------- the profiler window
-
-
-def _merge(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def _spans(events: Iterable[Any], lo: float, hi: float) -> list[tuple[float, float]]:
+    """The events' time ranges clipped to [lo, hi], merged where they overlap."""
     out: list[tuple[float, float]] = []
-    for start, end in sorted(spans):
+    for start, end in sorted((max(e.time_range.start, lo), min(e.time_range.end, hi)) for e in events):
         if out and start <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], end))
         elif end > start:
@@ -178,27 +165,21 @@ def _length(spans: list[tuple[float, float]]) -> float:
 def idle_breakdown(events: Any, cuda: bool) -> dict[str, Any]:
     """Split the profiled steps' span into busy (GPU kernels and copies; on a CPU, operators outside the data
     fetches), idle while the host waited for data, and idle otherwise (Python, launches, syncs)."""
-    steps = [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep")]
+    steps = [e for e in events if e.name.startswith("ProfilerStep")]
     if not steps:
         return {}
-    lo, hi = min(s for s, _ in steps), max(e for _, e in steps)
-    span = [(lo, hi)]
-    data = _subtract(_merge((e.time_range.start, e.time_range.end) for e in events if e.name == DATA_RANGE),
-                     _subtract(_merge([(float("-inf"), float("inf"))]), span))
+    lo, hi = min(e.time_range.start for e in steps), max(e.time_range.end for e in steps)
+    data = _spans([e for e in events if e.name == DATA_RANGE], lo, hi)
     if cuda:
         busy_kind = "GPU kernels and copies"
-        busy = [(e.time_range.start, e.time_range.end) for e in events
-                if getattr(e.device_type, "name", "") == "CUDA"]
+        busy = _spans([e for e in events if getattr(e.device_type, "name", "") == "CUDA"], lo, hi)
     else:
         busy_kind = "CPU operators outside the data fetches"
-        busy = [(e.time_range.start, e.time_range.end) for e in events
-                if not e.name.startswith("ProfilerStep") and e.name != DATA_RANGE]
-    busy_spans = _subtract(_merge(busy), _subtract([(float("-inf"), float("inf"))], span))
-    if not cuda:
-        busy_spans = _subtract(busy_spans, data)
+        busy = _subtract(_spans([e for e in events if not e.name.startswith("ProfilerStep") and e.name != DATA_RANGE],
+                                lo, hi), data)
     ms = 1000.0  # profiler times are in microseconds
-    total, busy_ms = (hi - lo) / ms, _length(busy_spans) / ms
-    data_idle = _length(_subtract(data, busy_spans)) / ms
+    total, busy_ms = (hi - lo) / ms, _length(busy) / ms
+    data_idle = _length(_subtract(data, busy)) / ms
     return {"steps": len(steps), "span_ms": total, "busy": busy_kind, "busy_ms": busy_ms,
             "idle_waiting_for_data_ms": data_idle, "idle_waiting_on_host_ms": max(0.0, total - busy_ms - data_idle)}
 
@@ -216,27 +197,21 @@ def profile_text(result: RunResult) -> str:
             f"{share['idle_waiting_on_host_ms']:.0%}\n  trace: {p.get('trace', '?')}")
 
 
-# ---------------------------------------------------------------- what a step and a batch are
-
-
+@dataclass(slots=True)
 class Step:
     """What `with w.step(n) as s:` hands the block: set `s.loss = loss` in it; it is read when the block ends."""
 
-    __slots__ = ("batch_size", "loss")
-
-    def __init__(self, batch_size: int, loss: Any = None) -> None:
-        self.batch_size = batch_size
-        self.loss = loss
+    batch_size: int
+    loss: Any = None
 
 
 def _images(batch_size: Any) -> int:
     """The step's image count, or one line saying what step() takes."""
     if isinstance(batch_size, torch.Tensor):
-        shape = tuple(batch_size.shape)
         raise TypeError(f"fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
-                        f"a tensor of shape {shape}: pass len(x) or x.shape[0]")
+                        f"a tensor of shape {tuple(batch_size.shape)}: pass len(x) or x.shape[0]")
     try:
-        n = operator.index(batch_size)  # int, numpy integers; not floats or bools' meaning
+        n = operator.index(batch_size)  # int, numpy integers; not floats
     except TypeError:
         raise TypeError(f"fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
                         f"{type(batch_size).__name__} {batch_size!r}: pass len(x)") from None
@@ -246,20 +221,12 @@ def _images(batch_size: Any) -> int:
     return n
 
 
-def _first_tensor(batch: Any) -> torch.Tensor | None:
-    """The batch's first tensor: the batch itself, the first of a tuple/list, the first value of a dict."""
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    """The batch's tensors, one level deep: the batch itself, a tuple's or list's items, a dict's values."""
     if isinstance(batch, torch.Tensor):
-        return batch
+        return [batch]
     items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
-    return next((t for t in items if isinstance(t, torch.Tensor)), None)
-
-
-def _batch_bytes(batch: Any) -> int:
-    """Bytes of the tensors in a batch (one level deep): what a DataLoader worker pickles for each batch."""
-    if isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
-    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
-    return sum(t.element_size() * t.nelement() for t in items if isinstance(t, torch.Tensor))
+    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def _watch_device(device: Any) -> torch.device:
@@ -336,13 +303,11 @@ class RunEnded(Exception):
     """Raised by w.paused() under a Budget once the run has ended in a way that skips evaluation."""
 
 
+@dataclass(slots=True)
 class Pause:
     """What `with w.paused() as p:` hands the block: set `p.accuracy = ...` for a held-out accuracy."""
 
-    __slots__ = ("accuracy",)
-
-    def __init__(self) -> None:
-        self.accuracy: float | None = None
+    accuracy: float | None = None
 
 
 # ---------------------------------------------------------------- the watch
@@ -383,7 +348,7 @@ class Watch:
         self._ends = window_ends(self.warmup_steps, budget.steps, budget.windows) if budget else {}
         self._total = self.warmup_steps + budget.steps if budget else 0
         self.divergence = DivergenceWatch(self.res, budget.agree if budget else None)
-        self._parts = StepParts(self.device) if budget and budget.sample_parts and self.warmup_steps >= 2 else None
+        self._parts = StepParts(self.device, bool(budget and budget.sample_parts and self.warmup_steps >= 2))
         self._train_peak = 0.0  # the training peak before each evaluation (its own peak is kept apart)
         self._meter: MemoryMeter | None = None
         self._memory_steps: list[int] = []  # the step (0-based) of each memory sample
@@ -432,39 +397,35 @@ class Watch:
         if self._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
             self._exclude(time.perf_counter() - self._epoch_end)
             self._epoch_end = None
-        t, cpu = time.perf_counter(), time.process_time()
-        with self._data_range():
-            it = iter(loader)  # an epoch's start (DataLoader workers starting) is data wait too
-        self._fetched_since(t, cpu)
+        it = self._fetch(iter, loader)  # an epoch's start (DataLoader workers starting) is data wait too
         self._epochs.append(0)
         try:
             while not self._must_stop():
-                if self._parts is not None:
-                    self._parts.fetch_started()
-                t, cpu = time.perf_counter(), time.process_time()
+                self._parts.fetch_started()
                 try:
-                    with self._data_range():
-                        batch = next(it)
+                    batch = self._fetch(next, it)
                 except StopIteration:
                     return
-                self._fetched_since(t, cpu)
-                if self._parts is not None:
-                    self._parts.fetch_ended()
+                self._parts.fetch_ended()
                 self._fetched += 1
                 self._epochs[-1] += 1
                 self._last_batch = batch
                 if not self._batch_bytes:
-                    self._batch_bytes = _batch_bytes(batch)
+                    self._batch_bytes = sum(t.element_size() * t.nelement() for t in _tensors(batch))
                 yield batch
         finally:  # the loader ran out, or the loop left it (break, an error): the epoch ends here
             self._epoch_ended(loader, it)
 
-    def _fetched_since(self, t: float, cpu: float) -> None:
-        """Book a fetch begun at t (perf_counter) and cpu (process_time, so torch's intra-op threads count too)."""
+    def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
+        """get(source), booked as data wait: wall and process CPU time (so torch's intra-op threads count too)."""
+        t, cpu = time.perf_counter(), time.process_time()
+        with torch.profiler.record_function(DATA_RANGE) if self._prof is not None else contextlib.nullcontext():
+            got = get(source)
         wall = time.perf_counter() - t
         self._wait += wall
         self._fetch_wall += wall
         self._fetch_cpu += time.process_time() - cpu
+        return got
 
     def _epoch_ended(self, loader: Iterable, it: Iterator) -> None:
         if self._finished:
@@ -569,8 +530,8 @@ class Watch:
         else:
             boundary = k == self.warmup_steps or k == self.untimed or (
                 timed and (self._window_count + 1) % self.window_steps == 0)
-        if self._parts is not None and self._parts.active:
-            self._parts_done()
+        if self._parts.active:
+            self._parts.end(self.res)
         if boundary:
             self._sync()
         t = time.perf_counter()
@@ -603,7 +564,7 @@ class Watch:
     def _budget_step(self, k: int, t: float, boundary: bool) -> None:
         """After step k: the next step sampled or not, the time limits, the caller's on_step."""
         budget, res = self.budget, self.res
-        if self._parts is not None and 2 <= k + 1 <= self.warmup_steps:
+        if 2 <= k + 1 <= self.warmup_steps:
             self._parts.begin()
         limit = budget.max_training_seconds
         if limit and t - self._t_start - self._excluded > limit and self._stop is None:
@@ -622,16 +583,6 @@ class Watch:
         if budget.on_step is not None:
             budget.on_step(k, self._total)
 
-    def _parts_done(self) -> None:
-        parts, res = self._parts, self.res
-        parts.end()
-        if parts.until_optimizer_end:  # 0: GradScaler skipped the optimiser step (inf gradients)
-            res.copy_seconds.append(parts.copy)
-            res.forward_seconds.append(parts.forward)
-            res.backward_seconds.append(parts.backward)
-            res.optimizer_step_seconds.append(parts.optimizer)
-            res.sampled_step_seconds.append(parts.until_optimizer_end)
-
     def _must_stop(self) -> bool:
         """Under a Budget: whether the loop must end before its next batch (the status says why)."""
         if self.budget is None:
@@ -648,7 +599,7 @@ class Watch:
         """The images of this step: n, unless n is the key count of the dict batch just fetched (len(batch))."""
         batch = self._last_batch
         if isinstance(batch, Mapping) and n == len(batch):
-            first = _first_tensor(batch)
+            first = next(iter(_tensors(batch)), None)
             rows = int(first.shape[0]) if first is not None and first.dim() else n
             if rows != n:
                 key = next(k for k, v in batch.items() if v is first)
@@ -691,8 +642,13 @@ class Watch:
         if self.sync_debug and self.device.type == "cuda":
             self._syncs = SyncCounter()
             self._syncs.start()
-        if self.profile_steps:
-            self._start_profiler()
+        if self.profile_steps:  # one step for the profiler's own warm-up, then profile_steps recorded steps
+            from torch.profiler import ProfilerActivity, profile, schedule
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self._prof = profile(activities=activities,
+                                 schedule=schedule(wait=0, warmup=1, active=self.profile_steps, repeat=1))
+            self._prof.start()
 
     def _sync(self) -> None:
         with self._syncs.paused() if self._syncs is not None else contextlib.nullcontext():
@@ -701,20 +657,6 @@ class Watch:
     def _close_window(self, t: float) -> None:
         self._windows.append([self._window_images, t - self._window_start])
         self._window_start, self._window_images, self._window_count = t, 0, 0
-
-    def _data_range(self) -> contextlib.AbstractContextManager:
-        if self._prof is None:
-            return contextlib.nullcontext()
-        return torch.profiler.record_function(DATA_RANGE)
-
-    def _start_profiler(self) -> None:
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        # one step for the profiler's own warm-up, then profile_steps recorded steps
-        self._prof = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=self.profile_steps,
-                                                                      repeat=1))
-        self._prof.start()
 
     def _stop_profiler(self) -> None:
         if self._prof is None:
@@ -758,11 +700,10 @@ class Watch:
             self._close_partial_window()
         res.window_throughput = [images / seconds for images, seconds in self._windows]
         res.timed_seconds = sum(seconds for _, seconds in self._windows)
-        if self._util is not None:
-            self._util.__exit__(None, None, None)
-            res.gpu_util = self._util.samples
-            if self._util.unavailable and self.device.type == "cuda":
-                res.no_ops["gpu_util"] = self._util.unavailable
+        self._util.__exit__(None, None, None)
+        res.gpu_util = self._util.samples
+        if self._util.unavailable and self.device.type == "cuda":
+            res.no_ops["gpu_util"] = self._util.unavailable
         watch_extras = res.extras.setdefault("watch", {})
         if self._syncs is not None:
             self._syncs.stop()
@@ -770,9 +711,8 @@ class Watch:
         trained_since_pause = self._steps > self._steps_before_pause  # not only evaluation since the last reset
         res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
         res.steps_done = self._steps
-        if self.budget is not None:
-            res.window_seconds = [seconds for _, seconds in self._windows]
         if self.budget is not None:  # the harness's run: its config, environment and data description stay
+            res.window_seconds = [seconds for _, seconds in self._windows]
             self.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
             self._read_losses()
             res.extras.pop("watch", None)
@@ -797,9 +737,11 @@ class Watch:
             watch_extras["facts"] = {**self._facts, **self._loader, "device": self.device.type,
                                      "images_per_step": res.images_per_step, "profiled": self._profiled,
                                      "paused_blocks": self._paused_blocks}
-        if self.budget is None:  # a loop of the reader's: remembered for the advice on the next one
-            watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
-            _remember(res)
+        # a loop of the reader's: remembered (this process only) for the advice on the next one
+        watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
+        _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "status": res.status,
+                         "window_throughput": list(res.window_throughput),
+                         **{k: res.config.get(k) for k in ("loader", "num_workers", "batch_size", "persistent_workers")}})
         return res
 
     def _check_use(self) -> None:
@@ -850,16 +792,6 @@ class Watch:
         for step, value in self.res.losses:
             if self.divergence.loss(step, value):
                 break
-
-
-def _remember(res: RunResult) -> None:
-    """Keep what this watched run ran with and measured, for the advice on the next one (this process only)."""
-    cfg = res.config
-    _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "loader": cfg.get("loader"),
-                     "num_workers": cfg.get("num_workers"), "batch_size": cfg.get("batch_size"),
-                     "persistent_workers": cfg.get("persistent_workers"), "status": res.status,
-                     "window_throughput": list(res.window_throughput)})
-    del _EARLIER[:-EARLIER_KEPT]
 
 
 def watch(label: str = "your loop", **options: Any) -> Watch:
