@@ -25,13 +25,8 @@ BLOWUP_FACTOR = 1000.0
 
 def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
     """Step count at the end of each timed window -> steps in that window (the last takes the remainder)."""
-    size = steps // windows
-    ends, start = {}, warmup
-    for i in range(windows):
-        end = warmup + steps if i == windows - 1 else start + size
-        ends[end] = end - start
-        start = end
-    return ends
+    ends = [warmup + steps // windows * i for i in range(1, windows)] + [warmup + steps]
+    return {end: end - start for start, end in zip([warmup, *ends], ends)}
 
 
 class DivergenceWatch:

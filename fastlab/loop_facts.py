@@ -5,13 +5,9 @@ in the learner's loop (fastlab.exercise.TECHNIQUES), never its source text.
         ...one training step...
     seen.facts  # {"model": "ResNet", "autocast": "bfloat16", "input_layout": "channels_last", ...}
 
-Recorded through torch's global module forward hooks and optimiser step hooks during that one step only (they
-are removed when it ends, so no timed step is hooked): the outermost module called, the memory layout of its input
-and of its first convolution's weights, the autocast dtype around it, evaluation forwards and whether they
-recorded a graph, forwards that backward ran again (activation checkpointing), the activations autograd saved for
-backward (saved_mb: exact, where a CPU's resident set hides them; a checkpointed segment's own saves are its hooks'),
-the optimiser's class, fused flag and learning rate, and whether a scheduler is attached. A torch.compile'd model
-compiles again at the next step (the hooks it was traced with are gone): count one more warm-up step.
+Recorded through torch's global module forward and optimiser step hooks during that one step only (no timed step
+is hooked; a torch.compile'd model compiles again at the next step). saved_mb is the activations autograd saved for
+backward, exact where a CPU's resident set hides them.
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ class FirstStepFacts:
         self._thread = threading.get_ident()
         self._depth = 0
         self._handles: list[Any] = []
-        self._warnings = warnings.catch_warnings()
         self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)  # around the whole step
         self._saved: dict[int, StorageWeakRef] = {}  # storage address -> the storage saved there (each counted once)
         self._saved_bytes = 0
@@ -73,9 +68,9 @@ class FirstStepFacts:
         self._warnings.__exit__(*exc)
 
     def _ours(self) -> bool:
-        """A call this step made: this thread, not inside a graph torch.compile is tracing."""
-        return not torch.compiler.is_compiling() and threading.get_ident() == self._thread  # that order: dynamo
-        #   cannot trace get_ident, and would break the graph there
+        """A call this step made: not inside a graph torch.compile is tracing (checked first: dynamo cannot trace
+        get_ident), and in this thread."""
+        return not torch.compiler.is_compiling() and threading.get_ident() == self._thread
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         if not self._ours():
@@ -119,6 +114,3 @@ class FirstStepFacts:
         group = optimizer.param_groups[0]
         self.facts.update(optimizer=type(optimizer).__name__, fused=bool(group.get("fused")), lr=float(group["lr"]),
                           scheduled="initial_lr" in group)  # an LRScheduler sets initial_lr on its groups
-
-
-__all__ = ["FirstStepFacts", "layout"]

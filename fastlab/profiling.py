@@ -16,7 +16,7 @@ from . import isolation
 from .config import TrainConfig
 from .measure import resolve_device
 from .results import RunResult
-from .watch import safe_name
+from .watch import _length, _spans, safe_name
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"
@@ -70,11 +70,13 @@ class ProfileResult:
 
     def summary(self) -> str:
         data, compute = self.data_vs_compute_ms()
-        lines = [f"{self.label}: {len(self.profiled_steps)} profiled steps; median step {statistics.median(d + c for d, c in zip(data, compute)):.1f} ms "
+        median = statistics.median(d + c for d, c in zip(data, compute))
+        lines = [f"{self.label}: {len(self.profiled_steps)} profiled steps; median step {median:.1f} ms "
                  f"(profiler overhead included), waiting for data {self.data_share():.0%} of it"]
-        if self.dataloader_ms and any(self.dataloader_ms):
+        if any(self.dataloader_ms):
             share = sum(self.dataloader_ms) / sum(self.profile_step_ms)
-            lines.append(f"  the trace agrees: '{DATALOADER_RANGE}...' ranges take {share:.0%} of the profiled steps' span")
+            lines.append(f"  the trace agrees: '{DATALOADER_RANGE}...' ranges take {share:.0%} of the profiled "
+                         "steps' span")
         elif self.run.config.get("loader") == "device":
             lines.append("  the device loader has no DataLoader range: its batches appear as tensor ops "
                          "(indexing, padding, flips) at the start of each step")
@@ -83,32 +85,18 @@ class ProfileResult:
 
 
 def _rows(key_averages, cuda: bool) -> list[OpRow]:
-    rows = []
-    for e in key_averages:
-        if e.key.startswith("ProfilerStep"):
-            continue  # the step markers span everything; they are not operators
-        rows.append(OpRow(name=e.key, calls=int(e.count), self_cpu_ms=e.self_cpu_time_total / 1000,
-                          cpu_total_ms=e.cpu_time_total / 1000,
-                          self_device_ms=(getattr(e, "self_device_time_total", 0.0) or 0.0) / 1000 if cuda else 0.0))
-    key = "self_device_ms" if cuda else "self_cpu_ms"
-    rows.sort(key=lambda r: getattr(r, key), reverse=True)
-    return rows
-
-
-def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> float:
-    return max(0.0, min(a_end, b_end) - max(a_start, b_start))
+    rows = [OpRow(name=e.key, calls=int(e.count), self_cpu_ms=e.self_cpu_time_total / 1000,
+                  cpu_total_ms=e.cpu_time_total / 1000,
+                  self_device_ms=(getattr(e, "self_device_time_total", 0.0) or 0.0) / 1000 if cuda else 0.0)
+            for e in key_averages if not e.key.startswith("ProfilerStep")]  # the step markers are not operators
+    return sorted(rows, key=lambda r: r.self_device_ms if cuda else r.self_cpu_ms, reverse=True)
 
 
 def _step_split(events) -> tuple[list[float], list[float]]:
     """Each ProfilerStep's span and the DataLoader fetch time inside it, in ms (from the trace's own clock)."""
-    steps = sorted((e for e in events if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
+    steps = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep"))
     fetches = [e for e in events if e.name.startswith(DATALOADER_RANGE)]
-    spans, data = [], []
-    for s in steps:
-        start, end = s.time_range.start, s.time_range.end
-        spans.append((end - start) / 1000)
-        data.append(sum(_overlap(start, end, f.time_range.start, f.time_range.end) for f in fetches) / 1000)
-    return spans, data
+    return [(end - start) / 1000 for start, end in steps], [_length(_spans(fetches, *s)) / 1000 for s in steps]
 
 
 def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_dir: str | Path | None = None,

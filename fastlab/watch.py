@@ -392,7 +392,6 @@ class Watch:
             self.res.dataset = data
 
     def _batches(self, loader: Iterable) -> Iterator:
-        self._check_open()
         self._start()
         if self._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
             self._exclude(time.perf_counter() - self._epoch_end)
@@ -486,7 +485,6 @@ class Watch:
 
     def batch_ready(self) -> None:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
-        self._check_open()
         self._start()
         self._ready += 1
         self._wait += time.perf_counter() - self._t_last
@@ -513,7 +511,6 @@ class Watch:
     def step_done(self, batch_size: int, loss: Any = None) -> None:
         """Call after each step instead of `with w.step(n)`. loss: optionally the step's loss (read at the end)."""
         n = self._counted(_images(batch_size))
-        self._check_open()
         self._start()
         self._steps += 1
         k = self._steps
@@ -619,6 +616,7 @@ class Watch:
     # ------------------------------------------------------------ phases
 
     def _start(self) -> None:
+        self._check_open()
         me = threading.get_ident()
         if self._thread is not None and self._thread != me:
             raise RuntimeError("fastlab.watch: one watch measures one loop in one thread; this one was started in "
@@ -688,11 +686,8 @@ class Watch:
         """Finish (one sync, the sampler and the sync counting stopped) and return what was measured."""
         if self._finished:
             return self.res
-        if self._thread is not None and self._thread != threading.get_ident():
-            self._start()  # raises: result() belongs to the loop's own thread
+        self._start()  # raises outside the loop's own thread
         self._finished = True
-        if not self._started:
-            self._start()
         self._sync()
         self._stop_profiler()
         res = self.res
@@ -739,9 +734,9 @@ class Watch:
                                      "paused_blocks": self._paused_blocks}
         # a loop of the reader's: remembered (this process only) for the advice on the next one
         watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
+        kept = ("loader", "num_workers", "batch_size", "persistent_workers")
         _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "status": res.status,
-                         "window_throughput": list(res.window_throughput),
-                         **{k: res.config.get(k) for k in ("loader", "num_workers", "batch_size", "persistent_workers")}})
+                         "window_throughput": list(res.window_throughput), **{k: res.config.get(k) for k in kept}})
         return res
 
     def _check_use(self) -> None:
