@@ -207,14 +207,14 @@ class Step:
 
 def _images(batch_size: Any) -> int:
     """The step's image count, or one line saying what step() takes."""
-    if isinstance(batch_size, torch.Tensor):
-        raise TypeError(f"fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
-                        f"a tensor of shape {tuple(batch_size.shape)}: pass len(x) or x.shape[0]")
+    tensor = isinstance(batch_size, torch.Tensor)
     try:
-        n = operator.index(batch_size)  # int, numpy integers; not floats
+        n = operator.index(None if tensor else batch_size)  # int, numpy integers; not floats or tensors
     except TypeError:
-        raise TypeError(f"fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
-                        f"{type(batch_size).__name__} {batch_size!r}: pass len(x)") from None
+        got = (f"a tensor of shape {tuple(batch_size.shape)}: pass len(x) or x.shape[0]" if tensor else
+               f"{type(batch_size).__name__} {batch_size!r}: pass len(x)")
+        raise TypeError("fastlab.watch: step(batch_size=...) takes the number of images in the batch (an int), got "
+                        + got) from None
     if isinstance(batch_size, bool) or n < 1:
         raise ValueError(f"fastlab.watch: step(batch_size={batch_size!r}) is not allowed: the number of images in "
                          "the batch, an integer >= 1")
@@ -310,9 +310,6 @@ class Pause:
     accuracy: float | None = None
 
 
-# ---------------------------------------------------------------- the watch
-
-
 class Watch:
     """Measures a loop you wrote. Make it with fastlab.watch(...); see this module's docstring."""
 
@@ -370,8 +367,6 @@ class Watch:
         self._paused_blocks = 0
         self._steps_before_pause = -1  # steps done when the last w.paused() ended
         self._stop: str | None = None  # under a Budget: why the loop must end ("interrupted", "reached", ...)
-
-    # ------------------------------------------------------------ the two touches
 
     def __call__(self, loader: Iterable) -> WatchedLoader:
         """Iterate `loader` as usual (each epoch); the time spent getting each batch is recorded as data wait."""
@@ -496,16 +491,20 @@ class Watch:
         s = Step(_images(batch_size), loss)
         self._check_open()  # before the body: a finished watch does not run (and then refuse) a training step
         self._last_step = s
-        seen = FirstStepFacts(self.device.type) if self.record_facts and not self._steps else None
+        seen: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if self.record_facts and not self._steps:
+            seen = FirstStepFacts(self.device.type)
+            self._facts = seen.facts  # filled in as the step runs
         try:
-            with seen or contextlib.nullcontext():
+            with seen:
                 yield s
-        except BaseException as e:
-            self._failed(e)
+        except KeyboardInterrupt:
+            self.res.status = "interrupted"
             raise
-        finally:
-            if seen is not None:
-                self._facts = seen.facts
+        except BaseException as e:
+            first_line = (str(e).splitlines() or [""])[0]
+            self.res.status, self.res.error = "failed", f"{type(e).__name__}: {first_line}"
+            raise
         self.step_done(s.batch_size, s.loss)
 
     def step_done(self, batch_size: int, loss: Any = None) -> None:
@@ -555,8 +554,6 @@ class Watch:
         if k == self.untimed:
             self._stop_profiler()
             self._t_last = self._window_start = time.perf_counter()  # the analysis is not the loop's time
-
-    # ------------------------------------------------------------ under a Budget (fastlab.run)
 
     def _budget_step(self, k: int, t: float, boundary: bool) -> None:
         """After step k: the next step sampled or not, the time limits, the caller's on_step."""
@@ -613,8 +610,6 @@ class Watch:
             return True
         return t - self._t_memory >= MEMORY_EVERY_S
 
-    # ------------------------------------------------------------ phases
-
     def _start(self) -> None:
         self._check_open()
         me = threading.get_ident()
@@ -668,19 +663,10 @@ class Watch:
         breakdown = idle_breakdown(prof.events(), self.device.type == "cuda")
         self.res.extras.setdefault("watch", {})["profile"] = {**breakdown, "trace": str(trace)}
 
-    def _failed(self, error: BaseException) -> None:
-        if isinstance(error, KeyboardInterrupt):
-            self.res.status = "interrupted"
-        else:
-            first_line = (str(error).splitlines() or [""])[0]
-            self.res.status, self.res.error = "failed", f"{type(error).__name__}: {first_line}"
-
     def _check_open(self) -> None:
         if self._finished:
             raise RuntimeError("this fastlab.watch has finished (result() was called): start a new fastlab.watch "
                                "for another loop")
-
-    # ------------------------------------------------------------ the result
 
     def result(self) -> RunResult:
         """Finish (one sync, the sampler and the sync counting stopped) and return what was measured."""
@@ -793,9 +779,6 @@ def watch(label: str = "your loop", **options: Any) -> Watch:
     """Watch a training loop you wrote. Options: device, warmup_steps, window_steps, log_every, sync_debug,
     profile_steps, trace_dir, config (what you know about the loop, e.g. {"amp": "bf16", "lr": 1e-3}), facts."""
     return Watch(label, **options)
-
-
-# ---------------------------------------------------------------- before and after, measured
 
 
 @dataclass
