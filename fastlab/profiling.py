@@ -16,7 +16,7 @@ from . import isolation
 from .config import TrainConfig
 from .measure import resolve_device
 from .results import RunResult
-from .watch import _length, _spans, safe_name
+from .watch import _length, _spans, positive_int, safe_name
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"
@@ -46,8 +46,7 @@ class ProfileResult:
 
     def table(self, n: int = 10) -> str:
         """The top-n operators by self time, as fixed-width text."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n={n!r} is not allowed: an integer >= 1")
+        positive_int("n", n)
         total = sum(getattr(r, self.sort_key) for r in self.top_ops) or float("nan")
         head = "self GPU" if self.sort_key == "self_device_ms" else "self CPU"
         lines = [f"{'operator':<58} {'calls':>6} {head + ' ms':>12} {'share':>6} {'CPU total ms':>13}"]
@@ -103,8 +102,7 @@ def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_d
                 record_shapes: bool = False, with_stack: bool = False, progress: bool = False) -> ProfileResult:
     """Run cfg with `steps` timed steps under torch.profiler (warm-up steps not recorded), in a fresh process
     with its profiler. trace_dir: where the Chrome trace goes (default: a new temporary folder)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} is not allowed: an integer >= 1 (steps to record)")
+    positive_int("steps", steps, why=" (steps to record)")
     folder = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="fastlab-profile-"))
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / f"{safe_name(label)}.pt.trace.json"

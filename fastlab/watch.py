@@ -64,9 +64,10 @@ def safe_name(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "run"
 
 
-def _positive_int(name: str, value: Any, minimum: int) -> int:
+def positive_int(what: str, value: Any, minimum: int = 1, why: str = "") -> int:
+    """value, or a ValueError naming `what` was given it and what is allowed."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"fastlab.watch: {name}={value!r} is not allowed: an integer >= {minimum}")
+        raise ValueError(f"{what}={value!r} is not allowed: an integer >= {minimum}{why}")
     return value
 
 
@@ -319,19 +320,18 @@ class Watch:
                  budget: Budget | None = None) -> None:
         self.label = label
         self.device = _watch_device(device)
-        self.warmup_steps = _positive_int("warmup_steps", warmup_steps, 0)
-        self.window_steps = _positive_int("window_steps", window_steps, 1)
-        self.log_every = _positive_int("log_every", log_every, 1)
-        self.profile_steps = _positive_int("profile_steps", profile_steps, 0)
+        self.warmup_steps = positive_int("fastlab.watch: warmup_steps", warmup_steps, 0)
+        self.window_steps = positive_int("fastlab.watch: window_steps", window_steps)
+        self.log_every = positive_int("fastlab.watch: log_every", log_every)
+        self.profile_steps = positive_int("fastlab.watch: profile_steps", profile_steps, 0)
         self.untimed = self.warmup_steps + (self.profile_steps + 1 if self.profile_steps else 0)
         self.sync_debug = bool(sync_debug)
         self.trace_dir = trace_dir
         self.known = dict(config or {})  # what the reader tells about the loop (e.g. {"amp": "bf16"})
         self.res = budget.result if budget is not None and budget.result is not None else RunResult({}, label=label)
         self._loader: dict[str, Any] = {}
-        self._started = False
         self._finished = False
-        self._thread: int | None = None  # the thread of the first touch: one watch, one loop, one thread
+        self._thread: int | None = None  # the thread of the first touch (started): one watch, one loop, one thread
         self._steps = 0
         self._wait = 0.0
         self._t_start = self._t_last = self._window_start = 0.0
@@ -353,7 +353,7 @@ class Watch:
         self._util: GpuUtilSampler | None = None
         self._syncs: SyncCounter | None = None
         self._prof: Any = None
-        self._fetched = self._ready = 0  # batches through w(loader); batch_ready() calls
+        self._ready = 0  # batch_ready() calls
         self._epochs: list[int] = []  # batches fetched in each epoch of w(loader)
         self._epoch_end: float | None = None  # when the last epoch's batches ran out
         self._excluded = 0.0  # seconds between epochs and in paused(): not the loop's step time
@@ -401,7 +401,6 @@ class Watch:
                 except StopIteration:
                     return
                 self._parts.fetch_ended()
-                self._fetched += 1
                 self._epochs[-1] += 1
                 self._last_batch = batch
                 if not self._batch_bytes:
@@ -604,22 +603,19 @@ class Watch:
         return n
 
     def _memory_due(self, k: int, t: float, boundary: bool) -> bool:
-        """Sample memory this step? Always where it is cheap and in the first steps; else once per MEMORY_EVERY_S."""
-        if (self._meter.kind != "process_rss" or k <= self.untimed + MEMORY_DENSE_STEPS or boundary
-                or self.budget is not None):  # fastlab.run's results keep one sample per step
-            return True
-        return t - self._t_memory >= MEMORY_EVERY_S
+        """Sample memory this step? Always where it is cheap, in the first steps and under a Budget (fastlab.run's
+        results keep one sample per step); else once per MEMORY_EVERY_S."""
+        return (self._meter.kind != "process_rss" or self.budget is not None or boundary
+                or k <= self.untimed + MEMORY_DENSE_STEPS or t - self._t_memory >= MEMORY_EVERY_S)
 
     def _start(self) -> None:
         self._check_open()
-        me = threading.get_ident()
-        if self._thread is not None and self._thread != me:
-            raise RuntimeError("fastlab.watch: one watch measures one loop in one thread; this one was started in "
-                               "another thread: make a fastlab.watch per thread")
-        if self._started:
+        if self._thread is not None:
+            if self._thread != threading.get_ident():
+                raise RuntimeError("fastlab.watch: one watch measures one loop in one thread; this one was started "
+                                   "in another thread: make a fastlab.watch per thread")
             return
-        self._thread = me
-        self._started = True
+        self._thread = threading.get_ident()
         self._meter = MemoryMeter(self.device)
         self.res.memory_kind = self._meter.kind
         self._util = GpuUtilSampler(self.device)
@@ -727,18 +723,18 @@ class Watch:
 
     def _check_use(self) -> None:
         """Misuse only the end can see: no step marked, no batches, the loader not wrapped, no loss given."""
-        res = self.res
+        res, fetched = self.res, sum(self._epochs)
         if self._steps == 0 and res.status == "ok":
             res.status = "failed"
-            if self._epochs and not self._fetched:
+            if self._epochs and not fetched:
                 res.error = (f"the loader gave no batches in {len(self._epochs)} epoch(s) (empty, or drop_last with "
                              "fewer images than one batch): nothing was measured")
             else:
-                got = (f"the loader gave {self._fetched} batches through the watch" if self._fetched else
+                got = (f"the loader gave {fetched} batches through the watch" if fetched else
                        "no batch came through the watch either")
                 res.error = (f"no step was marked ({got}): put each step in `with w.step(len(x)) as s:` or call "
                              "w.step_done(len(x)) after it")
-        elif self._steps and not (self._fetched or self._ready):
+        elif self._steps and not (fetched or self._ready):
             res.data_wait_seconds = [float("nan")] * len(res.data_wait_seconds)
             self._notes["loader_not_wrapped"] = ("data wait not measured: the loader was not wrapped; iterate "
                                                  "`for x, y in w(loader)` (or call w.batch_ready() when a batch "
@@ -811,8 +807,7 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
                   **options: Any) -> LoopComparison:
     """Run your loop's two versions in turns, each under a new watch it is given (`def before(w): ...`), and
     compare their speed with fastlab.verdicts' noise rule. options: as for fastlab.watch."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"compare_loops(repeats={repeats!r}) is not allowed: an integer >= 1")
+    positive_int("compare_loops: repeats", repeats)
     for name, fn in zip(labels, (before, after)):
         if not callable(fn):
             raise TypeError(f"compare_loops: {name} must be a function that takes a watch and runs the loop "
@@ -839,9 +834,7 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
                               f"{d.label} diverged ({d.error}); " + ("no run of the other side diverged: no speed-up "
                                                                      "over a diverged run is claimed" if fine else
                                                                      "the other side did not finish either"))
-    broken = [r for r in before + after if not r.ok or not r.window_throughput]
-    if broken:
-        r = broken[0]
+    if (r := next((r for r in before + after if not r.ok or not r.window_throughput), None)) is not None:
         reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"
                              if r.ok else r.status)
         return LoopComparison(before, after, nan, nan, "failed", f"{r.label}: {r.status} ({reason}); no comparison")
