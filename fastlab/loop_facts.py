@@ -12,6 +12,7 @@ backward, exact where a CPU's resident set hides them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from typing import Any
@@ -42,30 +43,26 @@ class FirstStepFacts:
             "fused": None, "lr": None, "scheduled": False, "cudnn_benchmark": torch.backends.cudnn.benchmark}
         self._thread = threading.get_ident()
         self._depth = 0
-        self._handles: list[Any] = []
-        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)  # around the whole step
+        self._stack = contextlib.ExitStack()  # the hooks, the saved-tensor hooks and the warning filter
         self._saved: dict[int, StorageWeakRef] = {}  # storage address -> the storage saved there (each counted once)
         self._saved_bytes = 0
         self._params: set[int] = set()  # the model's own storages: saved weights are not activations
 
     def __enter__(self) -> FirstStepFacts:
-        self._warnings = warnings.catch_warnings()
-        self._warnings.__enter__()  # torch warns that a compiled module's hooks fire twice: ours count it once
+        self._stack.enter_context(warnings.catch_warnings())
+        # torch warns that a compiled module's hooks fire twice: ours count it once
         warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-        self._handles = [register_module_forward_pre_hook(self._pre),
-                         register_module_forward_hook(self._post, always_call=True),
-                         register_optimizer_step_pre_hook(self._optimizer_step)]
-        self._saving.__enter__()
+        for handle in (register_module_forward_pre_hook(self._pre),
+                       register_module_forward_hook(self._post, always_call=True),
+                       register_optimizer_step_pre_hook(self._optimizer_step)):
+            self._stack.enter_context(handle)
+        self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._saving.__exit__(None, None, None)
+        self._stack.close()
         self.facts["saved_mb"] = self._saved_bytes / 2**20
         self._saved.clear()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._warnings.__exit__(*exc)
 
     def _ours(self) -> bool:
         """A call this step made: not inside a graph torch.compile is tracing (checked first: dynamo cannot trace
