@@ -96,7 +96,6 @@ class SyncCounter:
 
     def __init__(self) -> None:
         self.where: Counter[str] = Counter()
-        self._saved_mode = 0
         self._warnings = warnings.catch_warnings()
 
     def start(self) -> None:
@@ -123,11 +122,10 @@ class SyncCounter:
         finally:
             torch.cuda.set_sync_debug_mode("warn")
 
-    def stop(self) -> None:
+    def stop(self, steps: int) -> dict[str, Any]:
+        """Stop counting; the summary over `steps` steps."""
         torch.cuda.set_sync_debug_mode(self._saved_mode)
         self._warnings.__exit__(None, None, None)
-
-    def summary(self, steps: int) -> dict[str, Any]:
         total = sum(self.where.values())
         return {"count": total, "steps": steps, "per_step": total / steps if steps else float("nan"),
                 "where": [[w, n] for w, n in self.where.most_common(5)]}
@@ -312,7 +310,8 @@ class Pause:
 
 
 class Watch:
-    """Measures a loop you wrote. Make it with fastlab.watch(...); see this module's docstring."""
+    """Measures a loop you wrote (see this module's docstring). config: what you know about the loop, e.g.
+    {"amp": "bf16", "lr": 1e-3}; budget: fastlab.run's own (a Budget)."""
 
     def __init__(self, label: str = "your loop", *, device: str | torch.device = "auto", warmup_steps: int = 3,
                  window_steps: int = 10, log_every: int = 10, sync_debug: bool = False, profile_steps: int = 0,
@@ -440,10 +439,8 @@ class Watch:
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
         """Time inside is not the loop's; set `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy."""
-        self._check_open()
-        budget = self.budget
-        if budget is not None and (self.res.status == "interrupted" or (
-                not budget.evaluate_after_trap and self.res.status in ("diverged", "time_limited"))):
+        if self.budget is not None and (self.res.status == "interrupted" or (
+                not self.budget.evaluate_after_trap and self.res.status in ("diverged", "time_limited"))):
             raise RunEnded(self.res.status)
         self._start()
         self._sync()
@@ -683,8 +680,7 @@ class Watch:
             res.no_ops["gpu_util"] = self._util.unavailable
         watch_extras = res.extras.setdefault("watch", {})
         if self._syncs is not None:
-            self._syncs.stop()
-            watch_extras["syncs"] = self._syncs.summary(max(0, self._steps - self.warmup_steps))
+            watch_extras["syncs"] = self._syncs.stop(max(0, self._steps - self.warmup_steps))
         trained_since_pause = self._steps > self._steps_before_pause  # not only evaluation since the last reset
         res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
         res.steps_done = self._steps
@@ -771,10 +767,7 @@ class Watch:
                 break
 
 
-def watch(label: str = "your loop", **options: Any) -> Watch:
-    """Watch a training loop you wrote. Options: device, warmup_steps, window_steps, log_every, sync_debug,
-    profile_steps, trace_dir, config (what you know about the loop, e.g. {"amp": "bf16", "lr": 1e-3}), facts."""
-    return Watch(label, **options)
+watch = Watch  # fastlab.watch(label, ...): watch a training loop you wrote
 
 
 @dataclass

@@ -245,8 +245,7 @@ def test_the_sync_counter_counts_torchs_warnings_by_line_and_passes_others_on(mo
         with counter.paused():
             pass
         warnings.warn("something else", UserWarning, stacklevel=1)
-        counter.stop()
-    summary = counter.summary(steps=3)
+        summary = counter.stop(steps=3)
     assert summary["count"] == 3 and summary["per_step"] == 1.0
     assert summary["where"][0][0].startswith(__file__ + ":") and summary["where"][0][1] == 3  # one line, 3 times
     assert [str(w.message) for w in others] == ["something else"]
