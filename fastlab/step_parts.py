@@ -1,9 +1,8 @@
 """The parts of one training step, each timed on its own: the copy, the forward, the backward, the optimiser.
 
-fastlab.run samples warm-up steps after the first this way (fastlab.pictures draws them): torch's global forward
-and optimiser step hooks mark where each part begins and ends, with a synchronise at each mark, so a part's time is
-its own even on a GPU. The hooks exist only during the sampled steps (a compiled model is not sampled: it would
-compile again).
+fastlab.run samples warm-up steps after the first this way (fastlab.pictures draws them): global forward and
+optimiser step hooks, present only in those steps (never for a compiled model, which would compile again), mark
+each part's ends with a synchronise, so a part's time is its own even on a GPU.
 
     copy      from the batch's arrival (the end of next()) to the model's call (x.to(device), channels_last)
     forward   the outermost module's call

@@ -85,10 +85,9 @@ def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         data["train_images"] = len(dataset)
     if not isinstance(loader, torch.utils.data.DataLoader):
         return {"loader": "iterable"}, data
-    workers = loader.num_workers
-    return {"loader": "dataloader", "num_workers": workers, "pin_memory": loader.pin_memory,
+    return {"loader": "dataloader", "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers,
-            "prefetch_factor": loader.prefetch_factor if workers else None}, data
+            "prefetch_factor": loader.prefetch_factor if loader.num_workers else None}, data
 
 
 class SyncCounter:
