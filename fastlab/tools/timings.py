@@ -86,15 +86,12 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
             f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ" + thorough_hint(notebook, profile))
 
 
-WITHOUT_THOROUGH = frozenset({"dashboard"})  # no time-sized comparison: FASTLAB_THOROUGH changes nothing
-
-
 def thorough_hint(notebook: str, profile: str) -> str:
     """How to run the thorough version, with its measured time (timings key '<profile>-thorough')."""
     from ..config import time_sizing
 
     name = notebook.removesuffix(".ipynb")
-    if time_sizing(profile) is None or name in WITHOUT_THOROUGH:
+    if time_sizing(profile) is None or name == "dashboard":  # no time-sized comparison there
         return ""
     entry = load_timings().get(name, {}).get(f"{profile}-thorough")
     took = f"it took {_duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
