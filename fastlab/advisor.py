@@ -2,18 +2,16 @@
 
     findings = fastlab.advise(result)                  # ranked Findings, each with its evidence
     advice = fastlab.advise(result, verify=True)       # ... and the top one tried: advice.verification
-    fastlab.verify(result)                             # the same measurement on its own
 
-Each rule holds a measured number (or a knob) against a named threshold below and, when it fires, proposes a
-config change (`Finding.changes`) and the notebook that teaches it. Rules read result.env, not this machine, so
-none is given where it cannot apply. A diverged run is named first. Runs of your own loop (fastlab.watch) cannot be
-re-run: verify refuses them and points to fastlab.compare_loops.
+Each rule holds a measured number (or a knob) of result (never this machine) against a threshold below and
+proposes a config change. Runs of your own loop (fastlab.watch) cannot be re-run: verify points to compare_loops.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,50 +22,39 @@ from .results import RunResult
 from .train import describe_changes, run
 from .verdicts import runs_verdict, turns, verdict
 
-# --------------------------------------------------------------------------- thresholds
 # Removing a share s of a step gains at most 1 / (1 - s) (Amdahl): s >= 0.15 (1.18x) clears +-15% window noise.
 DATA_WAIT_SHARE = 0.15  # data wait / step time at or above which the loader sets the pace
 OPTIMIZER_SHARE = 0.15  # optimizer.step() / step time (sampled in warm-up) at or above which its implementation matters
-# ~10-20 us of host time per op x ~1000 ops a CNN step: a shorter GPU step is paced by the host (overhead-bound).
-SHORT_STEP_S = 0.015
-# On a CPU step time cannot separate overhead from maths: a batch this small gives too little work per op.
-CPU_SMALL_BATCH = 8
-# This share of NVML samples under GPU_UTIL_LOW_PCT, with some data wait, means the GPU starves between batches.
+SHORT_STEP_S = 0.015  # ~10-20 us of host time per op x ~1000 ops: a shorter GPU step is paced by the host
+CPU_SMALL_BATCH = 8  # on a CPU, a batch this small gives too little work per op
+# This share of NVML samples under GPU_UTIL_LOW_PCT, with some data wait (none: launch overhead), means starving.
 GPU_UTIL_LOW_PCT = 60.0
 GPU_UTIL_LOW_SHARE = 0.25
 GPU_UTIL_MIN_SAMPLES = 10
-# Low utilisation counts as data-bound only with this much data wait: with none at all it is launch overhead.
 DATA_WAIT_SHARE_WITH_UTIL = DATA_WAIT_SHARE / 2
-# Activations grow about linearly with the batch: under 40% of the device, doubling it still leaves a margin.
-MEMORY_HEADROOM_SHARE = 0.40
-# Above 90% of the device, fragmentation alone can turn the next larger shape into an out-of-memory error.
-MEMORY_LIMIT_SHARE = 0.90
-# Tensor cores arrived with Volta (compute capability 7.0); bf16 needs Ampere (8.0).
-TENSOR_CORE_CC = 7.0
-BF16_CC = 8.0
-# For the reader's own loop: DataLoader workers pickle every batch (a fixed cost each) and compete for the cores.
-LOADER_SMALL_BATCH = 16  # images per batch at or under which that per-batch cost is a large share of the batch
-LOADER_SMALL_BATCH_BYTES = 2**20  # or under 1 MiB a batch: the copy is cheap, the fixed cost per batch is not
-LOADER_MIN_CORES = 3  # workers plus the training process need this many cores not to take training's
-# A wait with CPU time under this share mostly sleeps (disk, network): workers then need no core of their own.
-LOADER_OFF_CPU_SHARE = 0.25
+MEMORY_HEADROOM_SHARE = 0.40  # activations ~ batch: under 40% of the device, doubling it leaves a margin
+MEMORY_LIMIT_SHARE = 0.90  # above 90%, fragmentation alone can make the next larger shape run out of memory
+TENSOR_CORE_CC = 7.0  # Volta
+BF16_CC = 8.0  # Ampere
+# The reader's own DataLoader: workers pickle every batch (a fixed cost each) and compete for the cores.
+LOADER_SMALL_BATCH = 16  # images per batch at or under which that per-batch cost is a large share
+LOADER_SMALL_BATCH_BYTES = 2**20
+LOADER_MIN_CORES = 3  # workers plus the training process need this many cores
+LOADER_OFF_CPU_SHARE = 0.25  # a wait with CPU time under this share sleeps (disk, network): no core needed
 LOADER_MAX_WORKERS = 8
-LOG_EVERY = 10  # a loss read every 10 steps: one host-device sync per 10 steps (the bench ladder's choice)
-BATCH_GROWTH = 4  # the overhead-bound remedy: 4x the batch (fixed costs shared by 4x the images)
-# A probable leak (C11): each of LEAK_CHUNKS stretches' median above the last (a one-off jump rises once), a robust
-# (Theil-Sen) rise above the floor and LEAK_NOISE_FACTOR x the noise, and the last stretch still rising at
-# LEAK_TAIL_SHARE of the run's slope. Growth that stops (start-up, a cache filled once) is not a leak.
-LEAK_MIN_STEPS = 8  # timed steps needed to call a trend
+LOG_EVERY = 10  # one host-device sync per 10 steps (the bench ladder's choice)
+BATCH_GROWTH = 4  # the overhead-bound remedy: fixed costs shared by 4x the images
+# A probable leak (C11): each of LEAK_CHUNKS stretches' median above the last, a robust (Theil-Sen) rise above the
+# floor and LEAK_NOISE_FACTOR x the noise, the last stretch still rising: growth that stops is not a leak.
+LEAK_MIN_STEPS = 8
 LEAK_CHUNKS = 4
 LEAK_NOISE_FACTOR = 4.0
-LEAK_CHUNK_NOISE = 1.0  # each stretch's median must exceed the previous one by this many noise units too
+LEAK_CHUNK_NOISE = 1.0
 LEAK_TAIL_SHARE = 0.5
-# The smallest rise worth naming: a CPU's resident set holds glibc heap growth (up to 32 MiB) that is not the loop.
-LEAK_MIN_MB = {"process_rss": 32.0}
+LEAK_MIN_MB = {"process_rss": 32.0}  # a CPU's resident set holds glibc heap growth (up to 32 MiB)
 LEAK_MIN_MB_DEFAULT = 4.0
 
-# Rank: divergence, then memory (out of memory, a leak), then bottlenecks in the order they hide each other, then
-# advice read from the config and the device.
+# Divergence, then memory, then bottlenecks in the order they hide each other, then advice from the config.
 PRIORITY = ("diverged", "out_of_memory", "memory_leak", "data_bound", "overhead_bound", "optimizer_bound",
             "fp32_on_tensor_cores", "layout_and_kernels", "host_sync_every_step", "memory_near_limit",
             "memory_headroom", "loss_tensor_kept", "eval_with_autograd")
@@ -77,13 +64,8 @@ NOTEBOOKS = {
     "batch": "04_batch_size", "hygiene": "05_no_grad_detach_item", "optimizer": "06_adamw_and_schedules",
     "compile": "07_compile_and_export",
 }
-WATCHED = "watched"  # RunResult.extras key set by fastlab.watch: a run of the reader's own loop
-
-GPU_TYPES = ("cuda",)  # rules about tensor cores, GPU memory and host-device syncs need one of these
+WATCHED = "watched"  # RunResult.extras key set by fastlab.watch
 CUSTOM_DATASETS = "Datasets passed to fastlab.run"  # RunResult.dataset["source"] of a run on torch Datasets
-
-
-# --------------------------------------------------------------------------- findings
 
 
 @dataclass(frozen=True)
@@ -139,16 +121,12 @@ class Advice(list):
         r = self.result
         lines = [f"{r.summary()}; on {r.env.get('device_name', '?')}"]
         lines += [f"  note: {n}" for n in (r.extras.get("watch") or {}).get("notes", [])]
-        if not self and r.status == "failed":
-            done = f"failed after {r.steps_done} steps" if r.steps_done else "measured nothing"
-            lines.append(f"  Nothing to advise: the run {done} (see above).")
-        elif not self:
-            lines.append("  No bottleneck crossed its threshold: nothing to advise from this run.")
+        done = f"failed after {r.steps_done} steps" if r.steps_done else "measured nothing"
+        if not self:
+            lines.append(f"  Nothing to advise: the run {done} (see above)." if r.status == "failed" else
+                         "  No bottleneck crossed its threshold: nothing to advise from this run.")
         lines += [f"{i}. " + f.text().replace("\n", "\n   ") for i, f in enumerate(self, 1)]
         return "\n".join(lines + ([self.verification.text()] if self.verification else []))
-
-
-# --------------------------------------------------------------------------- the rules
 
 
 def _pct(x: float) -> str:
@@ -169,59 +147,42 @@ def _only_different(cfg: dict[str, Any], proposed: dict[str, Any]) -> dict[str, 
     return {k: v for k, v in proposed.items() if cfg.get(k) != v}
 
 
-def _util_low_share(r: RunResult) -> float:
-    if len(r.gpu_util) < GPU_UTIL_MIN_SAMPLES:
-        return float("nan")
-    return sum(1 for _, u in r.gpu_util if u < GPU_UTIL_LOW_PCT) / len(r.gpu_util)
-
-
-def _device_memory_mib(r: RunResult) -> float:
-    gb = r.env.get("gpu_memory_gb")
-    return float(gb) * 1024 if gb else float("nan")
-
-
-def _compute_capability(r: RunResult) -> float:
+def _env_number(r: RunResult, key: str) -> float:
+    """A number of result.env ("compute_capability", "gpu_memory_gb"), nan where absent."""
     try:
-        return float(r.env.get("compute_capability") or "nan")
+        return float(r.env.get(key) or "nan")
     except ValueError:
         return float("nan")
 
 
-def _divergence_remedies(r: RunResult, cfg: dict[str, Any]) -> list[tuple[dict[str, Any], str, str, str]]:
-    """(change, notebook, what to try, why) for each change that commonly makes a diverging run learn again, most
-    likely first, naming only the techniques this run used; the learning rate last, always (change {} if unknown)."""
-    amp, comp, lr = cfg.get("amp"), cfg.get("compile"), cfg.get("lr")
-    out: list[tuple[dict[str, Any], str, str, str]] = []
-    if amp == "fp16":  # bf16 has fp32's range where it is native
-        native_bf16 = r.env.get("device_type") == "cpu" or _compute_capability(r) >= BF16_CC
-        out.append(({"amp": "bf16" if native_bf16 else "off"}, "amp", "bf16 (or fp32) instead of fp16",
-                    "fp16's narrow range overflows"))
-    if comp not in (None, "off"):
-        out.append(({"compile": "off"}, "compile", "torch.compile off (or its default mode)",
-                    "a compiled kernel may accumulate reductions in low precision"))
-        if comp != "default":
-            out.append(({"compile": "default"}, "compile", "", ""))
-    if amp == "bf16":
-        out.append(({"amp": "off"}, "amp", "fp32 instead of bf16", "bf16 keeps few digits"))
-    known = _finite(lr) and lr > 0
-    lower = f"a lower learning rate ({lr / 10:g})" if known else "a tenth of your learning rate"
-    out.append(({"lr": lr / 10} if known else {}, "optimizer",
-                lower + ("" if out else ", or gradient clipping (torch.nn.utils.clip_grad_norm_)"),
-                "too large a step overshoots"))
-    return out
-
-
 def _diverged(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
+    """Changes that commonly make a diverging run learn again, only for techniques it used; the learning rate last."""
     if r.status != "diverged":
         return None
-    last = getattr(r, "last_finite_loss", None)  # getattr: older results lack it
+    amp, comp, lr = cfg.get("amp"), cfg.get("compile"), cfg.get("lr")
+    remedies: list[tuple[dict[str, Any], str, str, str]] = []  # (change, notebook, what to try, why)
+    if amp == "fp16":  # bf16 has fp32's range where it is native
+        native_bf16 = r.env.get("device_type") == "cpu" or _env_number(r, "compute_capability") >= BF16_CC
+        remedies.append(({"amp": "bf16" if native_bf16 else "off"}, "amp", "bf16 (or fp32) instead of fp16",
+                         "fp16's narrow range overflows"))
+    if comp not in (None, "off"):
+        remedies.append(({"compile": "off"}, "compile", "torch.compile off (or its default mode)",
+                         "a compiled kernel may accumulate reductions in low precision"))
+        if comp != "default":
+            remedies.append(({"compile": "default"}, "compile", "", ""))
+    if amp == "bf16":
+        remedies.append(({"amp": "off"}, "amp", "fp32 instead of bf16", "bf16 keeps few digits"))
+    known = _finite(lr) and lr > 0
+    lower = f"a lower learning rate ({lr / 10:g})" if known else "a tenth of your learning rate"
+    remedies.append(({"lr": lr / 10} if known else {}, "optimizer",
+                     lower + ("" if remedies else ", or gradient clipping (torch.nn.utils.clip_grad_norm_)"),
+                     "too large a step overshoots"))
     evidence = [Evidence("status", _diverged_at(r), "loss, grad scale or parameters non-finite")]
-    if last is not None:
-        evidence.append(Evidence("last finite training loss", float(last)))
+    if r.last_finite_loss is not None:
+        evidence.append(Evidence("last finite training loss", float(r.last_finite_loss)))
     knobs = {k: cfg[k] for k in ("amp", "compile", "lr") if k in cfg}
     if knobs:
         evidence.append(Evidence(", ".join(knobs), ", ".join(str(v) for v in knobs.values())))
-    remedies = _divergence_remedies(r, cfg)
     changes = [c for c, *_ in remedies if c]
     notebooks = tuple(dict.fromkeys(NOTEBOOKS[nb] for c, nb, _, _ in remedies if c)) or (NOTEBOOKS["optimizer"],)
     check = ("watch the changed loop and compare the two with fastlab.compare_loops" if r.extras.get(WATCHED) else
@@ -233,14 +194,12 @@ def _diverged(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
 
 
 def _diverged_at(r: RunResult) -> str:
-    step = getattr(r, "diverged_step", None)
-    return f"diverged{f' at step {step}' if step is not None else ''}: {r.error or 'a non-finite loss'}"
+    at = f" at step {r.diverged_step}" if r.diverged_step is not None else ""
+    return f"diverged{at}: {r.error or 'a non-finite loss'}"
 
 
 def _theil_sen(ys: list[float], xs: list[float] | None = None) -> tuple[float, float]:
     """Robust line through (xs[i], ys[i]) (xs: 0, 1, 2, ... by default): (slope, median distance from it)."""
-    import statistics
-
     stride = max(1, len(ys) // 200)  # at most ~200 points: the pairwise slopes stay cheap on long runs
     pts = list(zip(xs if xs is not None else range(len(ys)), ys))[::stride]
     slope = statistics.median((b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:])
@@ -251,8 +210,6 @@ def _theil_sen(ys: list[float], xs: list[float] | None = None) -> tuple[float, f
 def memory_rise(trace: list[float], steps: list[int] | None = None) -> tuple[float, float, bool]:
     """(rise in MiB from a robust slope, noise in MiB, whether it rose steadily and still rises at the end).
     steps: each sample's step, where memory was not sampled every step."""
-    import statistics
-
     if len(trace) < LEAK_MIN_STEPS:
         return float("nan"), float("nan"), False
     slope, noise = _theil_sen(trace, steps)
@@ -301,7 +258,8 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     wait = r.data_wait_fraction()
     if not _finite(wait):
         return None
-    low_util = _util_low_share(r) if gpu else float("nan")
+    util = [u for _, u in r.gpu_util] if gpu and len(r.gpu_util) >= GPU_UTIL_MIN_SAMPLES else []
+    low_util = sum(u < GPU_UTIL_LOW_PCT for u in util) / len(util) if util else float("nan")
     evidence = [Evidence("data wait / step time", wait, f">= {_pct(DATA_WAIT_SHARE)}", "%")]
     if _finite(r.copy_fraction()):  # timed apart, never counted as data wait (it waits for GPU work too)
         evidence.append(Evidence("host-to-device copy / step time (not data wait)", r.copy_fraction(), unit="%"))
@@ -316,10 +274,8 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     cpus = int(r.env.get("usable_cpus") or usable_cpu_count())  # the cores it may use, not the host's
     workers = cfg.get("num_workers", 0)
     more_workers = min(max(2, cpus), 8) if workers == 0 else min(workers * 2, max(cpus, 2))
-    worker_change = {"num_workers": more_workers, "persistent_workers": True}
-    if gpu:
-        worker_change.update(pin_memory=True, non_blocking=True)
-    worker_change = _only_different(cfg, worker_change)
+    pinned = {"pin_memory": True, "non_blocking": True} if gpu else {}
+    worker_change = _only_different(cfg, {"num_workers": more_workers, "persistent_workers": True, **pinned})
     device_change = _only_different(cfg, dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
                                               persistent_workers=False, prefetch_factor=None))
     confidence = ""
@@ -351,10 +307,11 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
     cost here; never a setting the loop has, nor one an earlier watched run found no faster."""
     cores = int(r.env.get("cpu_count") or 1)
     batch = int(r.images_per_step or cfg.get("batch_size") or 1)
-    nbytes = int((r.extras.get("watch") or {}).get("batch_bytes") or 0)
+    watch = r.extras.get("watch") or {}
+    nbytes = int(watch.get("batch_bytes") or 0)
     small = batch <= LOADER_SMALL_BATCH or 0 < nbytes < LOADER_SMALL_BATCH_BYTES
     # CPU time over the wait tells a sleeping loader from a computing one only without workers
-    share = (r.extras.get("watch") or {}).get("data_cpu_share")
+    share = watch.get("data_cpu_share")
     share = share if _finite(share) and not cfg.get("num_workers") else None
     weighed = [Evidence("usable CPU cores", cores, f"workers need >= {LOADER_MIN_CORES} to leave training a core"
                         + ("" if share is None else ", unless the wait is off the CPU")),
@@ -365,18 +322,15 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
     if nbytes:
         weighed.append(Evidence("bytes per batch", f"{nbytes / 2**10:,.0f} KiB"))
     off_cpu = share is not None and share < LOADER_OFF_CPU_SHARE
-    candidates, dropped = [], []
+    candidates = []
     for proposed, words, sure in _loader_candidates(cfg, cores, batch, small, gpu, off_cpu):
         change = _only_different({**cfg, "batch_size": batch}, proposed)
-        if proposed and not change:
-            continue  # what the loop already has
         earlier = _tried_earlier(r, change, batch) if change else ""
         if earlier:
-            dropped.append(f"{describe_changes(change)} was watched earlier in this session ({earlier}): "
-                           "not proposed again")
-            continue
-        candidates.append((change, words, sure))
-    weighed += [Evidence("left out", d) for d in dropped]
+            weighed.append(Evidence("left out", f"{describe_changes(change)} was watched earlier in this session "
+                                                f"({earlier}): not proposed again"))
+        elif change or not proposed:  # never what the loop already has
+            candidates.append((change, words, sure))
     lighter = ("move per-image work out of the loader: decode once and keep the images in memory, augment whole "
                "batches on the device (notebook 01's device-resident loader)")
     if not candidates:
@@ -385,8 +339,12 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
     return change, tuple(c for c, _, _ in rest), f"{words} in your loop; or {lighter}", sure, weighed
 
 
+def _dataloader_words(change: dict[str, Any]) -> str:
+    return "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")"
+
+
 def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool,
-                       off_cpu: bool = False) -> list[Remedy]:
+                       off_cpu: bool) -> list[Remedy]:
     """The loader changes worth trying, most likely first, each with how sure it is. off_cpu: the wait sleeps."""
     workers = int(cfg.get("num_workers") or 0)
     costs = "collate, the trip between processes, per-op overhead" if workers else "collate, per-op overhead"
@@ -414,12 +372,11 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
                         f"{'high' if crowded and small else 'medium'}: " + "; ".join(why)))
         elif workers < cores - 1:
             change = {"num_workers": min(workers * 2, cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
-            out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
+            out.append((change, _dataloader_words(change),
                         f"medium: {cores} cores leave room for more than {workers} workers"))
     elif cores >= LOADER_MIN_CORES or off_cpu:
         change = {"num_workers": new_workers, "persistent_workers": True, **pin}
-        out.append((change, "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")",
-                    sleeps if off_cpu else
+        out.append((change, _dataloader_words(change), sleeps if off_cpu else
                     (f"low: {cores} cores leave {cores - 1} for workers, but each batch of {batch} images is pickled "
                      "between processes, which can cost more than it saves" if small else spare)))
     return out + ([bigger] if small else [])
@@ -433,8 +390,7 @@ def _tried_earlier(r: RunResult, change: dict[str, Any], batch: int) -> str:
             continue
         if e.get("status") != "ok" or not e.get("window_throughput"):
             return f"{e['label']}: {e.get('status')}, not credited"
-        then, now = Spread.of(e["window_throughput"]), r.throughput
-        c = verdict(now, then)
+        c = verdict(r.throughput, Spread.of(e["window_throughput"]))
         if c.direction in ("noise", "worse"):
             return f"{e['label']}: {c}"
     return ""
@@ -448,42 +404,31 @@ def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | N
     batch = int(cfg.get("batch_size", 1))
     accum = int(cfg.get("grad_accum_steps", 1))
     compute = step * (1 - wait) / accum  # per micro-batch: launch costs are paid per forward/backward
-    evidence = [Evidence("data wait / step time", wait, f"< {_pct(DATA_WAIT_SHARE)}", "%")]
-    if gpu:
-        if compute >= SHORT_STEP_S:
-            return None
-        evidence.append(Evidence("compute time per micro-batch", compute * 1000, f"< {SHORT_STEP_S * 1000:g} ms", "ms"))
-        evidence.append(Evidence("batch_size", batch))
-    else:
-        if batch > CPU_SMALL_BATCH:
-            return None
-        evidence.append(Evidence("batch_size", batch, f"<= {CPU_SMALL_BATCH}"))
-        evidence.append(Evidence("compute time per micro-batch", compute * 1000, unit="ms"))
+    if (compute >= SHORT_STEP_S) if gpu else (batch > CPU_SMALL_BATCH):
+        return None
+    evidence = (Evidence("data wait / step time", wait, f"< {_pct(DATA_WAIT_SHARE)}", "%"),
+                Evidence("compute time per micro-batch", compute * 1000, f"< {SHORT_STEP_S * 1000:g} ms" if gpu else "",
+                         "ms"),
+                Evidence("batch_size", batch, "" if gpu else f"<= {CPU_SMALL_BATCH}"))
     growth = BATCH_GROWTH
-    peak, total = r.peak_memory_mb, _device_memory_mib(r)
-    if gpu and _finite(total):
-        # Keep the estimated peak (activations ~ batch) under the near-limit line.
+    peak, total = r.peak_memory_mb, _env_number(r, "gpu_memory_gb") * 1024
+    if gpu and _finite(total):  # keep the estimated peak (activations ~ batch) under the near-limit line
         while growth > 1 and peak * growth >= MEMORY_LIMIT_SHARE * total:
             growth //= 2
     train_images = int(r.dataset.get("train_images") or cfg.get("train_images") or batch * growth)
     new_batch = min(batch * growth, max(batch, train_images // 2))  # at least two batches per epoch
-    compile_change = {"compile": "reduce-overhead"} if gpu else {"compile": "default"}
-    compile_change = _only_different(cfg, compile_change)
-    if new_batch > batch:
-        changes: dict[str, Any] = {"batch_size": new_batch}
-        alternatives = (compile_change,) if compile_change else ()
-    elif compile_change:
-        changes, alternatives = compile_change, ()
-    else:
+    compile_change = _only_different(cfg, {"compile": "reduce-overhead" if gpu else "default"})
+    options = ([{"batch_size": new_batch}] if new_batch > batch else []) + ([compile_change] if compile_change else [])
+    if not options:
         return None
     compiled = "CUDA graphs: torch.compile(mode='reduce-overhead')" if gpu else "torch.compile (fewer, fused ops)"
-    technique = " or ".join(([f"a larger batch ({new_batch})"] if "batch_size" in changes else [])
+    technique = " or ".join(([f"a larger batch ({new_batch})"] if new_batch > batch else [])
                             + ([compiled] if compile_change else []))
     return Finding("overhead_bound", "launch/overhead-bound: small steps, each paying fixed per-op costs",
-                   tuple(evidence), technique, (NOTEBOOKS["batch"], NOTEBOOKS["compile"]), changes,
+                   evidence, technique, (NOTEBOOKS["batch"], NOTEBOOKS["compile"]), options[0],
                    "per-op costs (Python, dispatch, kernel launch) are paid per micro-batch, so more images per op "
                    "or fewer, fused ops spread them thinner; a larger batch may need a retuned learning rate",
-                   alternatives)
+                   tuple(options[1:]))
 
 
 def _optimizer_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
@@ -502,8 +447,8 @@ def _optimizer_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | 
 
 
 def _precision(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
-    cc = _compute_capability(r)
-    if not gpu or not _finite(cc) or cc < TENSOR_CORE_CC or cfg.get("amp") != "off":
+    cc = _env_number(r, "compute_capability")
+    if not gpu or not cc >= TENSOR_CORE_CC or cfg.get("amp") != "off":  # nan: unknown
         return None
     amp = "bf16" if cc >= BF16_CC else "fp16"
     changes = _only_different(cfg, {"amp": amp, "channels_last": True})
@@ -520,13 +465,11 @@ def _precision(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
 
 
 def _layout_and_kernels(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
-    cc = _compute_capability(r)
+    cc = _env_number(r, "compute_capability")
     if not gpu or cfg.get("amp") not in ("fp16", "bf16"):
         return None  # in fp32 the precision finding already brings channels_last; unknown (a watched loop): silent
-    proposed = {"cudnn_benchmark": True}
-    if _finite(cc) and cc >= TENSOR_CORE_CC:
-        proposed["channels_last"] = True
-    changes = _only_different(cfg, proposed)
+    tensor_cores = {"channels_last": True} if cc >= TENSOR_CORE_CC else {}
+    changes = _only_different(cfg, {"cudnn_benchmark": True, **tensor_cores})
     if not changes:
         return None
     evidence = tuple(Evidence(k, str(cfg.get(k)), "False on CUDA") for k in changes)
@@ -536,50 +479,45 @@ def _layout_and_kernels(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding
                    "the algorithms once per input shape (fixed shapes only; it costs warm-up time and memory)")
 
 
-def _caught_syncs(r: RunResult, gpu: bool) -> Finding | None:
-    """A watched loop run with sync_debug=True: the syncs torch itself caught, by line of the reader's code."""
-    caught = (r.extras.get("watch") or {}).get("syncs") or {}
-    if not gpu or caught.get("per_step", 0) < 1:
-        return None
-    evidence = [Evidence("host-device syncs per timed step (torch.cuda.set_sync_debug_mode)", caught["per_step"],
-                         ">= 1")]
-    evidence += [Evidence("synced at", f"{where} ({n}x)") for where, n in caught.get("where", [])[:3]]
-    return Finding("host_sync_every_step", "a host-device sync every step", tuple(evidence),
-                   f"read values on the host (loss.item(), .cpu(), a tensor in an `if`) every {LOG_EVERY} steps, "
-                   "or keep them on the device", (NOTEBOOKS["hygiene"],), {},
-                   ".item() and friends wait for the GPU to finish, so the host cannot queue the next step ahead; "
-                   "it matters most when steps are short")
-
-
 def _host_sync(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
-    if r.extras.get(WATCHED):
-        return _caught_syncs(r, gpu)
-    if not gpu or cfg.get("log_loss") != "item" or int(cfg.get("log_every", 1)) != 1:
+    """loss.item() every step on CUDA; in a watched loop run with sync_debug=True, the syncs torch itself caught."""
+    caught = (r.extras.get("watch") or {}).get("syncs") or {}
+    if not gpu:
         return None
-    evidence = (Evidence("log_loss, log_every", f"item, {cfg.get('log_every')}", "loss.item() every step on CUDA"),)
-    step = _step_seconds(r)
-    if _finite(step):
-        evidence += (Evidence("step time", step * 1000, unit="ms"),)
-    return Finding("host_sync_every_step", "a host-device sync every step (loss.item())", evidence,
-                   f"read the loss every {LOG_EVERY} steps", (NOTEBOOKS["hygiene"],), {"log_every": LOG_EVERY},
-                   ".item() waits for the GPU to finish, so the host cannot queue the next step ahead; "
+    if r.extras.get(WATCHED):
+        if caught.get("per_step", 0) < 1:
+            return None
+        evidence = (Evidence("host-device syncs per timed step (torch.cuda.set_sync_debug_mode)", caught["per_step"],
+                             ">= 1"),
+                    *(Evidence("synced at", f"{where} ({n}x)") for where, n in caught.get("where", [])[:3]))
+        title, changes = "a host-device sync every step", {}
+        technique = (f"read values on the host (loss.item(), .cpu(), a tensor in an `if`) every {LOG_EVERY} steps, "
+                     "or keep them on the device")
+    elif cfg.get("log_loss") != "item" or int(cfg.get("log_every", 1)) != 1:
+        return None
+    else:
+        step = _step_seconds(r)
+        evidence = (Evidence("log_loss, log_every", f"item, {cfg.get('log_every')}", "loss.item() every step on CUDA"),
+                    *([Evidence("step time", step * 1000, unit="ms")] if _finite(step) else []))
+        title, changes = "a host-device sync every step (loss.item())", {"log_every": LOG_EVERY}
+        technique = f"read the loss every {LOG_EVERY} steps"
+    return Finding("host_sync_every_step", title, evidence, technique, (NOTEBOOKS["hygiene"],), changes,
+                   ".item() and friends wait for the GPU to finish, so the host cannot queue the next step ahead; "
                    "it matters most when steps are short")
 
 
 def _memory(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     oom = r.status == "failed" and "out of memory" in (r.error or "")
-    total = _device_memory_mib(r)
+    total = _env_number(r, "gpu_memory_gb") * 1024
     if not gpu or (not oom and (not _finite(total) or r.peak_memory_mb <= 0)):
         return None
     batch, accum = int(cfg.get("batch_size", 1)), int(cfg.get("grad_accum_steps", 1))
     share = r.peak_memory_mb / total if _finite(total) else float("nan")
     if oom or share >= MEMORY_LIMIT_SHARE:
-        if cfg.get("amp") == "off":
-            changes = {"amp": "bf16" if _compute_capability(r) >= BF16_CC else "fp16"}
-        elif batch >= 2:
-            changes = {"batch_size": batch // 2, "grad_accum_steps": accum * 2}  # same images per optimiser step
-        else:
-            changes = {}
+        # 16-bit first; else the same images per optimiser step in smaller micro-batches
+        changes = ({"amp": "bf16" if _env_number(r, "compute_capability") >= BF16_CC else "fp16"}
+                   if cfg.get("amp") == "off" else
+                   {"batch_size": batch // 2, "grad_accum_steps": accum * 2} if batch >= 2 else {})
         evidence = ((Evidence("status", f"failed: {r.error}"),) if oom else
                     (Evidence("peak memory / GPU memory", share, f">= {_pct(MEMORY_LIMIT_SHARE)}", "%"),
                      Evidence("peak memory", r.peak_memory_mb, unit="MiB")))
@@ -638,17 +576,12 @@ def findings_for(result: RunResult) -> list[Finding]:
     """Every rule that fires on `result`, ranked by PRIORITY."""
     if not isinstance(result, RunResult):
         raise TypeError(f"advise(result=...) takes a fastlab RunResult, got {type(result).__name__}")
-    gpu = result.env.get("device_type") in GPU_TYPES
+    gpu = result.env.get("device_type") == "cuda"
     found = [f for rule in RULES if (f := rule(result, result.config, gpu)) is not None]
     if any(f.key == "overhead_bound" and "batch_size" in f.changes for f in found):
         # the overhead remedy already grows the batch (within the memory the run left): one batch advice, not two
         found = [f for f in found if f.key != "memory_headroom"]
     return sorted(found, key=lambda f: PRIORITY.index(f.key))
-
-
-# --------------------------------------------------------------------------- verification
-
-Runner = Callable[..., RunResult]
 
 
 @dataclass
@@ -671,21 +604,15 @@ class Verification:
 
 
 def _pick(findings: list[Finding], finding: int | str | Finding | None) -> Finding | None:
-    if isinstance(finding, Finding):
-        return finding
-    if finding is None:
-        return next((f for f in findings if f.changes), None)
-    if isinstance(finding, bool) or not isinstance(finding, (int, str)):
-        raise TypeError(f"verify(finding=...) takes an index, a finding key or a Finding, got {finding!r}")
-    if isinstance(finding, int):
-        if not 0 <= finding < len(findings):
-            raise ValueError(f"verify(finding={finding}) is not allowed: this result has {len(findings)} finding(s), "
-                             f"indices 0..{len(findings) - 1}")
-        return findings[finding]
+    if finding is None or isinstance(finding, Finding):
+        return finding or next((f for f in findings if f.changes), None)
     keys = [f.key for f in findings]
-    if finding not in keys:
-        raise ValueError(f"verify(finding={finding!r}) is not allowed: findings here are {keys or 'none'}")
-    return findings[keys.index(finding)]
+    if isinstance(finding, str) and finding in keys:
+        return findings[keys.index(finding)]
+    if type(finding) is int and 0 <= finding < len(findings):
+        return findings[finding]
+    raise ValueError(f"verify(finding={finding!r}) is not allowed: this result's findings are {keys or 'none'} "
+                     f"(a key, or an index 0..{len(findings) - 1})")
 
 
 def _eval_rate(r: RunResult) -> float | None:
@@ -696,9 +623,11 @@ def _eval_rate(r: RunResult) -> float | None:
 OUTCOMES = {"better": "gain", "worse": "slower", "noise": "no measurable gain"}
 
 
-def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str,
-                                                                                               list[str]]:
-    # a time-limited run keeps its finished windows, with a note; the noise rule pairs the back-to-back repeats
+def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]
+           ) -> tuple[str, Spread, Spread, str, list[str]]:
+    """(outcome, before, after, sentence, notes); a time-limited run keeps its finished windows, with a note."""
+    if finding.metric == "finite":
+        return _judge_divergence(new_runs)
     notes = [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
     c = runs_verdict(base_runs, new_runs, interleaved=True)
     if not c.comparable:
@@ -718,33 +647,30 @@ def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResul
     return OUTCOMES.get(c.direction, "inconclusive"), c.base, c.other, c.words, notes
 
 
-def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, str, list[str]]:
-    """The verdict on a fix for divergence: every rerun ends not diverged, with finite logged losses."""
-    after = Spread.of([w for r in new_runs for w in r.window_throughput])
+def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str, list[str]]:
+    """A fix for divergence works when every rerun ends not diverged, with finite logged losses."""
+    before, after = Spread.of([]), Spread.of([w for r in new_runs for w in r.window_throughput])
     notes = ["the diverged run's own speed is not credited, so no speed-up over it is claimed"]
     if (d := next((r for r in new_runs if r.status == "diverged"), None)) is not None:
-        return "still diverges", after, f"{d.label}: {_diverged_at(d)}", notes
+        return "still diverges", before, after, f"{d.label}: {_diverged_at(d)}", notes
     if (b := next((r for r in new_runs if r.status in ("failed", "interrupted")), None)) is not None:
-        return "failed", after, f"{b.label}: {b.status} ({b.error or 'stopped'}); no verdict", notes
+        return "failed", before, after, f"{b.label}: {b.status} ({b.error or 'stopped'}); no verdict", notes
     losses = [float(v) for r in new_runs for _, v in r.losses]
     if not losses or not all(math.isfinite(x) for x in losses):
-        return "still diverges", after, "the rerun logged no finite loss", notes
+        return "still diverges", before, after, "the rerun logged no finite loss", notes
     last = new_runs[-1].losses[-1]
     acc = [r.eval_accuracy for r in new_runs if r.eval_accuracy is not None]
     sentence = (f"no longer diverges: every logged loss finite over {sum(r.steps_done for r in new_runs)} steps "
                 f"(last {last[1]:.3g} at step {last[0]})"
                 + (f", held-out accuracy {min(acc):.1%}-{max(acc):.1%} over {len(acc)} run(s)" if acc else "")
                 + (f"; it trained at {after.median:,.0f} images/s" if after.n else ""))
-    return "fixed", after, sentence, notes
+    return "fixed", before, after, sentence, notes
 
 
-def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1,
-           dataset: Any = None, model: Any = None, progress: bool = False, runner: Runner = run) -> Verification | None:
-    """Apply a finding's changes (default: the top finding that has any), run it, and report the effect.
-
-    The baseline is rerun fresh, in turns with the change, so both see the same machine load. dataset / model:
-    what the original run was given, if anything. Returns None when no finding has a change to try.
-    """
+def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1, dataset: Any = None,
+           model: Any = None, progress: bool = False, runner: Callable[..., RunResult] = run) -> Verification | None:
+    """Apply a finding's changes (default: the top finding that has any) and measure them against a fresh baseline,
+    in turns so both see the same machine load; None when no finding has a change to try."""
     if result.extras.get(WATCHED):
         raise ValueError("this result is a run of your own loop (fastlab.watch): fastlab cannot re-run it. Make the "
                          "change in your loop and measure both versions in turns with "
@@ -769,29 +695,20 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
                          f"machine with {measured_on}, where the advice applies")
     base_runs: list[RunResult] = []
     new_runs: list[RunResult] = []
-    # A diverged run is not rerun as a baseline: its speed is never compared, only whether the change learns.
-    fixing = chosen.metric == "finite"
-    sides = [(new_runs, new_cfg, describe_changes(chosen.changes))]
-    if not fixing:
-        sides.insert(0, (base_runs, base_cfg, "baseline (fresh)"))
+    sides = [(base_runs, base_cfg, "baseline (fresh)"), (new_runs, new_cfg, describe_changes(chosen.changes))]
+    if chosen.metric == "finite":  # a diverged run's speed is never compared: no baseline, only whether it learns
+        sides = sides[1:]
     for i, side in turns(len(sides), repeats):  # in turns: A B, then B A
         runs, cfg, label = sides[side]
         runs.append(runner(cfg, label=f"{label} #{i + 1}" if repeats > 1 else label, dataset=dataset, model=model,
                            progress=progress))
-    if fixing:
-        outcome, after, sentence, notes = _judge_divergence(new_runs)
-        before = Spread.of([])
-    else:
-        outcome, before, after, sentence, notes = _judge(chosen, base_runs, new_runs)
+    outcome, before, after, sentence, notes = _judge(chosen, base_runs, new_runs)
     for r in new_runs[:1]:
         notes += [f"no-op here: {k}: {v}" for k, v in r.no_ops.items()]
     if any(r.synthetic for r in base_runs + new_runs):
         notes.append("measured on SYNTHETIC data")
     metric = {"eval": "held-out images/s", "finite": "training loss"}.get(chosen.metric, "training images/s")
     return Verification(chosen, base_runs, new_runs, metric, before, after, outcome, sentence, notes)
-
-
-# --------------------------------------------------------------------------- entry points
 
 
 def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advice:

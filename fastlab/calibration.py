@@ -1,9 +1,5 @@
-"""Runs sized by time: a short calibration turns a profile's seconds into steps.
-
-Steps that fit a workshop slot on one CPU can take several times longer on another, so a profile says how long a
-run and a comparison take (config.TIME_SIZING). A few steps of the baseline are timed once per machine (cached
-under its fingerprint) and turned into steps; every arm of a comparison gets the same steps. Smoke keeps fixed steps.
-"""
+"""Runs sized by time (config.TIME_SIZING): a few steps of the baseline, timed once per machine (cached under its
+fingerprint), turn a profile's seconds into steps; every arm of a comparison gets the same steps."""
 
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ from .config import TrainConfig, time_sizing
 from .measure import resolve_device
 
 CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
-CALIBRATION_STEPS = 4  # timed steps, each a window of its own: the median of their synchronised times
-# The fields of a config that set the cost of a step; a calibration is kept per machine and per these.
+CALIBRATION_STEPS = 4  # timed steps, each a window of its own
+# The fields of a config that set the cost of a step: a calibration is kept per machine and per these.
 WORKLOAD_FIELDS = ("model", "batch_size", "grad_accum_steps", "loader", "num_workers", "amp", "channels_last",
                    "compile", "device")
 
@@ -43,10 +39,7 @@ class Calibration:
     fingerprint: dict[str, Any]
     steps_measured: int
     measured_at: str
-    source: str = "measured"  # "measured" now, or "cache" (read back from an earlier calibration here)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    source: str = "measured"  # or "cache": read back from an earlier calibration here
 
 
 def fingerprint(device: torch.device) -> dict[str, Any]:
@@ -57,27 +50,10 @@ def fingerprint(device: torch.device) -> dict[str, Any]:
             "device": measure.device_name(device)}
 
 
-def workload(config: TrainConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in WORKLOAD_FIELDS}
-
-
 def cache_path() -> Path:
     """FASTLAB_CALIBRATION_CACHE if set, else ~/.cache/fastlab/calibration.json."""
     given = os.environ.get("FASTLAB_CALIBRATION_CACHE", "").strip()
     return Path(given) if given else Path.home() / ".cache" / "fastlab" / "calibration.json"
-
-
-def cache_key(machine: dict[str, Any], work: dict[str, Any]) -> str:
-    text = json.dumps({"machine": machine, "workload": work}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: calibrate again
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _write_cache(path: Path, entries: dict[str, Any]) -> None:
@@ -108,20 +84,21 @@ def measure_step_seconds(config: TrainConfig) -> list[float]:
 def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibration:
     """The step time of `config` on this machine: from this kernel's or the disk cache, else measured now."""
     machine = fingerprint(resolve_device(config.device))
-    work = workload(config)
-    key = cache_key(machine, work)
+    work = {name: getattr(config, name) for name in WORKLOAD_FIELDS}
+    key = hashlib.sha256(json.dumps({"machine": machine, "workload": work}, sort_keys=True).encode()).hexdigest()[:16]
     if key in _KERNEL_CACHE:
         return _KERNEL_CACHE[key]
     path = cache_path()
-    entries = _read_cache(path)
-    if key in entries:
-        try:
-            cal = Calibration(**{**entries[key], "source": "cache"})
-        except TypeError:  # written by another version: measure again
-            cal = None
-        if cal is not None:
-            _KERNEL_CACHE[key] = cal
-            return cal
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable
+        entries = {}
+    entries = entries if isinstance(entries, dict) else {}
+    try:
+        _KERNEL_CACHE[key] = Calibration(**{**entries[key], "source": "cache"})
+        return _KERNEL_CACHE[key]
+    except (KeyError, TypeError):  # not calibrated here yet, or by another version: measure
+        pass
     seconds = (measure or measure_step_seconds)(config)
     if not seconds:
         raise RuntimeError(f"the calibration of {work} finished no timed step")
@@ -129,7 +106,7 @@ def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibratio
                       steps_measured=len(seconds),
                       measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     _KERNEL_CACHE[key] = cal
-    entries[key] = cal.to_dict()
+    entries[key] = asdict(cal)
     _write_cache(path, entries)
     return cal
 
@@ -162,7 +139,7 @@ def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple
     check_gpu_profile_here(base.replace(steps=max(base.windows, fewest)), resolve_device(base.device))
     cal = calibrate(base, measure)
     steps = steps_for(cal, seconds, base.profile, base.windows)
-    record = {**cal.to_dict(), "seconds_per_run": seconds, "arms": arms, "steps": steps,
+    record = {**asdict(cal), "seconds_per_run": seconds, "arms": arms, "steps": steps,
               "profile_steps": base.steps}
     return base.replace(steps=steps), record
 

@@ -1,8 +1,5 @@
-"""Before any timing: check that the reader's own model and data fit together (fastlab.run(model=, dataset=)).
-
-A bad shape, label or Dataset would otherwise surface as a raw torch error mid-run; each check ends in a one
-sentence ValueError naming the problem and the fix. The model's weights and mode are left as they were.
-"""
+"""Before any timing, check that the reader's own model and data fit together (fastlab.run(model=, dataset=)): a
+one-sentence ValueError naming the problem and the fix, not a raw torch error mid-run. The model is left as it was."""
 
 from __future__ import annotations
 
@@ -42,11 +39,6 @@ def preflight(model: nn.Module | Callable[[], nn.Module], dataset_or_images: Ima
                          f"give the model's last layer as many outputs as the dataset has classes, or remap the labels")
 
 
-def probe_items(n: int) -> list[int]:
-    """The indices preflight fetches from a Dataset of n items: the first, the second and the last."""
-    return sorted({0, min(1, n - 1), n - 1})
-
-
 def _imageset_batch(images: ImageSet, config: TrainConfig) -> tuple[torch.Tensor, list[int]]:
     """Two training images as the loaders give them (float NCHW), and every label of the set."""
     for part in ("train_images", "eval_images"):
@@ -78,7 +70,7 @@ def _datasets_batch(pair: tuple[Dataset, Dataset], config: TrainConfig) -> tuple
         if name == "train" and n < config.batch_size:
             raise ValueError(f"the train dataset has {n} images, fewer than one batch of "
                              f"batch_size={config.batch_size}: lower batch_size or add images")
-        for index in probe_items(n):
+        for index in sorted({0, min(1, n - 1), n - 1}):  # the first, the second and the last
             image, label = _fetch(ds, name, index)
             labels.append(label)
             if name == "train":
@@ -112,10 +104,7 @@ def _fetch(ds: Dataset, name: str, index: int) -> tuple[torch.Tensor, int]:
 
 def _check_workers(ds: Dataset, name: str, config: TrainConfig) -> None:
     """DataLoader workers started with spawn (macOS, Windows) must rebuild the Dataset from its class name."""
-    if config.num_workers == 0:
-        return
-
-    if worker_start_method() == "fork":
+    if config.num_workers == 0 or worker_start_method() == "fork":
         return
     safe, why = spawn_safety(ds)
     if not safe:
@@ -132,7 +121,6 @@ def _output_classes(net: nn.Module, images: torch.Tensor) -> int:
         with torch.no_grad():
             out = net(images.to(device))
     except Exception as e:  # shape mismatches come as RuntimeError, ValueError, IndexError...
-
         if is_out_of_memory(e):
             raise  # not a wrong input: the run reports it as out of memory
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

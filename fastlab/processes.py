@@ -3,6 +3,7 @@ with, so that a timeout, a Stop button or Ctrl-C never leaves a worker process b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,16 +25,12 @@ def run_with_timeout(cmd: Sequence[str], log_path: Path, timeout_s: float, *, en
         proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             while True:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     return proc.wait(timeout=0.2), False, False
-                except subprocess.TimeoutExpired:
-                    pass
-                if stop is not None and stop.is_set():
+                stopped = stop is not None and stop.is_set()
+                if stopped or time.monotonic() > deadline:
                     _kill_group(proc)
-                    return proc.returncode, False, True
-                if time.monotonic() > deadline:
-                    _kill_group(proc)
-                    return proc.returncode, True, False
+                    return proc.returncode, not stopped, stopped
         except BaseException:  # KeyboardInterrupt in a notebook: never leave the workers behind
             _kill_group(proc)
             raise
@@ -41,17 +38,12 @@ def run_with_timeout(cmd: Sequence[str], log_path: Path, timeout_s: float, *, en
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the process group (torchrun forwards it to its workers), then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace)
-            # torchrun may be gone while a worker lingers: sweep the group once more
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun may be gone while a worker lingers
+    except ProcessLookupError:  # the whole group is gone
+        pass
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)

@@ -1,11 +1,6 @@
-"""Reference points from one NVIDIA H200, measured with a plain PyTorch script: shown beside a reader's result.
-
-points/h200-plain-pytorch.json is that script's table as it was measured, with its knobs and method per row. A
-notebook that tests a GPU claim prints `beside(claim, ...)` next to its own result, so a CPU room sees what the
-technique did on a large GPU. Every figure and every word of provenance is read from the file. These points are
-not fastlab's reference results (results.load_reference, from fastlab's own harness on a GPU; those replace
-these once they exist), and no verdict reads them: nothing else in fastlab imports this module.
-"""
+"""Reference points from one NVIDIA H200, measured with a plain PyTorch script (points/h200-plain-pytorch.json):
+a notebook prints `beside(claim, ...)` next to its own result, so a CPU room sees what a technique did on a large GPU.
+Not fastlab's reference results (results.load_reference), and no verdict reads them."""
 
 from __future__ import annotations
 

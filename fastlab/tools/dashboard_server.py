@@ -1,10 +1,5 @@
-"""What `make dashboard` serves a room with: Voila's kernel manager, culling the kernels of closed tabs but never
-a kernel a page has just been given. Only the Voila server imports this module (jupyter_server comes with it).
-
-Voila 0.5 cannot shut a closed tab's kernel down (voila-dashboards/voila issue 1458), so the server culls idle
-kernels; a kernel fresh out of Voila's pool would look idle for as long as it waited there, so here its idle time
-counts from when it left the pool, at the latest.
-"""
+"""What `make dashboard` serves a room with: Voila's kernel manager, culling idle kernels (Voila 0.5 cannot shut a
+closed tab's down, voila issue 1458) but never a kernel a page has just been given from Voila's pool."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 
 
 class RoomKernelManager(AsyncMappingKernelManager):
-    """AsyncMappingKernelManager whose culler gives a kernel fresh out of Voila's pool a full idle timeout."""
+    """A kernel's idle time counts from when it left Voila's pool, at the latest: a full idle timeout."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

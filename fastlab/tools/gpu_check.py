@@ -50,8 +50,8 @@ def missing_packages() -> list[str]:
 
 
 def within_deadline(fn: Callable[[], str], seconds: float) -> tuple[str, bool]:
-    """(fn()'s detail, True), or (why, False) when it raised or passed `seconds` (then it gets a Ctrl-C). Should the
-    process hang in a CUDA call, faulthandler prints every thread's traceback and exits 1 after a grace period."""
+    """(fn()'s detail, True), or (why, False) when it raised or passed `seconds` (then it gets a Ctrl-C); a process
+    hung in a CUDA call prints every thread's traceback and exits 1 after a grace period."""
     from .. import isolation
 
     expired = threading.Event()
@@ -198,8 +198,7 @@ def _precision() -> str:
 
 
 def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda") -> Callable[[], nn.Module]:
-    """A ResNet-18 factory recording (input, weight) channels_last at each forward on `device_type` (not in
-    preflight's CPU check)."""
+    """A ResNet-18 factory recording (input, weight) channels_last at each forward on `device_type`."""
     from ..models import build_model
 
     def net() -> nn.Module:
@@ -242,8 +241,8 @@ def _cudnn() -> str:
 
 
 class UntunedForward(nn.Module):
-    """ResNet-18 whose forward runs with cudnn.benchmark off, so only its backward is autotuned (ATen reads the
-    flag per convolution). A class, so a fresh process can build it."""
+    """ResNet-18 whose forward runs with cudnn.benchmark off, so only its backward is autotuned; a class, so a fresh
+    process can build it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -264,8 +263,7 @@ class UntunedForward(nn.Module):
 def _cudnn_backward() -> str:
     import fastlab
 
-    # one warm-up step: the one that autotunes
-    cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=1)
+    cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=1)  # the one warm-up step autotunes
     off, on = (fastlab.run(cfg.replace(cudnn_benchmark=b), model=UntunedForward, progress=False) for b in (False, True))
     assert off.ok and on.ok, (off.summary(), on.summary())
     assert off.extras.get("isolation") == on.extras.get("isolation") == "process", off.extras.get("isolation")
@@ -378,8 +376,8 @@ def _ddp() -> str:
 
 
 def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS) -> str:
-    """Both ladders at gpu-profile sizes, every rung's timed steps limited to `rung_seconds`; no rung starts once a
-    ladder has spent its half of `budget_s`."""
+    """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds`, each ladder to half of
+    `budget_s`."""
     from ..bench import ladder, markdown_table, run_ladder
     from ..config import config_for
     from ..results import save_results
@@ -397,7 +395,6 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
             done.append(r)
             save_results(path, done, meta=meta)
 
-        # one pass: each rung works on CUDA; `make bench` measures
         run_ladder(base, ladder(base), progress=False, on_result=save, max_seconds=rung_seconds,
                    budget_s=budget_s / 2, not_run=not_run, repeats=1)
         save_results(path, done, meta=meta)

@@ -18,7 +18,6 @@ from pathlib import Path
 # After changing these, run `python -m fastlab.tools.install --ensure-notebooks notebooks/`.
 SOURCE_ENV = "FASTLAB_INSTALL_SOURCE"
 SOURCE_FILE = "fastlab-install-source.txt"
-INSTALL_LINE = "pip install .   # in a clone of the repository (or: pip install fastlab-<version>-py3-none-any.whl)"
 
 CELL_ID = "fastlab-install"  # the install cell's id in every notebook (nbformat 4.5 cell ids)
 CELL_MARK = "# fastlab install check"  # how the cell is found again
@@ -67,9 +66,6 @@ except ImportError:
 print(f"fastlab {{fastlab.__version__}} from {{fastlab.__path__[0]}}")'''
 
 
-# ---------------------------------------------------------------- the install cell in notebooks
-
-
 def _is_install_cell(cell: dict) -> bool:
     source = "".join(cell.get("source", []))
     return cell.get("cell_type") == "code" and (cell.get("id") == CELL_ID or source.startswith((CELL_MARK, CELL_TITLE)))
@@ -98,9 +94,6 @@ def ensure_install_cell(path: str | Path) -> bool:
     # nbformat's layout, so the diff shows only the cell
     path.write_text(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return True
-
-
-# ---------------------------------------------------------------- the notebooks inside the package
 
 
 def packaged_notebooks() -> Path:
@@ -141,27 +134,20 @@ def copy_notebooks(dest: str | Path = DEFAULT_DIR, force: bool = False) -> CopyR
     report = CopyReport(dest)
     for nb in sorted(source.glob("*.ipynb")):
         target = dest / nb.name
-        new = _sha256(nb)
-        if not target.exists():
-            bucket = report.copied
+        new, copied = _sha256(nb), manifest.get(nb.name)  # copied: the hash an earlier copy wrote
+        have = _sha256(target) if target.exists() else None
+        if have == new:
+            bucket = report.unchanged
+        elif have not in (None, copied) and not force:
+            report.kept.append(nb.name)
+            continue
         else:
-            have = _sha256(target)
-            if have == new:
-                manifest[nb.name] = new
-                report.unchanged.append(nb.name)
-                continue
-            if have != manifest.get(nb.name) and not force:
-                report.kept.append(nb.name)
-                continue
-            bucket = report.updated if have == manifest.get(nb.name) else report.overwritten
-        shutil.copyfile(nb, target)
+            bucket = report.copied if have is None else report.updated if have == copied else report.overwritten
+            shutil.copyfile(nb, target)
         manifest[nb.name] = new
         bucket.append(nb.name)
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return report
-
-
-# ---------------------------------------------------------------- script mode
 
 
 def main(argv: list[str] | None = None) -> int:

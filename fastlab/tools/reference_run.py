@@ -65,17 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return args.budget_s - (time.monotonic() - start)
 
-    def save(what: str) -> None:
-        save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
-        print(f"[{time.monotonic() - start:6.0f} s] {what}: {len(results)} results saved to {path}", flush=True)
-
     def keep(new: list[RunResult], what: str) -> None:
-        # a result off the GPU (DDP on one GPU falls back to CPU ranks) is no GPU reference
+        """Save after each result; one off the GPU (DDP on one GPU falls back to CPU ranks) is no GPU reference."""
         gpu = [r for r in new if r.env.get("device_type") == "cuda"]
         if len(gpu) < len(new):
             print(f"{what}: {len(new) - len(gpu)} result(s) measured off the GPU were not kept", flush=True)
         results.extend(gpu)
-        save(what)
+        save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
+        print(f"[{time.monotonic() - start:6.0f} s] {what}: {len(results)} results saved to {path}", flush=True)
 
     if not args.no_ladder:
         for model in ("resnet18", "compact"):

@@ -50,12 +50,8 @@ def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds:
     notebooks = load_timings(path)
     entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
              "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    if load is not None:
-        entry["load"] = round(float(load), 1)
-    if first_result is not None:
-        entry["first_result"] = round(float(first_result), 1)
-    if core_path is not None:
-        entry["core_path"] = round(float(core_path), 1)
+    optional = {"load": load, "first_result": first_result, "core_path": core_path}
+    entry.update({k: round(float(v), 1) for k, v in optional.items() if v is not None})
     notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
     doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,15 +86,12 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
             f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ" + thorough_hint(notebook, profile))
 
 
-WITHOUT_THOROUGH = frozenset({"dashboard"})  # no time-sized comparison: FASTLAB_THOROUGH changes nothing
-
-
 def thorough_hint(notebook: str, profile: str) -> str:
     """How to run the thorough version, with its measured time (timings key '<profile>-thorough')."""
     from ..config import time_sizing
 
     name = notebook.removesuffix(".ipynb")
-    if time_sizing(profile) is None or name in WITHOUT_THOROUGH:
+    if time_sizing(profile) is None or name == "dashboard":  # no time-sized comparison there
         return ""
     entry = load_timings().get(name, {}).get(f"{profile}-thorough")
     took = f"it took {_duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
@@ -112,29 +105,24 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
         return "No notebook has been timed yet: run `python tests/notebook_timings.py`."
     rows = ["| notebook | " + " | ".join(f"{p} profile" for p in profiles) + " |",
             "| --- | " + " | ".join("---" for _ in profiles) + " |"]
-    machines = set()
-    loads = []
-    totals = {p: 0.0 for p in profiles}
+    entries = [e for by_profile in data.values() for p, e in by_profile.items() if p in profiles and e]
     for name, by_profile in sorted(data.items()):
         cells = []
-        for p in profiles:
-            e = by_profile.get(p)
-            if e:
-                machines.add((e["machine"], e["date"][:10]))
-                loads += [e["load"]] if e.get("load") is not None else []
-                first = f"; first result after {_duration(e['first_result'])}" if e.get("first_result") else ""
-                first += f"; core path {_duration(e['core_path'])}" if e.get("core_path") else ""
-                cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})")
-                             + first)
-                totals[p] += e["seconds"]
-            else:
+        for e in map(by_profile.get, profiles):
+            if not e:
                 cells.append("not measured yet")
-                totals[p] = math.nan
+                continue
+            first = f"; first result after {_duration(e['first_result'])}" if e.get("first_result") else ""
+            first += f"; core path {_duration(e['core_path'])}" if e.get("core_path") else ""
+            cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})") + first)
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    totals = [sum(by_profile[p]["seconds"] if by_profile.get(p) else math.nan for by_profile in data.values())
+              for p in profiles]
     rows.append("| the whole workbook | " + " | ".join(
-        "not all measured" if math.isnan(t) else _duration(t) for t in totals.values()) + " |")
-    rows.append("")
-    rows.append("Measured on: " + "; ".join(f"{m} ({d})" for m, d in sorted(machines)) + ".")
+        "not all measured" if math.isnan(t) else _duration(t) for t in totals) + " |")
+    machines = sorted({(e["machine"], e["date"][:10]) for e in entries})
+    loads = [e["load"] for e in entries if e.get("load") is not None]
+    rows += ["", "Measured on: " + "; ".join(f"{m} ({d})" for m, d in machines) + "."]
     if loads:
         rows.append(f"The machine's 1-minute load average during these runs: {min(loads):g} to {max(loads):g} "
                     "(other work on it slows a notebook down).")
