@@ -37,18 +37,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 # Integer fields and their smallest allowed value.
-MINIMUMS: dict[str, int] = {
-    "num_workers": 0,
-    "batch_size": 1,
-    "grad_accum_steps": 1,
-    "steps": 1,
-    "warmup_steps": 0,
-    "windows": 1,
-    "log_every": 1,
-    "train_images": 1,
-    "eval_images": 1,
-    "seed": 0,
-}
+MINIMUMS: dict[str, int] = dict(num_workers=0, batch_size=1, grad_accum_steps=1, steps=1, warmup_steps=0, windows=1,
+                                log_every=1, train_images=1, eval_images=1, seed=0)
 
 
 @dataclass(frozen=True)
@@ -171,9 +161,7 @@ def _validate(c: TrainConfig) -> None:
     if c.compile in CUDA_GRAPH_MODES and (c.grad_accum_steps > 1 or not c.set_to_none) and _on_cuda(dev):
         kept = f"grad_accum_steps={c.grad_accum_steps}" if c.grad_accum_steps > 1 else "set_to_none=False"
         _fail("compile", c.compile, f"a mode without CUDA graphs ('default' or 'max-autotune-no-cudagraphs') with "
-                                    f"{kept} on a CUDA GPU: CUDA graphs hand the backward's outputs over as the "
-                                    f"gradients and the next replay writes over them, so gradients kept across "
-                                    f"replays (summed over micro-batches, or zeroed in place) would be lost")
+                                    f"{kept} on a CUDA GPU: each replay writes over the gradients the last one kept")
 
 
 def _on_cuda(device: str) -> bool:
@@ -362,9 +350,8 @@ def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, s
                       f"than fp32 here; one short run shows by how much")
     elif config.amp == "fp16" and device.type == "cpu":
         out["amp"] = (f"fp16 autocast on a CPU ({cpu_model()}, {cpu_isa()}): torch's CPU convolutions have no fast "
-                      f"fp16 path on the CPUs this workbook was measured on, so it runs far slower than fp32 (fp16 "
-                      f"with GradScaler is a GPU recipe; a CPU's half precision is bf16); one short run shows by how "
-                      f"much here")
+                      f"fp16 path, so it runs far slower than fp32 (fp16 with GradScaler is a GPU recipe); one short "
+                      f"run shows by how much here")
     return out
 
 

@@ -58,7 +58,6 @@ class ImageSet:
 
 # ---------------------------------------------------------------- synthetic
 
-
 def make_synthetic(n: int, split: str = "train", seed: int = SYNTHETIC_SEED, noise: float = 1.0,
                    signal: float = 0.25) -> tuple[np.ndarray, np.ndarray]:
     """A CIFAR-shaped (32x32x3 uint8, 10 classes) set that a CNN can learn, but not at a glance.
@@ -106,7 +105,6 @@ def _crop(patterns: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.T
 
 
 # ---------------------------------------------------------------- CIFAR-10 on disk
-
 
 def data_dir() -> Path:
     """FASTLAB_DATA_DIR, else a per-user cache folder."""
@@ -209,7 +207,6 @@ def load_images(dataset: str, train_images: int, eval_images: int, allow_downloa
 
 # ---------------------------------------------------------------- DataLoader path
 
-
 def image_transform(train: bool):
     """The classic per-image torchvision pipeline (PIL in, normalised float tensor out)."""
     from torchvision import transforms as T
@@ -249,7 +246,6 @@ def make_dataloader(images: np.ndarray, labels: np.ndarray, *, batch_size: int, 
 
 
 # ---------------------------------------------------------------- device-resident path
-
 
 class DeviceLoader:
     """The whole uint8 set on the device; each batch is cropped, flipped and normalised as tensor ops.
@@ -322,7 +318,6 @@ class forever:  # noqa: N801 (used as a function: for batch in forever(loader))
 
 
 # ---------------------------------------------------------------- DataLoader workers: how they start, what they can rebuild
-
 
 def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
     """(whether a DataLoader worker started with spawn, which imports the class by name, can rebuild it, why)."""

@@ -118,9 +118,7 @@ class Spread:
     @property
     def interval(self) -> tuple[float, float]:
         """The interval of the median (order statistics, about 95%); [min, max] for a Spread built by hand."""
-        if self.ci_low is None or self.ci_high is None:
-            return self.low, self.high
-        return self.ci_low, self.ci_high
+        return (self.low, self.high) if self.ci_low is None else (self.ci_low, self.ci_high)
 
     def relative_spread(self) -> float:
         """(max - min) / median: 0.1 means the windows disagreed by 10% of the median."""
