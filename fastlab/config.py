@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .measure import bf16_is_trap, bf16_supported, cpu_isa, cpu_model, resolve_device
+from .measure import bf16_is_trap, bf16_supported, cpu_isa, cpu_model, mps_available, resolve_device
 
 PROFILES = ("smoke", "cpu", "gpu", "mps")
 
@@ -37,18 +37,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 # Integer fields and their smallest allowed value.
-MINIMUMS: dict[str, int] = {
-    "num_workers": 0,
-    "batch_size": 1,
-    "grad_accum_steps": 1,
-    "steps": 1,
-    "warmup_steps": 0,
-    "windows": 1,
-    "log_every": 1,
-    "train_images": 1,
-    "eval_images": 1,
-    "seed": 0,
-}
+MINIMUMS: dict[str, int] = dict(num_workers=0, batch_size=1, grad_accum_steps=1, steps=1, warmup_steps=0, windows=1,
+                                log_every=1, train_images=1, eval_images=1, seed=0)
 
 
 @dataclass(frozen=True)
@@ -62,15 +52,12 @@ class TrainConfig:
     prefetch_factor: int | None = None  # batches each worker loads ahead; None = torch's default (needs num_workers > 0)
     # --- precision ---
     amp: str = "off"  # autocast dtype: "fp16" (with GradScaler) or "bf16"
-    tf32: bool = True  # cuDNN convolutions may use TensorFloat-32 on Ampere+ GPUs (torch.backends.cudnn.allow_tf32):
-    #   torch's own default is True, so the baseline keeps it; False is the stricter fp32, a named choice
-    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: "highest" (torch's default: full fp32
-    #   matmuls), "high" (TF32 matmuls on Ampere+), "medium" (TF32 on CUDA too; bf16 on a CPU with it)
+    tf32: bool = True  # cuDNN convolutions may use TF32 on Ampere+ GPUs (torch's default); False: strict fp32
+    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: "high"/"medium" allow TF32 (bf16 on CPU)
     # --- kernels ---
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms per input shape and keep the fastest
     channels_last: bool = False  # NHWC memory format for model and inputs (tensor cores prefer it)
-    compile: str = "off"  # torch.compile mode; "reduce-overhead" and "max-autotune" add CUDA graphs on a GPU,
-    #   "max-autotune-no-cudagraphs" autotunes kernels without them
+    compile: str = "off"  # torch.compile mode; "reduce-overhead" and "max-autotune" add CUDA graphs on a GPU
     # --- shape ---
     batch_size: int = 128  # images per micro-batch
     grad_accum_steps: int = 1  # micro-batches per optimiser step; images per step = batch_size * grad_accum_steps
@@ -95,8 +82,7 @@ class TrainConfig:
     train_images: int = 50_000  # training-set size (synthetic size, or a cap on CIFAR-10)
     eval_images: int = 2_000  # held-out images for the accuracy figure
     seed: int = 0
-    max_seconds: float = 0.0  # wall-time budget of the timed steps, warm-up excluded; 0 = none. A run over it
-    #   stops as "time_limited", keeping its steps, so a very slow knob costs a bounded time
+    max_seconds: float = 0.0  # time budget of the timed steps (0 = none); a run over it ends "time_limited"
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" or "mps"
     profile: str = "custom"  # which preset this came from (recorded with every result)
     notes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -106,10 +92,7 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with some fields changed; unknown names are rejected, values are validated."""
-        known = field_names()
-        for name in changes:
-            if name not in known:
-                raise ValueError(f"TrainConfig has no field {name!r}; fields are: {', '.join(sorted(known))}")
+        _check_names(changes)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,10 +102,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = field_names()
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {sorted(unknown)}; fields are: {', '.join(sorted(known))}")
+        _check_names(data)
         return cls(**data)
 
     def diff(self, other: TrainConfig) -> dict[str, Any]:
@@ -133,6 +113,12 @@ class TrainConfig:
 
 def field_names() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainConfig) if f.name != "notes"}
+
+
+def _check_names(names: Any) -> None:
+    unknown = sorted(set(names) - field_names())
+    if unknown:
+        raise ValueError(f"unknown TrainConfig field(s) {unknown}; fields are: {', '.join(sorted(field_names()))}")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
@@ -146,17 +132,14 @@ def _validate(c: TrainConfig) -> None:
             _fail(name, value, "choose one of " + ", ".join(repr(a) for a in allowed))
     for name, low in MINIMUMS.items():
         value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
             _fail(name, value, f"an integer >= {low}")
-        if value < low:
-            _fail(name, value, f"an integer >= {low}")
-    for name in ("pin_memory", "non_blocking", "persistent_workers", "tf32", "cudnn_benchmark", "channels_last", "set_to_none"):
-        if not isinstance(getattr(c, name), bool):
-            _fail(name, getattr(c, name), "True or False")
-    for name in ("lr", "weight_decay", "momentum", "max_seconds"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            _fail(name, value, "a number >= 0")
+    for f in dataclasses.fields(c):
+        value = getattr(c, f.name)
+        if f.type == "bool" and not isinstance(value, bool):
+            _fail(f.name, value, "True or False")
+        if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            _fail(f.name, value, "a number >= 0")
     if c.lr == 0:
         _fail("lr", c.lr, "a number > 0")
     if c.prefetch_factor is not None:
@@ -178,16 +161,12 @@ def _validate(c: TrainConfig) -> None:
     if c.compile in CUDA_GRAPH_MODES and (c.grad_accum_steps > 1 or not c.set_to_none) and _on_cuda(dev):
         kept = f"grad_accum_steps={c.grad_accum_steps}" if c.grad_accum_steps > 1 else "set_to_none=False"
         _fail("compile", c.compile, f"a mode without CUDA graphs ('default' or 'max-autotune-no-cudagraphs') with "
-                                    f"{kept} on a CUDA GPU: CUDA graphs hand the backward's outputs over as the "
-                                    f"gradients and the next replay writes over them, so gradients kept across "
-                                    f"replays (summed over micro-batches, or zeroed in place) would be lost")
+                                    f"{kept} on a CUDA GPU: each replay writes over the gradients the last one kept")
 
 
 def _on_cuda(device: str) -> bool:
     """Whether a run of `device` trains on a CUDA GPU ("auto" does where one is available)."""
-    if device == "auto":
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
+    return torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
 
 
 # Presets as plain data: each is a set of overrides on the TrainConfig defaults.
@@ -214,8 +193,6 @@ def active_profile() -> str:
         if name not in PROFILES:
             raise ValueError(f"FASTLAB_PROFILE={name!r} is not allowed: choose one of {', '.join(PROFILES)}")
         return name
-    from .measure import mps_available
-
     if torch.cuda.is_available():
         return "gpu"
     return "mps" if mps_available() else "cpu"
@@ -283,14 +260,11 @@ def thorough() -> bool:
 
 def time_sizing(profile: str) -> dict[str, float] | None:
     """The profile's TIME_SIZING, scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1; None for fixed steps."""
-    if profile not in TIME_SIZING:
-        raise ValueError(f"profile={profile!r} is not allowed: choose one of {', '.join(map(repr, TIME_SIZING))}")
     sizing = TIME_SIZING[profile]
     if sizing is None or not thorough():
         return sizing
-    return {**sizing, "run_seconds": sizing["run_seconds"] * THOROUGH_SCALE,
-            "comparison_seconds": sizing["comparison_seconds"] * THOROUGH_SCALE,
-            "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
+    scaled = {k: sizing[k] * THOROUGH_SCALE for k in ("run_seconds", "comparison_seconds")}
+    return {**sizing, **scaled, "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
 
 
 # How many times each arm of a speed comparison runs, interleaved: two or more let the noise rule tell an effect
@@ -310,12 +284,8 @@ def comparison_repeats(config: TrainConfig) -> int:
 
 # ------------------------------------------------------------------ what a knob means on this device
 
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-                             if f.default is not dataclasses.MISSING}
-
-
 def _changed(config: TrainConfig, name: str) -> bool:
-    return name in _DEFAULTS and getattr(config, name, _DEFAULTS[name]) != _DEFAULTS[name]
+    return getattr(config, name) != getattr(TrainConfig, name)  # the class holds each field's default
 
 
 def fused_optimizer_devices() -> tuple[str, ...]:
@@ -380,25 +350,22 @@ def trap_reasons(config: TrainConfig, device: torch.device | str) -> dict[str, s
                       f"than fp32 here; one short run shows by how much")
     elif config.amp == "fp16" and device.type == "cpu":
         out["amp"] = (f"fp16 autocast on a CPU ({cpu_model()}, {cpu_isa()}): torch's CPU convolutions have no fast "
-                      f"fp16 path on the CPUs this workbook was measured on, so it runs far slower than fp32 (fp16 "
-                      f"with GradScaler is a GPU recipe; a CPU's half precision is bf16); one short run shows by how "
-                      f"much here")
+                      f"fp16 path, so it runs far slower than fp32 (fp16 with GradScaler is a GPU recipe); one short "
+                      f"run shows by how much here")
     return out
 
 
 def preferred_amp(device: torch.device) -> str:
-    """The autocast dtype a run on this device should use: bf16 where it is native; on a GPU without it, fp16
-    with GradScaler; on a CPU without it, "off" (fp32): nothing here judges a CPU's fp16, so it is not assumed."""
+    """The autocast dtype a run on this device should use: bf16 where it is native, else fp16 (with GradScaler) on
+    a GPU and "off" (fp32) on a CPU."""
     if bf16_supported(device):
         return "bf16"
     return "off" if device.type == "cpu" else "fp16"
 
 
 def low_precision(device: torch.device | str = "auto") -> str:
-    """The half precision to compare with fp32 here: preferred_amp, but bf16 on a CPU without native bf16 (the
-    known trap, shown in one short run)."""
-    dev = resolve_device(device) if isinstance(device, str) else device
-    amp = preferred_amp(dev)
+    """The half precision to compare with fp32 here: preferred_amp, but bf16 (the known trap) where that is "off"."""
+    amp = preferred_amp(resolve_device(device) if isinstance(device, str) else device)
     return "bf16" if amp == "off" else amp
 
 
@@ -420,7 +387,7 @@ def describe_amp(device: torch.device) -> str:
 
 def as_run_here(config: TrainConfig, device: torch.device | str) -> tuple[TrainConfig, dict[str, str], list[str]]:
     """(the config as it runs on `device`, its no-ops, notes): a knob that cannot act here and would fail runs at
-    its stock value (the result keeps the config as asked); emulated bf16 runs, with a note saying so."""
+    its stock value; emulated bf16 runs, with a note saying so."""
     device = torch.device(device)
     no_ops = no_op_reasons(config, device)
     changes = {knob: stock for knob, stock in (("opt_impl", "default"), ("amp", "off")) if knob in no_ops}
@@ -435,12 +402,11 @@ def as_run_here(config: TrainConfig, device: torch.device | str) -> tuple[TrainC
     return (config.replace(**changes) if changes else config), no_ops, notes
 
 
-# Fields an arm may differ in without being a different computation (the seed, the labels' budget).
-_NOT_KNOBS = ("seed", "max_seconds", "profile")
-DEMONSTRATION_STEPS = 3  # timed steps of a trap's one demonstration run (enough for a median step time)
-# A trap can cost a hundred times the baseline's step: its demonstration stops after this many timed seconds.
+_NOT_KNOBS = ("seed", "max_seconds", "profile")  # an arm may differ in these and be the same computation
+# A trap's one demonstration run: a few timed steps (a median step time), within a time budget, few held-out images.
+DEMONSTRATION_STEPS = 3
 DEMONSTRATION_SECONDS = 10.0
-DEMONSTRATION_EVAL_IMAGES = 16  # its accuracy is never compared: a few held-out images keep the record complete
+DEMONSTRATION_EVAL_IMAGES = 16
 
 
 @dataclass(frozen=True)
@@ -452,8 +418,8 @@ class ArmPlan:
 
 
 def plan_arm(baseline: TrainConfig, arm: TrainConfig, device: torch.device | str | None = None) -> ArmPlan:
-    """How to run `arm` against `baseline` on `device` (default: the arm's). A knob counts as a no-op when it is
-    one in either direction (set in the arm, or set in the baseline and undone by the arm)."""
+    """How to run `arm` against `baseline` on `device` (default: the arm's). A knob is a no-op when it is one in
+    either config."""
     dev = resolve_device(arm.device) if device is None else torch.device(device)
     changed = [k for k in baseline.diff(arm) if k not in _NOT_KNOBS]
     if not changed:
@@ -478,11 +444,8 @@ def demonstration_config(arm: TrainConfig) -> TrainConfig:
 # ------------------------------------------------------------------ the command line's flags, built from the fields
 
 def _parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
+    if text.lower() in _TRUE + _FALSE[1:]:
+        return text.lower() in _TRUE
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 

@@ -6,7 +6,6 @@ Every class is importable from here, so spawned DataLoader workers can unpickle 
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
 import os
 import pickle
@@ -59,7 +58,6 @@ class ImageSet:
 
 # ---------------------------------------------------------------- synthetic
 
-
 def make_synthetic(n: int, split: str = "train", seed: int = SYNTHETIC_SEED, noise: float = 1.0,
                    signal: float = 0.25) -> tuple[np.ndarray, np.ndarray]:
     """A CIFAR-shaped (32x32x3 uint8, 10 classes) set that a CNN can learn, but not at a glance.
@@ -108,7 +106,6 @@ def _crop(patterns: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor) -> torch.T
 
 # ---------------------------------------------------------------- CIFAR-10 on disk
 
-
 def data_dir() -> Path:
     """FASTLAB_DATA_DIR, else a per-user cache folder."""
     if os.environ.get("FASTLAB_DATA_DIR"):
@@ -141,7 +138,7 @@ def read_cifar10(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
                 with open(path, "rb") as f:
                     entry = pickle.load(f, encoding="latin1")
                 data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-                lab = np.asarray(entry.get("labels", entry.get("fine_labels")), dtype=np.int64)
+                lab = np.asarray(entry["labels"], dtype=np.int64)
             except Exception as e:  # any unreadable batch file means the same thing to the reader
                 raise DatasetError(f"CIFAR-10 at {folder} is corrupt: {name} cannot be read ({type(e).__name__}: {e}). "
                                    f"Fix: {fix}") from e
@@ -151,9 +148,7 @@ def read_cifar10(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             labels.append(lab)
         return np.concatenate(images), np.concatenate(labels)
 
-    train_x, train_y = read([f"data_batch_{i}" for i in range(1, 6)])
-    eval_x, eval_y = read(["test_batch"])
-    return train_x, train_y, eval_x, eval_y
+    return (*read([f"data_batch_{i}" for i in range(1, 6)]), *read(["test_batch"]))
 
 
 # A failed download is tried once per process: offline, every later run would wait out the timeout again.
@@ -187,9 +182,8 @@ def load_images(dataset: str, train_images: int, eval_images: int, allow_downloa
     """The images for a run. dataset is "cifar10", "synthetic" or "auto" (see the README)."""
     folder = Path(root) if root else data_dir()
     if dataset == "auto":
-        if cifar10_on_disk(folder):
-            dataset = "cifar10"
-        elif allow_download:
+        dataset = "cifar10" if cifar10_on_disk(folder) else "synthetic"
+        if dataset == "synthetic" and allow_download:
             try:
                 download_cifar10(folder)
                 dataset = "cifar10"
@@ -198,9 +192,6 @@ def load_images(dataset: str, train_images: int, eval_images: int, allow_downloa
                     _said_synthetic.add(str(folder))
                     print(f"fastlab: CIFAR-10 unavailable ({e}); using the SYNTHETIC set instead (every result "
                           "records which set it used).", file=sys.stderr)
-                dataset = "synthetic"
-        else:
-            dataset = "synthetic"
     if dataset == "cifar10":
         if not cifar10_on_disk(folder) and allow_download:
             download_cifar10(folder)
@@ -215,7 +206,6 @@ def load_images(dataset: str, train_images: int, eval_images: int, allow_downloa
 
 
 # ---------------------------------------------------------------- DataLoader path
-
 
 def image_transform(train: bool):
     """The classic per-image torchvision pipeline (PIL in, normalised float tensor out)."""
@@ -246,27 +236,16 @@ class CifarLikeDataset(Dataset):
 def make_dataloader(images: np.ndarray, labels: np.ndarray, *, batch_size: int, train: bool, num_workers: int = 0,
                     pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
                     seed: int = 0, multiprocessing_context: str | None = None) -> DataLoader:
-    """A DataLoader over uint8 images with the classic per-image transforms."""
-    return dataset_loader(CifarLikeDataset(images, labels, train), batch_size=batch_size, train=train,
-                          num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
-                          prefetch_factor=prefetch_factor, seed=seed, multiprocessing_context=multiprocessing_context)
-
-
-def dataset_loader(dataset: Dataset, *, batch_size: int, train: bool, num_workers: int = 0, pin_memory: bool = False,
-                   persistent_workers: bool = False, prefetch_factor: int | None = None, seed: int = 0,
-                   multiprocessing_context: str | None = None) -> DataLoader:
-    """A DataLoader over any map-style Dataset: shuffled, full batches only when training."""
-    kwargs = {}
-    if num_workers > 0:
-        kwargs.update(persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
-        if prefetch_factor is not None:
-            kwargs["prefetch_factor"] = prefetch_factor
-    return DataLoader(dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=num_workers,
-                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(seed), **kwargs)
+    """A DataLoader over uint8 images with the classic per-image transforms: shuffled, full batches when training."""
+    workers = num_workers > 0
+    return DataLoader(CifarLikeDataset(images, labels, train), batch_size=batch_size, shuffle=train, drop_last=train,
+                      num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers and workers,
+                      prefetch_factor=prefetch_factor if workers else None,
+                      multiprocessing_context=multiprocessing_context if workers else None,
+                      generator=torch.Generator().manual_seed(seed))
 
 
 # ---------------------------------------------------------------- device-resident path
-
 
 class DeviceLoader:
     """The whole uint8 set on the device; each batch is cropped, flipped and normalised as tensor ops.
@@ -340,10 +319,8 @@ class forever:  # noqa: N801 (used as a function: for batch in forever(loader))
 
 # ---------------------------------------------------------------- DataLoader workers: how they start, what they can rebuild
 
-
 def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
-    """Can a DataLoader worker started with spawn (macOS and Windows default) rebuild this dataset? And why.
-    A spawned worker imports the dataset's class by name, so a class from a notebook's __main__ fails."""
+    """(whether a DataLoader worker started with spawn, which imports the class by name, can rebuild it, why)."""
     cls = type(dataset)
     where = f"{cls.__module__}.{cls.__qualname__}"
     if cls.__module__ == "__main__":
@@ -352,32 +329,22 @@ def spawn_safety(dataset: Dataset) -> tuple[bool, str]:
                        "or use num_workers=0")
     if "<locals>" in cls.__qualname__:
         return False, f"{where} is defined inside a function: pickle cannot find it by name. Define it at module level"
-    try:
-        found: Any = importlib.import_module(cls.__module__)
-        for part in cls.__qualname__.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as e:
-        return False, f"{where} cannot be imported by name ({e})"
-    if found is not cls:
-        return False, f"{where} imports as a different object than this dataset's class (was it redefined?)"
-    try:
+    try:  # pickle finds each class by name, and checks it is the same object
         pickle.dumps(dataset)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
-        return False, f"{where} is importable, but this instance cannot be pickled ({e}); a lambda in a transform?"
+        return False, f"{where} cannot be pickled ({e}); a lambda in a transform, or a class redefined since?"
     return True, f"{where} is importable by name and pickles: workers started with spawn can rebuild it"
 
 
 def worker_start_method() -> str:
     """How DataLoader workers start here, without fixing the start method as a side effect."""
     import multiprocessing
-    import sys
 
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    if chosen:
-        return chosen
-    # Python's defaults: fork on Linux before 3.14 (forkserver from 3.14), spawn on macOS and Windows
-    return "fork" if sys.platform.startswith("linux") and sys.version_info < (3, 14) else (
-        "forkserver" if sys.platform.startswith("linux") else "spawn")
+    if not sys.platform.startswith("linux"):
+        default = "spawn"
+    else:
+        default = "fork" if sys.version_info < (3, 14) else "forkserver"
+    return multiprocessing.get_start_method(allow_none=True) or default
 
 
 Data = ImageSet | tuple[Dataset, Dataset]  # fastlab.run's images, or the reader's own (train, held_out)
@@ -385,8 +352,8 @@ Data = ImageSet | tuple[Dataset, Dataset]  # fastlab.run's images, or the reader
 
 def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | None = None
               ) -> tuple[Data, dict[str, Any]]:
-    """The run's images (or the caller's Datasets) and the description every result carries. preloaded: the
-    images load_images gives for cfg, already loaded (a run's process gets them from its caller's cache)."""
+    """The run's images (or the caller's Datasets) and the description every result carries. preloaded: cfg's
+    images, already loaded by the caller."""
     if isinstance(dataset_arg, tuple):
         train, held_out = dataset_arg
         if cfg.loader == "device":

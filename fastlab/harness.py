@@ -1,9 +1,5 @@
-"""The harness around the one training function: fastlab.training.train, measured by a fastlab.watch.
-
-TrainingRun loads the data, checks the reader's own model and data before any timing, runs a knob that cannot
-apply here at its stock setting (recording why), and calls train(cfg, w, data) with a watch under a Budget.
-The run ends with a status, never an exception: "ok", "interrupted", "time_limited", "diverged" or "failed".
-"""
+"""The harness around fastlab.training.train: data, the reader's model checked before any timing, the config as
+it runs here, and a watch under a Budget. A run ends with a status, never an exception."""
 
 from __future__ import annotations
 
@@ -48,7 +44,6 @@ class TrainingRun:
         self.result = RunResult(config=config.to_dict(), label=label, env=environment(self.device, config.profile),
                                 images_per_step=config.batch_size * config.grad_accum_steps)
         self.no_ops = self.result.no_ops  # knob -> why it does nothing here
-        self.notes: list[str] = []
         self.preloaded = None  # the config's own images, loaded by the caller (fastlab.isolation hands them over)
 
     def execute(self) -> RunResult:
@@ -62,8 +57,6 @@ class TrainingRun:
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # the next run starts from an empty cache
-        if self.notes:
-            res.extras["notes"] = self.notes
         return res
 
     def _train(self) -> None:
@@ -73,7 +66,12 @@ class TrainingRun:
             # the reader's own model or data: a wrong shape or label is named before any timing, not mid-run
             preflight(self.model_arg if self.model_arg is not None else (lambda: build_named_model(cfg.model)),
                       data, cfg)
-        runs = self._as_run_here()
+        runs, no_ops, notes = as_run_here(cfg, dev)  # the result keeps the config as asked
+        self.no_ops.update(no_ops)
+        if notes:
+            res.extras["notes"] = notes
+        if cfg.compile != "off":
+            torch.compiler.reset()  # fresh compiler caches: the warm-up holds this run's own compilation
         bar = progress_bar(cfg.warmup_steps + cfg.steps, res.label, self.progress)
         checkpoints = self.checkpoints
 
@@ -100,21 +98,12 @@ class TrainingRun:
         finally:
             bar.close()
             w.result()
-            if isinstance(graphs, CudaGraphSkips) and getattr(graphs, "count", 0):
+            if isinstance(graphs, CudaGraphSkips) and graphs.count:
                 self.no_ops["cuda_graphs"] = graphs.reason()
         if net is not None and res.status in ("ok", "time_limited") and res.steps_done:
             w.divergence.parameters(res.steps_done - 1, net)  # a non-finite weight, whatever the last loss said
         if par is not None and net is not None and res.status != "interrupted":
             par.finish(net, res)
-
-    def _as_run_here(self) -> TrainConfig:
-        """The config as it runs on this machine (config.as_run_here); the result keeps the config as asked."""
-        runs, no_ops, notes = as_run_here(self.cfg, self.device)
-        self.no_ops.update(no_ops)
-        self.notes += notes
-        if self.cfg.compile != "off":
-            torch.compiler.reset()  # fresh compiler caches: the warm-up holds this run's own compilation
-        return runs
 
 
 def _model_factory(model: ModelArg) -> Callable[[], torch.nn.Module] | None:
@@ -143,13 +132,14 @@ def _recorder(w: Watch, res: RunResult) -> Callable[[dict[str, Any]], None]:
 @contextlib.contextmanager
 def _backend_flags_restored() -> Iterator[None]:
     """Stock flags for the run (the training function sets what its config changes); a run in a thread leaves none."""
-    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
-    torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = False, True  # torch's stock settings
+    cudnn = torch.backends.cudnn
+    saved = (cudnn.benchmark, cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    cudnn.benchmark, cudnn.allow_tf32 = False, True  # torch's stock settings
     torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        cudnn.benchmark, cudnn.allow_tf32 = saved[:2]
         torch.set_float32_matmul_precision(saved[2])
 
 
@@ -171,27 +161,16 @@ def run_guard(result: RunResult, batch_size: int) -> Iterator[None]:
         result.error = f"out of memory at batch_size={batch_size} ({failure})"
 
 
-def progress_bar(total: int, label: str, enabled: bool):
-    if not enabled:
-        return _NoBar()
+def progress_bar(total: int, label: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=label, unit="step", leave=False, mininterval=0.5)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    return tqdm(total=total, desc=label, unit="step", leave=False, mininterval=0.5, disable=not enabled)
 
 
 @contextlib.contextmanager
 def cold_compile_caches(cfg: TrainConfig) -> Iterator[None]:
-    """torch.compile with its on-disk caches off for a compiled config (no-op otherwise). A metric that counts
-    compilation (time to accuracy) then charges every seed what a first run pays: with the caches on, the first
-    seed compiled the compact net in ~50 s on a 2-core CPU and the next seeds reused its kernels in ~2 s."""
+    """torch.compile with its on-disk caches off for a compiled config (no-op otherwise): a metric that counts
+    compilation (time to accuracy) then charges every seed what a first run pays."""
     import torch._inductor.config as inductor_config
 
     if cfg.compile == "off" or not hasattr(inductor_config, "force_disable_caches"):
@@ -208,7 +187,7 @@ class CudaGraphSkips(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.reasons: list[str] = []
-        self._before = 0
+        self._before = self.count = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         self.reasons.append(record.getMessage())

@@ -1,12 +1,7 @@
-"""Every run in a fresh process, so that two compared runs share no state.
-
-A thread is not enough: cuDNN plans, autograd's worker thread, CUDA-graph trees, OpenMP teams, the allocator,
-torch.compile's caches and every global a run sets outlive it. Each run is a child of a forkserver that imported
-torch and fastlab once. Ctrl-C or a Stop asks the child to stop at its next step; a second Ctrl-C, or
-STOP_GRACE_SECONDS of silence after a stop, kills it (a `failed` result); an exception in the child is raised again
-in the caller. A model or dataset a child cannot import (defined in __main__, a lambda) runs in a fresh thread
-instead, and `extras["isolation"]` says why; FASTLAB_ISOLATION=thread asks for that everywhere. Each child starts
-at a random memory layout (_shift_layout), so a placement bias becomes spread between runs that repeats can see.
+"""Every run in a fresh process (a forkserver's child), so that two compared runs share no state: cuDNN plans,
+OpenMP teams, the allocator, compile caches and globals all outlive a thread. Ctrl-C or a stop ends the child's run
+at its next step; a second Ctrl-C, or STOP_GRACE_SECONDS of silence after a stop, kills it. What a child cannot
+import (a class from __main__, a lambda) runs in a fresh thread instead, and `extras["isolation"]` says why.
 """
 
 from __future__ import annotations
@@ -28,7 +23,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from .harness import progress_bar
+from .data import load_data
+from .harness import TrainingRun, cold_compile_caches, progress_bar
 
 PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.harness"]  # imported once, by the server
 _context: Any = None
@@ -45,15 +41,15 @@ def active_run() -> str | None:
     return _active_label[0] if _active_label else None
 
 
-def run_in_fresh_thread(fn: Callable[..., Any], *args: Any, stop: threading.Event | None = None, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) in a new thread; the caller waits. Ctrl-C while waiting sets `stop` (which fn must
-    watch) and still waits for fn to return, so its partial result is kept. fn's exception is re-raised."""
+def run_in_fresh_thread(fn: Callable[[], Any], stop: threading.Event) -> Any:
+    """fn() in a new thread; the caller waits. Ctrl-C while waiting sets `stop` (which fn must watch) and still
+    waits for fn to return, so its partial result is kept. fn's exception is re-raised."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
     def target() -> None:
         try:
-            box["value"] = fn(*args, **kwargs)
+            box["value"] = fn()
         except BaseException as e:  # handed to the caller's thread below
             box["error"] = e
         finally:
@@ -66,8 +62,6 @@ def run_in_fresh_thread(fn: Callable[..., Any], *args: Any, stop: threading.Even
         try:
             done.wait(0.1)
         except KeyboardInterrupt:
-            if stop is None:
-                raise
             stop.set()
     thread.join()
     if "error" in box:
@@ -88,15 +82,12 @@ def exclusive_run(label: str) -> Iterator[None]:
         _RUN_LOCK.release()
 
 
-def start_method() -> str:
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
 def _mp_context() -> Any:
     global _context
     if _context is None:
-        _context = multiprocessing.get_context(start_method())
-        if start_method() == "forkserver":
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        _context = multiprocessing.get_context(method)
+        if method == "forkserver":
             _context.set_forkserver_preload(PRELOAD)
     return _context
 
@@ -130,24 +121,20 @@ def why_in_process(training: Any) -> tuple[str | None, bytes]:
     return None, payload
 
 
-def execute(training: Any, cold_compile_caches: bool = False) -> Any:
-    """training.execute() in a fresh process when it can go there, else in a fresh thread; returns its RunResult."""
+def execute(training: Any, cold: bool = False) -> Any:
+    """training.execute() in a fresh process when it can go there, else in a fresh thread; returns its RunResult.
+    cold: with torch.compile's caches off (harness.cold_compile_caches)."""
     reason, payload = why_in_process(training)
     if reason is not None:
-        from .harness import cold_compile_caches as cold
-
-        with cold(training.cfg) if cold_compile_caches else contextlib.nullcontext():
-            result = run_in_fresh_thread(training.execute, stop=training.halt)
+        with cold_compile_caches(training.cfg) if cold else contextlib.nullcontext():
+            result = run_in_fresh_thread(training.execute, training.halt)
         result.extras["isolation"] = f"in-process (fresh thread): {reason}"
         return result
     images = None
     if training.dataset_arg is None:  # loaded once here, from this process's cache, not in every child
-        from .data import load_data
-
         images = pickle.dumps(load_data(training.cfg, None)[0], protocol=pickle.HIGHEST_PROTOCOL)
-    spec = RunSpec(training.cfg, training.result.label, payload, training.checkpoints, cold_compile_caches,
-                   _setup(), images)
-    return _run_child(training, spec)
+    return _run_child(training, RunSpec(training.cfg, training.result.label, payload, training.checkpoints,
+                                        cold, _setup(), images))
 
 
 class StopFlag:
@@ -175,14 +162,19 @@ def _receive(conn: Any) -> Any:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def _run_child(training: Any, spec: RunSpec) -> Any:
-    ctx = _mp_context()
-    here, there = ctx.Pipe(duplex=False)
-    stop = StopFlag(ctx)
-    child = ctx.Process(target=_child_main, args=(there, stop, spec), name=f"fastlab-run {spec.label}", daemon=False)
+def _start(target: Callable[..., None], name: str, *args: Any) -> tuple[Any, Any]:
+    """(the started child process running target(its end of a pipe, *args), this end of the pipe)."""
+    here, there = _mp_context().Pipe(duplex=False)
+    child = _mp_context().Process(target=target, args=(there, *args), name=name, daemon=False)
     with _without_main():
         child.start()
     there.close()
+    return child, here
+
+
+def _run_child(training: Any, spec: RunSpec) -> Any:
+    stop = StopFlag(_mp_context())
+    child, here = _start(_child_main, f"fastlab-run {spec.label}", stop, spec)
     bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
     done, outcome, killed = 0, None, None
     heard = None  # when the child was last heard from, once a stop was asked
@@ -198,7 +190,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                         heard = time.monotonic()
                     if message[0] == "step":
                         _, step, total = message
-                        bar = bar or _bar(training)
+                        bar = bar or progress_bar(total, spec.label, training.progress)
                         bar.update(step - done)
                         done = step
                         if training.on_step is not None:
@@ -252,24 +244,18 @@ def _without_main() -> Any:
 def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int, killed: str | None = None) -> Any:
     if outcome is None:  # the child died: what it streamed is what we know
         result = training.result
-        result.status = "failed"
-        result.steps_done = done
+        result.status, result.steps_done = "failed", done
         result.error = f"the run's process ended without a result ({describe_exit(exitcode)}) after {done} steps"
         if killed:
             result.error += f"; killed here {killed}"
-        result.extras["isolation"] = "process"
-        return result
-    if outcome[0] == "error":
-        _, error, child_traceback = outcome
-        raise error from ChildTraceback(child_traceback)
-    result = outcome[1]
+    else:
+        result = _value(outcome)
     result.extras["isolation"] = "process"
     return result
 
 
 class ChildTraceback(Exception):
-    """The traceback of an exception raised in a run's process, as its cause: a printed traceback shows where it
-    happened, while the exception's own one-line message (what the CLI prints) stays as it was."""
+    """The child's traceback, as the cause of its exception raised here: the exception's own message stays as it was."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -290,21 +276,10 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _bar(training: Any) -> Any:
-    total = training.cfg.warmup_steps + training.cfg.steps
-    return progress_bar(total, training.result.label, training.progress)
-
-
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(*args, **kwargs) in a fresh process, waited for: its return value, or its exception raised here. For a
     measurement that is not a training run; fn and its arguments must be importable or picklable."""
-    ctx = _mp_context()
-    here, there = ctx.Pipe(duplex=False)
-    setup = _setup()
-    child = ctx.Process(target=_call_child, args=(there, setup, fn, args, kwargs), name="fastlab-call", daemon=False)
-    with _without_main():
-        child.start()
-    there.close()
+    child, here = _start(_call_child, "fastlab-call", _setup(), fn, args, kwargs)
     try:
         message = _receive(here)
     except EOFError:
@@ -318,10 +293,11 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     finally:
         here.close()
     child.join()
-    return _outcome_of_call(message)
+    return _value(message)
 
 
-def _outcome_of_call(message: tuple) -> Any:
+def _value(message: tuple) -> Any:
+    """A child's ("value", v) message: v; its ("error", ...) one: the exception raised here."""
     if message[0] == "error":
         _, error, child_traceback = message
         raise error from ChildTraceback(child_traceback)
@@ -339,8 +315,8 @@ def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kw
 
 
 def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int, start_method: str) -> None:
-    """The caller's environment, import path, folder, thread count and worker start method (else a forkserver
-    child would start its DataLoader workers through a forkserver of its own, importing torch again)."""
+    """The caller's environment, import path, folder, threads and worker start method (DataLoader workers then
+    start as in the caller, not through a forkserver of the child's own)."""
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path
@@ -350,7 +326,6 @@ def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int, sta
 
 
 def _setup() -> tuple[dict[str, str], list[str], str, int, str]:
-    """What a child adopts from this process (_adopt)."""
     from .data import worker_start_method
 
     return dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads(), worker_start_method()
@@ -361,9 +336,8 @@ _RESERVE = 64 << 20  # bytes
 
 
 def _shift_layout() -> tuple[int, int]:
-    """Move where the run's arrays land, at random, before it allocates: reserve a random amount of address space
-    (no memory) that later mappings land below, and take heap blocks of random sizes. Children of one server
-    otherwise lay out alike, a bias the noise rule cannot see. Returns (pages, heap bytes)."""
+    """Reserve a random amount of address space and take random heap blocks, so that the run's arrays land at a
+    random place: children of one server otherwise lay out alike, a bias repeats cannot see. (pages, heap bytes)."""
     rng = random.Random(os.urandom(8))  # never the training seed's generator
     pages, heap = rng.randrange(0, 512), rng.randrange(0, 1 << 16, 64)
     # 64 MB: more than a gap between the server's libraries, where padding would move nothing
@@ -386,8 +360,6 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
     try:
         layout = _begin(spec.setup)
-        from .harness import TrainingRun, cold_compile_caches
-
         model, dataset = pickle.loads(spec.payload)
         training = TrainingRun(spec.config, spec.label, model, dataset, False, stop,
                                lambda step, total: conn.send(("step", step, total)), checkpoints=spec.checkpoints)
@@ -396,7 +368,7 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
         training.result.extras["layout_shift"] = {"pages": layout[0], "heap_bytes": layout[1]}
         with cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
             result = training.execute()
-        conn.send(("result", result))
+        conn.send(("value", result))
     except BaseException as e:  # handed to the caller, who raises it again
         conn.send(("error", _portable(e), traceback.format_exc()))
     finally:

@@ -9,14 +9,14 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 
 def mps_available() -> bool:
     """Whether this machine has an Apple GPU torch can use (PyTorch's `mps` device)."""
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
+    return torch.backends.mps.is_available()
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -53,18 +53,13 @@ class MemoryMeter:
     sample of torch.mps.current_allocated_memory() (mps keeps no peak counter); else process RSS."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.mps = device.type == "mps"
+        import psutil
+
+        self.device, self.cuda, self.mps = device, device.type == "cuda", device.type == "mps"
         # The kind says what the number is: plots and tables print it beside the figure.
         self.kind = ("cuda_max_allocated" if self.cuda else
                      "mps_allocated_peak_of_samples" if self.mps else "process_rss")
-        self._process = None
-        if not (self.cuda or self.mps):
-            import psutil
-
-            self._process = psutil.Process()
-        self.peak_mb = 0.0
+        self._process = psutil.Process()
         self.driver_peak_mb = 0.0  # mps only: Metal driver's allocation (the allocator's cache included)
         self.reset()
 
@@ -123,9 +118,7 @@ class Spread:
     @property
     def interval(self) -> tuple[float, float]:
         """The interval of the median (order statistics, about 95%); [min, max] for a Spread built by hand."""
-        if self.ci_low is None or self.ci_high is None:
-            return self.low, self.high
-        return self.ci_low, self.ci_high
+        return (self.low, self.high) if self.ci_low is None else (self.ci_low, self.ci_high)
 
     def relative_spread(self) -> float:
         """(max - min) / median: 0.1 means the windows disagreed by 10% of the median."""
@@ -148,9 +141,12 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
 
 def environment(device: torch.device | None = None, profile: str = "custom") -> dict:
     """What a result was measured on: versions, device, CPU count, profile, date."""
+    import torchvision
+
     device = device or resolve_device()
     env = {
         "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
@@ -167,12 +163,6 @@ def environment(device: torch.device | None = None, profile: str = "custom") -> 
         "profile": profile,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    try:
-        import torchvision
-
-        env["torchvision"] = torchvision.__version__
-    except ImportError:
-        env["torchvision"] = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
@@ -205,17 +195,13 @@ def _mac_chip() -> str:
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
-def _cpuinfo(path: str = "/proc/cpuinfo") -> str:
-    """The text of /proc/cpuinfo, or "" where there is none (macOS, Windows)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _cpuinfo_field(text: str, *names: str) -> str:
-    """The first value of the first of `names` found in /proc/cpuinfo's text ("" if none)."""
+def _cpuinfo_field(text: str | None, *names: str) -> str:
+    """The first value of the first of `names` in /proc/cpuinfo's text (None: this machine's; "" if none)."""
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:  # no /proc/cpuinfo (macOS, Windows)
+            text = ""
     for name in names:
         for line in text.splitlines():
             key, _, value = line.partition(":")
@@ -226,13 +212,11 @@ def _cpuinfo_field(text: str, *names: str) -> str:
 
 def cpu_flags(text: str | None = None) -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on Arm); empty where unreadable."""
-    text = _cpuinfo() if text is None else text
     return set(_cpuinfo_field(text, "flags", "Features").split())
 
 
 def cpu_model(text: str | None = None) -> str:
     """The CPU's model name ("AMD EPYC 7B13", "Apple M2 Pro"), or the architecture where it cannot be read."""
-    text = _cpuinfo() if text is None else text
     name = _cpuinfo_field(text, "model name", "Model", "Hardware", "cpu model")
     if not name and platform.system() == "Darwin":
         name = _mac_chip()
@@ -241,9 +225,8 @@ def cpu_model(text: str | None = None) -> str:
 
 def cpu_isa() -> str:
     """The instruction set torch's CPU kernels use here ("AVX2", "AVX512", "DEFAULT", ...), or "unknown"."""
-    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     try:
-        return str(get()) if get is not None else "unknown"
+        return torch.backends.cpu.get_cpu_capability()
     except RuntimeError:
         return "unknown"
 
@@ -254,9 +237,8 @@ def cpu_native_bf16(flags: set[str] | None = None) -> bool:
     flags = cpu_flags() if flags is None else flags
     if flags:
         return any(f in flags for f in NATIVE_BF16_FLAGS)
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     try:
-        return bool(check()) if check is not None else False
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (RuntimeError, AttributeError):
         return False
 
@@ -287,20 +269,14 @@ def has_tensor_cores(device: torch.device) -> bool:
 
 
 def nvml_device_key(index: int, visible: str | None, uuid: str | None = None) -> tuple[str, int | str]:
-    """How to find CUDA device `index` (as torch numbers it) in NVML, which ignores CUDA_VISIBLE_DEVICES.
-
-    Returns ("index", n) or ("uuid", "GPU-..."/"MIG-..."). Without CUDA_VISIBLE_DEVICES, `uuid` (see cuda_uuid)
-    decides: CUDA and NVML may number the devices differently.
-    """
+    """("index", n) or ("uuid", "GPU-..."/"MIG-..."): how NVML, which ignores CUDA_VISIBLE_DEVICES, finds CUDA
+    device `index`. Without CUDA_VISIBLE_DEVICES, `uuid` (cuda_uuid) decides: NVML may number devices otherwise."""
     if not visible or not visible.strip():
         return ("uuid", uuid) if uuid else ("index", index)
     entries = [e.strip() for e in visible.split(",") if e.strip()]
     if index >= len(entries):
         raise ValueError(f"CUDA device {index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
-    entry = entries[index]
-    if entry.isdigit():
-        return ("index", int(entry))
-    return ("uuid", entry)
+    return ("index", int(entries[index])) if entries[index].isdigit() else ("uuid", entries[index])
 
 
 def cuda_uuid(index: int) -> str | None:
@@ -335,11 +311,8 @@ class GpuUtilSampler:
 
     def __init__(self, device: torch.device, interval_s: float = 0.05) -> None:
         self.samples: list[tuple[float, float]] = []
-        self.interval_s = interval_s
-        self.unavailable: str | None = None
-        self._handle = None
-        self._thread = None
-        self._stop = None
+        self.interval_s, self.unavailable = interval_s, None
+        self._handle = self._thread = None
         if device.type != "cuda":
             self.unavailable = f"utilisation is sampled on CUDA GPUs only; this run is on {device.type}"
             return
@@ -390,7 +363,5 @@ OOM_MARKERS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FA
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and any(m in text for m in OOM_MARKERS)
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and any(m in str(error) for m in OOM_MARKERS))

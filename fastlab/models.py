@@ -24,11 +24,8 @@ def _conv_bn(c_in: int, c_out: int, bn_momentum: float) -> list[nn.Module]:
     return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out, momentum=bn_momentum), nn.GELU()]
 
 
-# BatchNorm's running statistics as airbench keeps them (its "momentum 0.6", PyTorch's momentum=0.4), in both of our
-# own nets (ResNet-18 is torchvision's, and trains for thousands of steps where the default catches up): with
-# PyTorch's default 0.1 the running averages trail a fast-learning net: at the first time-to-accuracy checkpoints
-# the held-out accuracy (eval mode) read chance while the same weights with batch statistics already classified
-# most held-out images, so time to accuracy measured the averages catching up, not the net learning.
+# BatchNorm's running statistics as airbench keeps them, in our own two nets: with PyTorch's default 0.1 the running
+# averages trail a fast-learning net, so held-out accuracy (eval mode) would measure them catching up.
 BN_MOMENTUM = 0.4
 
 
@@ -46,8 +43,7 @@ class CompactNet(nn.Module):
                        nn.BatchNorm2d(width, momentum=BN_MOMENTUM), nn.GELU(),
                        *_conv_bn(width, width, BN_MOMENTUM)]
             c_in = width
-        # the global max-pool ends `features` (as the tiny net's pooling does), so every workbook net is
-        # head(features(x)): a loop over its blocks (checkpointing, notebook 12) needs nothing else
+        # every workbook net is head(features(x)): a loop over its blocks (checkpointing, notebook 12) needs no more
         self.features = nn.Sequential(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten())
         self.head = nn.Linear(c_in, num_classes, bias=False)
 
@@ -69,11 +65,7 @@ class TinyNet(nn.Module):
         return self.head(self.features(x))
 
 
-MODELS: dict[str, Callable[[], nn.Module]] = {
-    "tiny": TinyNet,
-    "compact": CompactNet,
-    "resnet18": resnet18_cifar,
-}
+MODELS: dict[str, Callable[[], nn.Module]] = {"tiny": TinyNet, "compact": CompactNet, "resnet18": resnet18_cifar}
 
 
 def build_model(name: str) -> nn.Module:

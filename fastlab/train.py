@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,18 +18,15 @@ from . import isolation
 from .clocks import Checkpoints
 from .config import TrainConfig, comparison_repeats, demonstration_config, no_op_reasons, plan_arm
 from .data import Data, ImageSet
-from .harness import TrainingRun
+from .harness import StepCallback, TrainingRun
 from .isolation import active_run, exclusive_run
 from .measure import environment, resolve_device
 from .models import ModelArg
 from .results import RunResult, merge_repeats
 from .verdicts import turns
 
-StepCallback = Callable[[int, int], None]
-DatasetArg = Data | None
 
-
-def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, dataset: DatasetArg = None,
+def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, dataset: Data | None = None,
         progress: bool = True, stop: threading.Event | None = None, on_step: StepCallback | None = None,
         comparison: str | None = None) -> RunResult:
     """Train with `config` and return what was measured.
@@ -63,8 +60,8 @@ _SAID: set[tuple[str, int, str]] = set()  # the estimates said already (once eac
 
 
 def estimate_step_seconds(model: str, images: int, device: str) -> float:
-    """Seconds a training step of `model` over `images` images is estimated to take on `device`: the faster of two
-    forward and backward passes at a batch of 8 (after one that pays for set-up), scaled to the step's images."""
+    """Seconds a step of `model` over `images` images is estimated to take on `device`: the faster of two forward and
+    backward passes at a batch of 8 (after one that pays for set-up), scaled."""
     from .measure import synchronize
     from .models import build_model
 
@@ -126,19 +123,14 @@ def interleave(arms: list[Arm], *, baseline: TrainConfig | None = None, repeats:
                seeds: Sequence[int] | None = None, progress: bool = True, comparison: str | None = None,
                device: torch.device | str | None = None) -> list[RunResult]:
     """Run the arms in turns (A B, then B A), so that drift slows every arm alike; one result per arm (its repeats
-    merged), or with `seeds` one per arm and seed. An arm is (label, config) or (label, config, run's keyword
-    arguments). Each arm is planned against `baseline` (default: the first arm's config) on `device` (config.plan_arm):
-    a no-op here is not trained (its result says why), a known trap runs once, short. repeats: rounds of turns
-    (default: the profile's comparison_repeats); seeds: one round per seed instead. An interrupted run ends the
-    comparison, keeping every arm that ran."""
+    merged), or with `seeds` one per arm and seed. An arm is (label, config[, run's keyword arguments]), planned
+    against `baseline` (default: the first arm's) on `device` (skip_or_demonstrate). repeats: rounds of turns
+    (default: comparison_repeats). An interrupted run ends the comparison, keeping every arm that ran."""
     base = arms[0][1] if baseline is None else baseline
-    done: dict[int, list[RunResult]] = {}
-    trained = []
-    for i, (label, cfg, *_) in enumerate(arms):
-        skipped = skip_or_demonstrate(base, cfg, label, progress=progress, comparison=comparison, device=device)
-        done[i] = [] if skipped is None else [skipped]
-        if skipped is None:
-            trained.append(i)
+    skipped = [skip_or_demonstrate(base, cfg, label, progress=progress, comparison=comparison, device=device)
+               for label, cfg, *_ in arms]
+    done: dict[int, list[RunResult]] = {i: [] if r is None else [r] for i, r in enumerate(skipped)}
+    trained = [i for i, r in enumerate(skipped) if r is None]
     if seeds is None:
         rounds: list[int | None] = [None] * max(1, repeats if repeats is not None else comparison_repeats(base))
     else:
@@ -165,8 +157,8 @@ def interleave(arms: list[Arm], *, baseline: TrainConfig | None = None, repeats:
 
 def skip_or_demonstrate(baseline: TrainConfig, arm: TrainConfig, label: str, *, progress: bool = True,
                         comparison: str | None = None, device: torch.device | str | None = None) -> RunResult | None:
-    """The result of an arm that is not trained in full here (config.plan_arm against `baseline`): a no-op is not
-    trained (its result says why), a known trap runs once, short. None: train it."""
+    """The result of an arm not trained in full here (config.plan_arm): a no-op is not trained (its result says
+    why), a known trap runs once, short. None: train it."""
     plan = plan_arm(baseline, arm, device)
     if plan.kind == "no-op":
         result = not_trained(arm, label, plan.reason)

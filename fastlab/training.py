@@ -1,10 +1,6 @@
-"""The training run: one function, plain PyTorch in the order a person writes it.
-
-`fastlab.run(cfg)` calls `train(cfg, w, data)` with a fastlab.watch `w`, in a fresh process; every knob of
-TrainConfig is an `if cfg.x:` or a value at the place where it acts. The measuring goes only through the
-watch touches a reader puts in their own loop: `w(batches)` (data wait), `w.step_done(n, loss=loss)` (the step's
-end) and `with w.paused() as p:` (evaluation, not training time). The harness around it (fastlab.run_harness)
-holds what a script does not need: Ctrl-C, out-of-memory, time budgets, stop events, divergence, progress.
+"""The training run: one function, plain PyTorch in the order a person writes it. Every knob of TrainConfig is an
+`if cfg.x:` or a value where it acts; the measuring goes only through the watch `w` a reader puts in their own
+loop. What a script does not need (Ctrl-C, out-of-memory, time budgets, progress) is in fastlab.harness.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_windows_cannot_exceed_steps():
 def test_replace_validates_and_rejects_unknown_fields():
     cfg = TrainConfig()
     assert cfg.replace(amp="bf16").amp == "bf16"
-    with pytest.raises(ValueError, match="no field 'batchsize'.*batch_size"):
+    with pytest.raises(ValueError, match="unknown TrainConfig field.*'batchsize'.*batch_size"):
         cfg.replace(batchsize=64)
     with pytest.raises(ValueError, match="TrainConfig.amp='fp8'"):
         cfg.replace(amp="fp8")
