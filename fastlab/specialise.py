@@ -26,6 +26,9 @@ SECTION = "# ----"  # a section's title comment: dropped with its section when n
 DEFAULTS = {"non_blocking": False, "pin_memory": False, "sampler": None, "enabled": True, "num_workers": 0,
             "persistent_workers": False, "prefetch_factor": None, "channels_last": False,
             "set_to_none": True}
+# the names in these fields are not values: a keyword, an attribute, an assignment's target, a parameter
+_NOT_VALUES = {cst.Arg: "keyword", cst.Attribute: "attr", cst.AssignTarget: "target", cst.AnnAssign: "target",
+               cst.AugAssign: "target", cst.Param: "name", cst.FunctionDef: "name", cst.AsName: "name"}
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -50,9 +53,8 @@ def _literal(value: Any) -> cst.BaseExpression:
     return cst.parse_expression(json.dumps(value) if isinstance(value, str) else repr(value))  # "double quotes"
 
 
-def _is_literal(node: cst.BaseExpression) -> bool:
-    ok, value = _constant(node)
-    return ok and (value is None or isinstance(value, (bool, int, float, str)) or value == {})
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 class Specialise(cst.CSTTransformer):
@@ -64,35 +66,13 @@ class Specialise(cst.CSTTransformer):
         self.constants = constants
         self.elifs: set[int] = set()  # If nodes in an elif's place
         self.pending: list[list[cst.EmptyLine]] = [[]]  # per block: comment lines of removed statements
-        self.protected: set[int] = set()  # names that are not values: keywords, attributes, targets, parameters
+        self.protected: set[int] = set()  # ids of the names in _NOT_VALUES' fields
 
-    def _protect(self, node: cst.CSTNode | None) -> None:
-        if isinstance(node, cst.Name):
-            self.protected.add(id(node))
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        self._protect(node.keyword)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._protect(node.attr)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._protect(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._protect(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._protect(node.target)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self._protect(node.name)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._protect(node.name)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._protect(node.name)
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        name = getattr(node, _NOT_VALUES.get(type(node), ""), None)
+        if isinstance(name, cst.Name):
+            self.protected.add(id(name))
+        return super().on_visit(node)
 
     # ---- values
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
@@ -116,11 +96,10 @@ class Specialise(cst.CSTTransformer):
             return cst.parse_expression(self.known[_code(updated)])
         return self._fold(updated)
 
-    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+    def leave_Comparison(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
         return self._fold(updated)
 
-    def leave_UnaryOperation(self, original: cst.UnaryOperation, updated: cst.UnaryOperation) -> cst.BaseExpression:
-        return self._fold(updated)
+    leave_UnaryOperation = leave_Comparison
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation,
                               updated: cst.BinaryOperation) -> cst.BaseExpression:
@@ -175,7 +154,7 @@ class Specialise(cst.CSTTransformer):
         if isinstance(arg.value, cst.Name) and arg.value.value == "cfg" and arg.keyword is None:
             return True  # evaluate(cfg, ...): the script's functions are specialised, they take no config
         if arg.star == "**":
-            return _is_literal(arg.value) and _constant(arg.value)[1] == {}
+            return _constant(arg.value) == (True, {})
         if arg.keyword is None or arg.keyword.value not in DEFAULTS:
             return False
         ok, value = _constant(arg.value)
@@ -183,9 +162,7 @@ class Specialise(cst.CSTTransformer):
 
     def _fold(self, node: cst.BaseExpression) -> cst.BaseExpression:
         ok, value = _constant(node)
-        if ok and (value is None or isinstance(value, (bool, int, float, str))):
-            return _literal(value)
-        return node
+        return _literal(value) if ok and _scalar(value) else node
 
     # ---- statements: a removed statement's comment lines go onto the next statement of its block
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -302,7 +279,7 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
 
 def _with_comment(block: cst.BaseSuite, leading: Any, keep_comment: bool = True) -> Any:
     """A block's statements in place of the compound statement that held them, the header's comment above them."""
-    statements = list(block.body) if isinstance(block, cst.IndentedBlock) else list(block.body)
+    statements = list(block.body)
     if not statements:
         return cst.RemovalSentinel.REMOVE
     comment = block.header.comment if isinstance(block, cst.IndentedBlock) and keep_comment else None
@@ -317,42 +294,37 @@ def _with_comment(block: cst.BaseSuite, leading: Any, keep_comment: bool = True)
 
 
 class _Assignments(cst.CSTVisitor):
-    """Names assigned in a function: how often, and the value when it is the one constant assignment."""
+    """Names assigned in a function: how often, the value of an assignment of None, a bool or {}, and the names
+    changed in place (x[k] = ..., x.append(...)), which {} cannot stand for."""
 
     def __init__(self) -> None:
         self.count: dict[str, int] = {}
         self.value: dict[str, Any] = {}
         self.mutated: set[str] = set()
 
-    def _assigned(self, name: str, value: cst.BaseExpression | None) -> None:
-        self.count[name] = self.count.get(name, 0) + 1
-        if value is not None and _is_literal(value):
-            self.value[name] = _constant(value)[1]
+    def _assigned(self, target: cst.CSTNode, value: cst.BaseExpression | None = None) -> None:
+        for name in _names(target):
+            self.count[name] = self.count.get(name, 0) + 1
+        ok, constant = _constant(value) if value is not None else (False, None)
+        if isinstance(target, cst.Name) and ok and (constant is None or isinstance(constant, bool) or constant == {}):
+            self.value[target.value] = constant
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            if isinstance(target.target, cst.Name):
-                self._assigned(target.target.value, node.value if len(node.targets) == 1 else None)
-            elif isinstance(target.target, cst.Subscript) and isinstance(target.target.value, cst.Name):
+            if isinstance(target.target, cst.Subscript) and isinstance(target.target.value, cst.Name):
                 self.mutated.add(target.target.value.value)
-            elif isinstance(target.target, cst.Tuple):
-                for element in target.target.elements:
-                    if isinstance(element.value, cst.Name):
-                        self._assigned(element.value.value, None)
+            self._assigned(target.target, node.value if len(node.targets) == 1 else None)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if isinstance(node.target, cst.Name):
-            self._assigned(node.target.value, node.value)
+        self._assigned(node.target, node.value)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.target, cst.Name):
-            self._assigned(node.target.value, None)
+        self._assigned(node.target)
 
     def visit_For(self, node: cst.For) -> None:
-        for name in _names(node.target):
-            self._assigned(name, None)
+        self._assigned(node.target)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:  # x.append(...), x.clear(): not a constant
+    def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(node.value, cst.Name):
             self.mutated.add(node.value.value)
 
@@ -378,8 +350,8 @@ def specialise(fn: Callable[..., Any], cfg: Any, *, known: Mapping[str, str] | N
         seen = _Assignments()
         module.visit(seen)
         # None, True, False and {} only: a number or a string keeps its name (total_steps reads better than 65)
-        constants = {name: value for name, value in seen.value.items() if seen.count.get(name) == 1
-                     and (value is None or isinstance(value, bool) or (value == {} and name not in seen.mutated))}
+        constants = {name: value for name, value in seen.value.items()
+                     if seen.count[name] == 1 and not (value == {} and name in seen.mutated)}
         if module.code == before and not constants:
             break
     return module.code.rstrip() + "\n"
