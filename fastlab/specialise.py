@@ -11,6 +11,7 @@ With libcst (a concrete syntax tree: comments and layout survive the rewrite):
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import json
 import textwrap
@@ -21,8 +22,8 @@ import libcst as cst
 
 FOLDABLE = (ast.Expression, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp, ast.Tuple,
             ast.List, ast.Dict, ast.Subscript, ast.Load, ast.cmpop, ast.boolop, ast.unaryop, ast.operator)
-# keyword arguments whose value equals the callee's default: the line reads as a person writes it without them
 SECTION = "# ----"  # a section's title comment: dropped with its section when nothing of it is left
+# keyword arguments whose value equals the callee's default: the line reads as a person writes it without them
 DEFAULTS = {"non_blocking": False, "pin_memory": False, "sampler": None, "enabled": True, "num_workers": 0,
             "persistent_workers": False, "prefetch_factor": None, "channels_last": False,
             "set_to_none": True}
@@ -37,16 +38,11 @@ def _code(node: cst.CSTNode) -> str:
 
 def _constant(node: cst.BaseExpression) -> tuple[bool, Any]:
     """(True, value) when node is an expression of constants only (and so can be folded)."""
-    try:
+    with contextlib.suppress(Exception):  # not an expression alone, or one that fails (1 / 0)
         tree = ast.parse(_code(node).strip(), mode="eval")
-    except SyntaxError:
-        return False, None
-    if not all(isinstance(n, FOLDABLE) for n in ast.walk(tree)):
-        return False, None
-    try:
-        return True, eval(compile(tree, "<fold>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (constants only)
-    except Exception:
-        return False, None
+        if all(isinstance(n, FOLDABLE) for n in ast.walk(tree)):
+            return True, eval(compile(tree, "<fold>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (constants only)
+    return False, None
 
 
 def _literal(value: Any) -> cst.BaseExpression:
@@ -174,7 +170,7 @@ class Specialise(cst.CSTTransformer):
 
     def _emit(self, result: Any, removed: cst.CSTNode | None = None) -> Any:
         """result in place of a statement; a removed statement's comment lines wait for the next one."""
-        pending = self.pending[-1] if self.pending else []
+        pending = self.pending[-1]
         if result is cst.RemovalSentinel.REMOVE:
             lines = list(getattr(removed, "leading_lines", ()))
             if any(_title(line) for line in lines):  # a new section began: the one before it is empty
@@ -239,15 +235,12 @@ class Specialise(cst.CSTTransformer):
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Any:
         first = original.body[0]
-        if isinstance(first, cst.Expr) and isinstance(first.value, cst.Call):
-            if _code(first.value.func).startswith("w."):
-                return self._emit(cst.RemovalSentinel.REMOVE, updated)  # w.step_done(...)
-        if isinstance(first, cst.Assign) and len(first.targets) == 1 and isinstance(first.targets[0].target, cst.Name):
-            if first.targets[0].target.value in self.constants:  # its value is written where it is used
-                return self._emit(cst.RemovalSentinel.REMOVE, updated)
-        if isinstance(first, cst.AnnAssign) and isinstance(first.target, cst.Name) and first.target.value in self.constants:
-            return self._emit(cst.RemovalSentinel.REMOVE, updated)
-        return self._emit(updated)
+        watch = isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and _code(first.value.func)[:2] == "w."
+        target = first.targets[0].target if isinstance(first, cst.Assign) and len(first.targets) == 1 else (
+            first.target if isinstance(first, cst.AnnAssign) else None)
+        # w.step_done(...), or a constant's assignment: its value is written where it is used
+        constant = isinstance(target, cst.Name) and target.value in self.constants
+        return self._emit(cst.RemovalSentinel.REMOVE, updated) if watch or constant else self._emit(updated)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         params = updated.params
@@ -339,8 +332,8 @@ def _names(node: cst.CSTNode) -> list[str]:
 
 def specialise(fn: Callable[..., Any], cfg: Any, *, known: Mapping[str, str] | None = None,
                calls: Mapping[str, Callable[[Any], str]] | None = None, drop_params: set[str] | None = None) -> str:
-    """fn's source specialised to cfg (see the module's text). known: names to write as given expressions
-    (a parameter's value in a plain script); calls: a call of one constant argument -> the code it becomes."""
+    """fn's source specialised to cfg. known: expression -> what it is in a plain script; calls: a function of one
+    constant argument -> the code its call becomes."""
     module = cst.parse_module(textwrap.dedent(inspect.getsource(fn)))
     drop = set(drop_params or ()) | {"cfg", "w"}
     constants: dict[str, Any] = {}
