@@ -17,7 +17,6 @@ from . import data, models, training
 from .config import TrainConfig
 
 _STOCK = TrainConfig()  # a knob equal to its default here adds no line
-_CHANGED = "Changed from fastlab's TrainConfig defaults:"
 MODEL_CALLS = {"tiny": "TinyNet()", "compact": "CompactNet()", "resnet18": "resnet18_cifar()"}
 # what the harness's parameters are in a plain script
 PLAIN = {"make_model": "None", "parallel": "None", "eval_every": "0", "log": "print",
@@ -55,7 +54,8 @@ def training_code(cfg: TrainConfig) -> str:
 
 
 def _header(cfg: TrainConfig, dataset: str) -> str:
-    changed = ", ".join(f"{k}={v!r}" for k, v in _STOCK.diff(cfg).items()) or "none"
+    changed = "Changed from fastlab's TrainConfig defaults: " + (
+        ", ".join(f"{k}={v!r}" for k, v in _STOCK.diff(cfg).items()) or "none")
     kind = "SYNTHETIC (CIFAR-shaped, generated offline)" if dataset == "synthetic" else "real CIFAR-10 (torchvision)"
     imports = ["import itertools"] + (["import contextlib"] if cfg.eval_mode == "autograd" else [])
     imports += ["from collections.abc import Iterator", "from dataclasses import dataclass", "from typing import Any",
@@ -66,7 +66,7 @@ def _header(cfg: TrainConfig, dataset: str) -> str:
                 "from torch.utils.data import DataLoader, Dataset"]
     return "\n".join([
         '"""One fastlab training run as a plain PyTorch script (written by fastlab.code; it does not import fastlab).',
-        "", *textwrap.wrap(f"{_CHANGED} {changed}.", 112, subsequent_indent="    "), f"Data: {kind}.", '"""', "",
+        "", *textwrap.wrap(f"{changed}.", 112, subsequent_indent="    "), f"Data: {kind}.", '"""', "",
         "from __future__ import annotations", "", *imports, ""])
 
 
@@ -135,11 +135,12 @@ class CodeDiff:
     changed: str
     base_name: str = "baseline"
     changed_name: str = "changed"
+    context: int = 1  # unchanged lines shown around each change
 
     @property
     def unified(self) -> list[str]:
         return list(difflib.unified_diff(self.base.splitlines(), self.changed.splitlines(), self.base_name,
-                                         self.changed_name, n=1, lineterm=""))
+                                         self.changed_name, n=self.context, lineterm=""))
 
     @property
     def added(self) -> list[str]:
@@ -183,11 +184,6 @@ class SnippetDiff(CodeDiff):
 
     context: int = 1000
 
-    @property
-    def unified(self) -> list[str]:
-        return list(difflib.unified_diff(self.base.splitlines(), self.changed.splitlines(), self.base_name,
-                                         self.changed_name, n=self.context, lineterm=""))
-
 
 def _snippet_source(fn: object, name: str) -> str:
     """fn's own source, dedented, its docstring dropped and its name replaced by `name` (so only code differs)."""
@@ -207,25 +203,20 @@ def _snippet_source(fn: object, name: str) -> str:
             lines[i] = " " * shift + lines[i]
         elif shift < 0:
             lines[i] = lines[i][min(-shift, len(lines[i]) - len(lines[i].lstrip())):]
-    doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
-    if doc is not None and isinstance(doc.value.value, str):
-        del lines[doc.lineno - 1: doc.end_lineno]
+    if ast.get_docstring(node, clean=False) is not None:
+        del lines[body[0].lineno - 1: body[0].end_lineno]
     return "\n".join(lines)
 
 
 def snippet_diff(base: object, changed: object, *, base_name: str = "plain",
                  changed_name: str | None = None) -> SnippetDiff:
-    """What `changed` adds to `base`: two runnable functions' own source, diffed whole under base's name and
-    without docstrings. Pass the functions the notebook calls, so the code shown is the code that ran."""
+    """What `changed` adds to `base`: the two functions' source without docstrings, whole, under base's name."""
     for label, fn in (("base", base), ("changed", changed)):
         if not callable(fn):
             raise TypeError(f"snippet_diff: {label} must be a function (its source is diffed), got {type(fn).__name__}")
     name = getattr(base, "__name__", "snippet")
     return SnippetDiff(_snippet_source(base, name), _snippet_source(changed, name), base_name,
                        changed_name or getattr(changed, "__name__", "changed"))
-
-
-__all__ = ["code", "code_diff", "CodeDiff", "snippet_diff", "SnippetDiff"]
 
 
 def loop_code(cfg: TrainConfig) -> str:
@@ -235,4 +226,4 @@ def loop_code(cfg: TrainConfig) -> str:
     return script[start:script.index('\n\n\nif __name__ == "__main__":', start)] + "\n"
 
 
-__all__ += ["loop_code", "training_code"]
+__all__ = ["code", "code_diff", "CodeDiff", "loop_code", "snippet_diff", "SnippetDiff", "training_code"]

@@ -1,17 +1,13 @@
-"""Data-parallel training with DistributedDataParallel (DDP), launched by torchrun.
-
-Each rank trains through fastlab's one loop in DDP mode (fastlab.parallel.DDPMode); this module starts the ranks,
-sets up the process group and gathers what they measured. Every TrainConfig field is a flag:
+"""DistributedDataParallel (DDP) runs: `launch` / `run_ddp` start torchrun's ranks, each training fastlab's one loop
+in DDP mode (fastlab.parallel.DDPMode), and gather what they measured. Every TrainConfig field is a flag:
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m fastlab.distributed --profile smoke --out ddp-out
-
-From Python call `launch` / `run_ddp`: they run that command with a timeout and raise DistributedRunError
-naming the failing rank when one crashes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -24,23 +20,20 @@ import time
 import traceback
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, add_config_flags
-from .parallel import (  # noqa: F401  (re-exported: the names notebooks and tests use)
+from .parallel import (
     BACKENDS,
     BATCH_MODES,
     LR_SCALINGS,
-    BatchPlan,
     DDPJob,
     DDPMode,
     DDPOptions,
     Rank,
-    compare_across_ranks,
     plan_batches,
-    shard_indices,
     window_throughput,
 )
 from .processes import run_with_timeout
@@ -73,22 +66,10 @@ class DDPRun:
     ranks: list[RunResult]  # each rank's own measurement (its share of the images)
     path: Path | None = None
     log: str = ""
-    command: list[str] = field(default_factory=list)
-    launch_seconds: float = 0.0  # wall time of the whole launch: process start, imports, every job
 
     @property
     def parameters(self) -> dict[str, Any]:
         return self.result.extras["ddp"]["parameters"]
-
-    @property
-    def buffers(self) -> dict[str, Any]:
-        return self.result.extras["ddp"]["buffers"]
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike) -> DDPRun:
-        doc = load_document(path)
-        results = [RunResult.from_dict(r) for r in doc["results"]]
-        return cls(results[0], results[1:], Path(path))
 
 
 def default_nproc() -> int:
@@ -100,8 +81,7 @@ def default_nproc() -> int:
 
 
 def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
-    """The torchrun command line, run by this interpreter (the venv's torch and fastlab). --standalone: a free
-    port, so side-by-side launches never collide; --max-restarts 0: a crashed rank ends the job."""
+    """torchrun under this interpreter; --standalone picks a free port, --max-restarts=0: a crashed rank ends it."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r} is not allowed: an integer >= 1 (processes to start)")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -111,12 +91,11 @@ def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
 def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | os.PathLike | None = None,
            timeout_s: float = 300.0, crash_rank: int | None = None, crash_step: int = 0,
            stop: threading.Event | None = None, quiet: bool = True, retry_native_crash: bool = True) -> list[DDPRun]:
-    """Run `jobs` one after another in one torchrun launch of `nproc` processes (started once); one DDPRun per job.
+    """`jobs` one after another in one torchrun launch of `nproc` processes; one DDPRun per job. A failed rank or a
+    launch past timeout_s raises DistributedRunError, one killed by a signal (native code) gets one more launch.
+    crash_rank / crash_step make that rank raise at that step; setting `stop` kills the launch."""
+    import torch
 
-    timeout_s bounds the whole launch; past it, or when a rank fails, DistributedRunError is raised.
-    crash_rank / crash_step make that rank raise at that step. stop: set it to kill the launch.
-    retry_native_crash: a rank killed by a signal (a crash in native code) gets the launch run once more.
-    """
     if not jobs:
         raise ValueError("launch needs at least one DDPJob")
     nproc = default_nproc() if nproc is None else nproc
@@ -135,9 +114,8 @@ def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | o
         args += ["--crash-rank", str(crash_rank), "--crash-step", str(crash_step)]
     cmd = torchrun_command(nproc, args)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if not _uses_cuda(jobs[0].config):
-        # N processes share the cores: one thread each, or they fight over them
-        env.setdefault("OMP_NUM_THREADS", "1")
+    if jobs[0].config.device == "cpu" or not torch.cuda.is_available():
+        env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the cores: one thread each, or they fight
     log_path = out / "launch.log"
     t0 = time.perf_counter()
     code, timed_out, stopped = run_with_timeout(cmd, log_path, timeout_s, env=env, stop=stop)
@@ -160,9 +138,8 @@ def launch(jobs: Sequence[DDPJob], nproc: int | None = None, *, out_dir: str | o
         if not path.is_file():
             raise DistributedRunError(f"torchrun exited 0 but wrote no result for job {i} ({path}); log tail:\n"
                                       f"{_tail(log)}", exit_code=0, log_tail=_tail(log))
-        run = DDPRun.from_file(path)
-        run.log, run.command, run.launch_seconds = log, cmd, seconds
-        runs.append(run)
+        results = [RunResult.from_dict(r) for r in load_document(path)["results"]]
+        runs.append(DDPRun(results[0], results[1:], path, log))
     if not quiet:
         print(f"torchrun: {nproc} process(es), {len(jobs)} job(s), {seconds:.1f} s wall time (start-up included)")
     return runs
@@ -203,10 +180,8 @@ def _launch_error(out: Path, log: str, code: int | None, timed_out: bool, stoppe
                                    log_tail=tail)
     # torchrun's root-cause report names the first rank to fail (after a timeout, only who our SIGTERM reached first)
     root = log[log.find("Root Cause"):] if "Root Cause" in log and not timed_out else ""
-    m = re.search(r"rank\s*:\s*(\d+)", root)
-    rank = int(m.group(1)) if m else None
-    m = re.search(r"exitcode\s*:\s*(-?\d+)", root)
-    rank_code = int(m.group(1)) if m else None
+    rank, rank_code = (int(m.group(1)) if (m := re.search(key + r"\s*:\s*(-?\d+)", root)) else None
+                       for key in ("rank", "exitcode"))
     reports = {int(p.stem[4:]): p for p in out.glob("rank*.error")}  # each failing worker's own traceback
     if rank is None and reports:  # no usable report from torchrun: the earliest error file
         rank = min(reports, key=lambda r: reports[r].stat().st_mtime_ns)
@@ -230,12 +205,6 @@ def _launch_error(out: Path, log: str, code: int | None, timed_out: bool, stoppe
     return DistributedRunError(f"{who} failed{detail}{': ' + why if why else ''}; torchrun exited with code {code} "
                                f"and stopped the other ranks.\nlog tail:\n{tail}", rank=rank, exit_code=code,
                                log_tail=tail, rank_exit_code=rank_code)
-
-
-def _uses_cuda(config: TrainConfig) -> bool:
-    import torch
-
-    return config.device != "cpu" and torch.cuda.is_available()
 
 
 # ------------------------------------------------------------------ the worker (one per rank, under torchrun)
@@ -284,14 +253,15 @@ def _train_job(job: DDPJob, ctx: Rank, crash_rank: int | None, crash_step: int) 
 def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
     """The whole job as one RunResult: global images per step over the slowest rank's window times; losses,
     accuracy and per-step lists are rank 0's, peak memory the largest of any one process."""
+    from .clocks import window_ends
+
     first = rank_results[0]
     ddp = dict(first.extras["ddp"])
     ddp.pop("rank")
     ddp["per_rank_throughput"] = [r.throughput.median for r in rank_results]
-    windows = [len(r.window_seconds) for r in rank_results]
-    n_windows = min(windows)
+    n_windows = min(len(r.window_seconds) for r in rank_results)
     cfg = first.config
-    steps = list(_window_steps(cfg["warmup_steps"], cfg["steps"], cfg["windows"]))[:n_windows]
+    steps = list(window_ends(cfg["warmup_steps"], cfg["steps"], cfg["windows"]).values())[:n_windows]
     seconds = [r.window_seconds[:n_windows] for r in rank_results]
     env = dict(first.env, world_size=ddp["world_size"], backend=ddp["backend"])
     statuses = {r.status for r in rank_results}
@@ -307,20 +277,6 @@ def combine(rank_results: Sequence[RunResult], label: str) -> RunResult:
         peak_memory_mb=max(r.peak_memory_mb for r in rank_results), memory_kind=first.memory_kind,
         memory_trace_mb=first.memory_trace_mb, no_ops=first.no_ops, env=env, dataset=first.dataset,
         window_seconds=[max(s) for s in zip(*seconds)], extras={"ddp": ddp})
-
-
-def _window_steps(warmup: int, steps: int, windows: int) -> list[int]:
-    from .clocks import window_ends
-
-    return list(window_ends(warmup, steps, windows).values())
-
-
-def _write_error(out: Path, rank: int) -> None:
-    """The failing rank's own account, which the launcher reads to name it (torchrun's report is for people)."""
-    try:
-        (out / f"rank{rank}.error").write_text(traceback.format_exc())
-    except OSError:
-        pass  # the launcher then falls back to torchrun's root-cause report
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -369,45 +325,43 @@ def _rank_env() -> tuple[int, int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """One rank: join the process group, train every job, rank 0 writes job<i>.json; errors are reported."""
+    import torch.distributed as dist
+
     args = _parse_args(argv)
     rank, world, local_rank = _rank_env()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return _main(args, rank, world, local_rank, out)
+        jobs = _jobs_from_args(args)
+        backend = jobs[0].options.backend
+        device, backend = _pick_device(jobs[0].config, local_rank, backend)
+        kwargs: dict[str, Any] = {"timeout": _dt.timedelta(seconds=args.collective_timeout)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device  # binds the process group to this GPU (eager NCCL init)
+        dist.init_process_group(backend, **kwargs)
+        ctx = Rank(rank, world, local_rank, device, backend)
+        for i, job in enumerate(jobs):
+            label = job.label or f"DDP x{world} ({backend})"
+            if rank == 0:
+                plan = plan_batches(job.config, world, job.options)
+                print(f"[rank 0] job {i}: {label}: {plan.describe()}", flush=True)
+            mine = _train_job(job, ctx, args.crash_rank, args.crash_step)
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, mine.to_dict())
+            if rank == 0:  # only rank 0 logs and writes results: N processes, one file
+                ranks = [RunResult.from_dict(d) for d in gathered]
+                whole = combine(ranks, label)
+                meta = {"kind": "fastlab.distributed", "job": i, "layout": RESULT_LAYOUT, "world_size": world,
+                        "backend": backend, "parameters": whole.extras["ddp"]["parameters"]}
+                save_results(out / f"job{i}.json", [whole, *ranks], meta=meta)
+                print(f"[rank 0] {whole.summary()}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
     except BaseException:
-        _write_error(out, rank)
+        # the failing rank's own account, which the launcher reads to name it (torchrun's report is for people)
+        with contextlib.suppress(OSError):
+            (out / f"rank{rank}.error").write_text(traceback.format_exc())
         raise
-
-
-def _main(args: argparse.Namespace, rank: int, world: int, local_rank: int, out: Path) -> int:
-    import torch.distributed as dist
-
-    jobs = _jobs_from_args(args)
-    backend = jobs[0].options.backend
-    device, backend = _pick_device(jobs[0].config, local_rank, backend)
-    kwargs: dict[str, Any] = {"timeout": _dt.timedelta(seconds=args.collective_timeout)}
-    if device.type == "cuda":
-        kwargs["device_id"] = device  # binds the process group to this GPU (eager NCCL init)
-    dist.init_process_group(backend, **kwargs)
-    ctx = Rank(rank, world, local_rank, device, backend)
-    for i, job in enumerate(jobs):
-        label = job.label or f"DDP x{world} ({backend})"
-        if rank == 0:
-            plan = plan_batches(job.config, world, job.options)
-            print(f"[rank 0] job {i}: {label}: {plan.describe()}", flush=True)
-        mine = _train_job(job, ctx, args.crash_rank, args.crash_step)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, mine.to_dict())
-        if rank == 0:  # only rank 0 logs and writes results: N processes, one file
-            ranks = [RunResult.from_dict(d) for d in gathered]
-            whole = combine(ranks, label)
-            meta = {"kind": "fastlab.distributed", "job": i, "layout": RESULT_LAYOUT, "world_size": world,
-                    "backend": backend, "parameters": whole.extras["ddp"]["parameters"]}
-            save_results(out / f"job{i}.json", [whole, *ranks], meta=meta)
-            print(f"[rank 0] {whole.summary()}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
     return 0
 
 

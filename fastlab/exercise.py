@@ -1,17 +1,9 @@
-"""Write it yourself: a notebook gives a plain loop, the learner edits a copy, `fastlab.watch` measures both.
+"""Write it yourself: a notebook gives a plain loop `given(w)`, the learner edits a copy `mine(w)`, and
 
-    def given(w):                       # the plain loop, in a cell
-        for x, y in w(loader):
-            with w.step(len(x)) as s:
-                ...; s.loss = loss
-    def mine(w): ...                    # the learner's edited copy
-    def solution(w): ...                # the worked answer (a collapsed cell)
-    exercise.check(given, exercise.pick(mine, solution), technique="workers")  # measured in turns
-    print(exercise.solution_diff(given, solution))         # the answer, as the lines that changed
+    exercise.check(given, exercise.pick(mine, solution), technique="workers")
 
-The learner's loop is measured, unless FASTLAB_SOLUTION=1 (set by CI and `make test`, where nobody edits a cell).
-The check reads the technique from what the watch saw of the loop's first step (fastlab.loop_facts), never from the
-source text, then measures the quantity it changes (TECHNIQUES) in turns against the given loop.
+measures both in turns with fastlab.watch: the technique is read from what the watch saw of the first step
+(fastlab.loop_facts), never from the source. FASTLAB_SOLUTION=1 (CI, `make test`) measures the worked solution.
 """
 
 from __future__ import annotations
@@ -40,8 +32,7 @@ def solution_runs() -> bool:
 
 
 def images(cfg: TrainConfig, batches: int | None = None) -> int:
-    """How many training images an exercise's loop uses: `batches` of cfg.batch_size (8 under smoke, so a
-    notebook stays short; 20 elsewhere: three timed windows of 5 after the warm-up, for the noise rule)."""
+    """Training images for an exercise's loop: `batches` batches (8 under smoke; 20: three timed windows of 5)."""
     if batches is None:
         batches = 8 if active_profile() == "smoke" else 20
     return batches * cfg.batch_size
@@ -103,10 +94,6 @@ class Technique:
     quantity: str = "speed"
 
 
-def _evaluation(f: dict) -> bool | None:
-    return None if not f.get("eval_forwards") else f["eval_with_grad"] == 0
-
-
 TECHNIQUES: dict[str, Technique] = {
     "workers": Technique(
         "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
@@ -128,7 +115,7 @@ TECHNIQUES: dict[str, Technique] = {
         quantity="lr"),
     "no_grad": Technique(
         "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
-        lambda f, g: _evaluation(f),
+        lambda f, g: f["eval_with_grad"] == 0 if f.get("eval_forwards") else None,
         lambda f: f"{f['eval_with_grad']} of {f['eval_forwards']} evaluation forwards recording a graph",
         quantity="memory"),
     "adamw_schedule": Technique(
@@ -197,8 +184,7 @@ def final_loss(comparison: LoopComparison) -> Comparison:
 
 
 def learning_rate(comparison: LoopComparison) -> str:
-    """The learning rate each loop's optimiser held at its first step, against the images of that step: a batch k
-    times larger wants about sqrt(k) times the rate for Adam-family optimisers (k for SGD)."""
+    """Each loop's first-step learning rate against its images a step (k times the batch: sqrt(k) x lr for Adam)."""
     mine, given = (runs[0].extras.get("watch", {}).get("facts") or {} for runs in (comparison.after, comparison.before))
     if not (mine.get("lr") and given.get("lr") and mine.get("images_per_step") and given.get("images_per_step")):
         return "the learning rate: not read (no optimiser step seen)"
@@ -209,9 +195,8 @@ def learning_rate(comparison: LoopComparison) -> str:
 
 def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats: int = 2,
           labels: tuple[str, str] | None = None, **options: Any) -> LoopComparison | None:
-    """Measure `mine` against the unedited `given` in turns, print whether its first step shows `technique` (a key
-    of TECHNIQUES) and the verdict on what it changes; return the comparison, or None when `mine` is unchanged.
-    repeats: interleaved pairs (one cannot tell drift from the edit). options: as for fastlab.watch."""
+    """Measure `mine` against `given` in `repeats` interleaved pairs; print whether it shows `technique` (a key of
+    TECHNIQUES) and the verdict on what that changes. None when `mine` is unchanged; options: as for fastlab.watch."""
     if technique is not None and technique not in TECHNIQUES:
         raise ValueError(f"exercise.check(technique={technique!r}) is not allowed: one of {', '.join(TECHNIQUES)}")
     t = TECHNIQUES[technique] if technique is not None else None
@@ -225,7 +210,7 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     options.setdefault("warmup_steps", 1 if active_profile() == "smoke" else 3)
     result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []
-    if technique is not None and t is not None:
+    if t is not None:
         shown, seen = technique_shown(technique, result)
         result.technique = (technique, shown)
         lines.append({True: f"the technique is in {_name(mine)}: the watch saw {seen}",

@@ -1,8 +1,5 @@
-"""Deployment export: torch.export, ONNX through the dynamo exporter, and inference in onnxruntime.
-
-torchscript_warnings() captures what the deprecated torch.jit.script / trace say, so a notebook prints it rather
-than asserting it. onnx / onnxruntime are the optional `export` extra, imported only when used.
-"""
+"""Deployment export: torch.export, ONNX through the dynamo exporter, inference in onnxruntime (the optional
+`export` extra, imported when used), and what the deprecated TorchScript APIs warn."""
 
 from __future__ import annotations
 
@@ -21,15 +18,13 @@ from torch import nn
 from .measure import Spread, synchronize
 from .verdicts import Comparison, verdict
 
-TORCHSCRIPT_APIS = ("torch.jit.script", "torch.jit.trace")
-
 
 def torchscript_warnings(model: nn.Module, example: torch.Tensor) -> dict[str, list[str]]:
     """The distinct warnings torch.jit.script and torch.jit.trace emit on `model`; a failure is an "error:" entry."""
     out: dict[str, list[str]] = {}
     model = copy.deepcopy(model).to(example.device).eval()  # scripting must not touch the caller's module
-    for api in TORCHSCRIPT_APIS:
-        fn = torch.jit.script if api == "torch.jit.script" else (lambda m: torch.jit.trace(m, example))
+    apis = {"torch.jit.script": torch.jit.script, "torch.jit.trace": lambda m: torch.jit.trace(m, example)}
+    for api, fn in apis.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -37,11 +32,7 @@ def torchscript_warnings(model: nn.Module, example: torch.Tensor) -> dict[str, l
                 error = None
             except (RuntimeError, TypeError, NotImplementedError) as e:  # TorchScript's own failures
                 error = f"error: {type(e).__name__}: {str(e).splitlines()[0]}"
-        messages = []
-        for w in caught:
-            text = f"{w.category.__name__}: {w.message}"
-            if text not in messages:
-                messages.append(text)
+        messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
         out[api] = messages + ([error] if error else [])
     return out
 
@@ -128,10 +119,8 @@ def onnx_runner(session) -> Callable[[torch.Tensor], torch.Tensor]:
 def latency_ms(fn: Callable[[torch.Tensor], object], x: torch.Tensor, *, repeats: int = 30,
                warmup: int = 5) -> Spread:
     """Milliseconds per call of fn(x): `warmup` calls excluded, then each of `repeats` calls timed alone."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is not allowed: an integer >= 1")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} is not allowed: an integer >= 0")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats!r}, warmup={warmup!r} is not allowed: repeats >= 1, warmup >= 0")
     device = x.device
     times = []
     with torch.inference_mode():

@@ -1,7 +1,4 @@
-"""Data-parallel training as a mode of the one loop: what DDP changes, and the arithmetic behind it.
-
-DDPMode supplies what differs from a single process: the DDP-wrapped model, this rank's shard of the data,
-`no_sync` on accumulation micro-batches, and decisions every rank takes together (stop, divergence).
+"""Data-parallel training as a mode of the one loop (DDPMode: what differs from one process), and its arithmetic:
 
     per-rank batch = TrainConfig.batch_size (options.batch="per_rank"), or batch_size / N (batch="global")
     global batch   = per-rank batch x grad_accum_steps x N   (the images one optimiser step learns from)
@@ -46,6 +43,7 @@ BATCH_MODES = ("per_rank", "global")
 LR_SCALINGS = ("none", "linear", "sqrt")
 BACKENDS = ("auto", "gloo", "nccl")
 
+
 @dataclass(frozen=True)
 class DDPOptions:
     """How a TrainConfig is spread over the ranks (the knobs that only exist with more than one process)."""
@@ -58,13 +56,11 @@ class DDPOptions:
     backend: str = "auto"  # "auto": nccl on CUDA, gloo on CPU
 
     def __post_init__(self) -> None:
-        for name, allowed in (("batch", BATCH_MODES), ("lr_scaling", LR_SCALINGS), ("backend", BACKENDS)):
+        for name, allowed in (("batch", BATCH_MODES), ("lr_scaling", LR_SCALINGS), ("backend", BACKENDS),
+                              ("sync_batchnorm", (True, False)), ("no_sync", (True, False))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DDPOptions.{name}={getattr(self, name)!r} is not allowed: choose one of "
                                  + ", ".join(repr(a) for a in allowed))
-        for name in ("sync_batchnorm", "no_sync"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DDPOptions.{name}={getattr(self, name)!r} is not allowed: True or False")
         cap = self.bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0:
             raise ValueError(f"DDPOptions.bucket_cap_mb={cap!r} is not allowed: a number > 0")
@@ -108,9 +104,8 @@ class BatchPlan:
 
 
 def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | None = None) -> BatchPlan:
-    """Per-rank and global batch, and the learning rate, for `config` spread over `world_size` ranks.
-    lr_scaling scales config.lr by global batch / one process's batch: linearly (SGD) or by its square root (Adam).
-    """
+    """Per-rank and global batch, and the learning rate, for `config` over `world_size` ranks; lr_scaling scales
+    config.lr by global batch / one process's batch, linearly (SGD) or by its square root (Adam)."""
     options = options or DDPOptions()
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} is not allowed: an integer >= 1 (the number of processes)")
@@ -128,8 +123,7 @@ def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | Non
 
 
 def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
-    """This rank's share of n examples: every world_size-th index from rank, n // world_size of them on every
-    rank (the remainder left out) so that no rank runs out of batches before the others."""
+    """Every world_size-th of n indices from rank, n // world_size on each, so no rank runs out of batches first."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is not allowed: 0 <= rank < world_size={world_size}")
     per_rank = n // world_size
@@ -139,11 +133,7 @@ def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
 
 
 def compare_across_ranks(vectors: Sequence[Any]) -> dict[str, Any]:
-    """How far each rank's flattened tensor is from rank 0's: max |difference|, per-rank checksums, and
-    `identical` (bit-for-bit, what DDP promises for parameters)."""
-    if not vectors:
-        raise ValueError("compare_across_ranks needs one tensor per rank, got none")
-
+    """Each rank's flat tensor against rank 0's: max |difference|, checksums, bit-for-bit `identical` or not."""
     ref = vectors[0].double()
     diffs = [float((v.double() - ref).abs().max()) if v.numel() else 0.0 for v in vectors]
     return {"max_abs_diff": max(diffs), "per_rank_max_abs_diff": diffs,
@@ -171,7 +161,6 @@ class Rank:
 
 
 def _flat(tensors: Sequence[Any]):
-
     parts = [t.detach().reshape(-1).to(torch.float64) for t in tensors]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
@@ -186,56 +175,31 @@ def _gather_compare(vec, ctx: Rank) -> dict[str, Any]:
     return compare_across_ranks([g.cpu() for g in gathered])
 
 
-class _CommCounter:
-    """Counts the gradient all-reduces DDP launches and their bytes (via a communication hook)."""
+class DDPMode:
+    """fastlab.harness.Parallel for DistributedDataParallel: one instance per rank and job."""
 
-    def __init__(self) -> None:
-        self.calls = 0
-        self.bytes = 0
+    def __init__(self, ctx: Rank, options: DDPOptions, plan: BatchPlan) -> None:
+        self.ctx, self.options, self.plan = ctx, options, plan
+        self.rank, self.world, self.no_sync = ctx.rank, ctx.world, options.no_sync
+        self.evaluates = ctx.rank == 0
+        # SyncBatchNorm works on GPU modules only: elsewhere each rank keeps its own statistics (a no-op, in finish)
+        self.sync_batchnorm = options.sync_batchnorm and ctx.device.type == "cuda"
+        self.bucket_cap_mb = options.bucket_cap_mb
+        self.calls = self.bytes = 0  # gradient all-reduces (buckets) and their bytes, counted by a comm hook
+        self.calls_timed = self.bytes_timed = 0  # the counts when the timed steps began
 
-    def hook(self):
-        """A DDP comm hook that counts each bucket, then does DDP's usual all-reduce (average) of it."""
+    def watch(self, model) -> None:
+        """Before the first step: the parameters as DDP broadcast them, and a comm hook that counts the all-reduces."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         def counting_allreduce_hook(state, bucket):  # unannotated: DDP checks annotations against GradBucket
             buf = bucket.buffer()
             self.calls += 1
             self.bytes += buf.numel() * buf.element_size()
-            return default_hooks.allreduce_hook(state, bucket)
+            return default_hooks.allreduce_hook(state, bucket)  # DDP's usual all-reduce (average)
 
-        return counting_allreduce_hook
-
-
-class DDPMode:
-    """fastlab.harness.Parallel for DistributedDataParallel: one instance per rank and job."""
-
-    def __init__(self, ctx: Rank, options: DDPOptions, plan: BatchPlan) -> None:
-        self.ctx, self.options, self.plan = ctx, options, plan
-        self.evaluates = ctx.rank == 0
-        self.comm = _CommCounter()
-        # SyncBatchNorm works on GPU modules only: elsewhere each rank keeps its own statistics (a no-op, in finish)
-        self.sync_bn = self.sync_batchnorm = options.sync_batchnorm and ctx.device.type == "cuda"
-        self.bucket_cap_mb = options.bucket_cap_mb
-        self.calls_timed = self.bytes_timed = 0
-        self.torch_version = torch.__version__
-
-    def watch(self, model) -> None:
-        """Before the first step: the parameters as DDP broadcast them, and a comm hook that counts the all-reduces."""
         self.start_params = _flat(list(model.module.parameters())).cpu()
-        model.register_comm_hook(None, self.comm.hook())
-
-    @property
-    def rank(self) -> int:
-        return self.ctx.rank
-
-    @property
-    def world(self) -> int:
-        return self.ctx.world
-
-    @property
-    def no_sync(self) -> bool:
-        """Whether accumulation micro-batches but the last skip the gradient all-reduce."""
-        return self.options.no_sync
+        model.register_comm_hook(None, counting_allreduce_hook)
 
     def shard(self, array: Any) -> Any:
         """This rank's part of an array of the whole training set."""
@@ -253,7 +217,7 @@ class DDPMode:
 
         def hook(done: int, total: int) -> None:
             if done == cfg.warmup_steps:
-                self.calls_timed, self.bytes_timed = self.comm.calls, self.comm.bytes
+                self.calls_timed, self.bytes_timed = self.calls, self.bytes
             if crash_rank == self.ctx.rank and done == crash_step + 1:
                 raise RuntimeError(f"deliberate crash on rank {crash_rank} at step {crash_step} "
                                    f"(--crash-rank/--crash-step)")
@@ -263,8 +227,8 @@ class DDPMode:
     def finish(self, net, res: RunResult) -> None:
         """After the steps, on every rank: do the replicas agree, and what did communication cost."""
         ctx, plan = self.ctx, self.plan
-        if self.options.sync_batchnorm and not self.sync_bn:
-            res.no_ops["sync_batchnorm"] = (f"SyncBatchNorm works only on GPU modules in torch {self.torch_version}; "
+        if self.options.sync_batchnorm and not self.sync_batchnorm:
+            res.no_ops["sync_batchnorm"] = (f"SyncBatchNorm works only on GPU modules in torch {torch.__version__}; "
                                             f"each rank normalised with its own batch statistics")
         cfg = res.config
         timed_steps = max(res.steps_done - cfg["warmup_steps"], 1)
@@ -275,8 +239,8 @@ class DDPMode:
             "world_size": ctx.world, "rank": ctx.rank, "backend": ctx.backend, "options": self.options.to_dict(),
             "per_rank_batch": plan.per_rank_batch, "grad_accum_steps": plan.grad_accum_steps,
             "global_batch": plan.global_batch, "base_lr": plan.base_lr, "lr": plan.lr,
-            "allreduce_calls_per_step": (self.comm.calls - self.calls_timed) / timed_steps,
-            "allreduce_mb_per_step": (self.comm.bytes - self.bytes_timed) / timed_steps / 2**20,
+            "allreduce_calls_per_step": (self.calls - self.calls_timed) / timed_steps,
+            "allreduce_mb_per_step": (self.bytes - self.bytes_timed) / timed_steps / 2**20,
             "gradient_mb": sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20,
-            "parameters": params, "buffers": buffers, "sync_batchnorm_used": self.sync_bn,
+            "parameters": params, "buffers": buffers, "sync_batchnorm_used": self.sync_batchnorm,
         }

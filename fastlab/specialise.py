@@ -11,6 +11,7 @@ With libcst (a concrete syntax tree: comments and layout survive the rewrite):
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import json
 import textwrap
@@ -21,11 +22,14 @@ import libcst as cst
 
 FOLDABLE = (ast.Expression, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp, ast.Tuple,
             ast.List, ast.Dict, ast.Subscript, ast.Load, ast.cmpop, ast.boolop, ast.unaryop, ast.operator)
-# keyword arguments whose value equals the callee's default: the line reads as a person writes it without them
 SECTION = "# ----"  # a section's title comment: dropped with its section when nothing of it is left
+# keyword arguments whose value equals the callee's default: the line reads as a person writes it without them
 DEFAULTS = {"non_blocking": False, "pin_memory": False, "sampler": None, "enabled": True, "num_workers": 0,
             "persistent_workers": False, "prefetch_factor": None, "channels_last": False,
             "set_to_none": True}
+# the names in these fields are not values: a keyword, an attribute, an assignment's target, a parameter
+_NOT_VALUES = {cst.Arg: "keyword", cst.Attribute: "attr", cst.AssignTarget: "target", cst.AnnAssign: "target",
+               cst.AugAssign: "target", cst.Param: "name", cst.FunctionDef: "name", cst.AsName: "name"}
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -34,25 +38,19 @@ def _code(node: cst.CSTNode) -> str:
 
 def _constant(node: cst.BaseExpression) -> tuple[bool, Any]:
     """(True, value) when node is an expression of constants only (and so can be folded)."""
-    try:
+    with contextlib.suppress(Exception):  # not an expression alone, or one that fails (1 / 0)
         tree = ast.parse(_code(node).strip(), mode="eval")
-    except SyntaxError:
-        return False, None
-    if not all(isinstance(n, FOLDABLE) for n in ast.walk(tree)):
-        return False, None
-    try:
-        return True, eval(compile(tree, "<fold>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (constants only)
-    except Exception:
-        return False, None
+        if all(isinstance(n, FOLDABLE) for n in ast.walk(tree)):
+            return True, eval(compile(tree, "<fold>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (constants only)
+    return False, None
 
 
 def _literal(value: Any) -> cst.BaseExpression:
     return cst.parse_expression(json.dumps(value) if isinstance(value, str) else repr(value))  # "double quotes"
 
 
-def _is_literal(node: cst.BaseExpression) -> bool:
-    ok, value = _constant(node)
-    return ok and (value is None or isinstance(value, (bool, int, float, str)) or value == {})
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 class Specialise(cst.CSTTransformer):
@@ -64,35 +62,13 @@ class Specialise(cst.CSTTransformer):
         self.constants = constants
         self.elifs: set[int] = set()  # If nodes in an elif's place
         self.pending: list[list[cst.EmptyLine]] = [[]]  # per block: comment lines of removed statements
-        self.protected: set[int] = set()  # names that are not values: keywords, attributes, targets, parameters
+        self.protected: set[int] = set()  # ids of the names in _NOT_VALUES' fields
 
-    def _protect(self, node: cst.CSTNode | None) -> None:
-        if isinstance(node, cst.Name):
-            self.protected.add(id(node))
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        self._protect(node.keyword)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._protect(node.attr)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._protect(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._protect(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._protect(node.target)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self._protect(node.name)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._protect(node.name)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._protect(node.name)
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        name = getattr(node, _NOT_VALUES.get(type(node), ""), None)
+        if isinstance(name, cst.Name):
+            self.protected.add(id(name))
+        return super().on_visit(node)
 
     # ---- values
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
@@ -116,11 +92,10 @@ class Specialise(cst.CSTTransformer):
             return cst.parse_expression(self.known[_code(updated)])
         return self._fold(updated)
 
-    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+    def leave_Comparison(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
         return self._fold(updated)
 
-    def leave_UnaryOperation(self, original: cst.UnaryOperation, updated: cst.UnaryOperation) -> cst.BaseExpression:
-        return self._fold(updated)
+    leave_UnaryOperation = leave_Comparison
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation,
                               updated: cst.BinaryOperation) -> cst.BaseExpression:
@@ -175,7 +150,7 @@ class Specialise(cst.CSTTransformer):
         if isinstance(arg.value, cst.Name) and arg.value.value == "cfg" and arg.keyword is None:
             return True  # evaluate(cfg, ...): the script's functions are specialised, they take no config
         if arg.star == "**":
-            return _is_literal(arg.value) and _constant(arg.value)[1] == {}
+            return _constant(arg.value) == (True, {})
         if arg.keyword is None or arg.keyword.value not in DEFAULTS:
             return False
         ok, value = _constant(arg.value)
@@ -183,9 +158,7 @@ class Specialise(cst.CSTTransformer):
 
     def _fold(self, node: cst.BaseExpression) -> cst.BaseExpression:
         ok, value = _constant(node)
-        if ok and (value is None or isinstance(value, (bool, int, float, str))):
-            return _literal(value)
-        return node
+        return _literal(value) if ok and _scalar(value) else node
 
     # ---- statements: a removed statement's comment lines go onto the next statement of its block
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -197,7 +170,7 @@ class Specialise(cst.CSTTransformer):
 
     def _emit(self, result: Any, removed: cst.CSTNode | None = None) -> Any:
         """result in place of a statement; a removed statement's comment lines wait for the next one."""
-        pending = self.pending[-1] if self.pending else []
+        pending = self.pending[-1]
         if result is cst.RemovalSentinel.REMOVE:
             lines = list(getattr(removed, "leading_lines", ()))
             if any(_title(line) for line in lines):  # a new section began: the one before it is empty
@@ -262,15 +235,12 @@ class Specialise(cst.CSTTransformer):
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Any:
         first = original.body[0]
-        if isinstance(first, cst.Expr) and isinstance(first.value, cst.Call):
-            if _code(first.value.func).startswith("w."):
-                return self._emit(cst.RemovalSentinel.REMOVE, updated)  # w.step_done(...)
-        if isinstance(first, cst.Assign) and len(first.targets) == 1 and isinstance(first.targets[0].target, cst.Name):
-            if first.targets[0].target.value in self.constants:  # its value is written where it is used
-                return self._emit(cst.RemovalSentinel.REMOVE, updated)
-        if isinstance(first, cst.AnnAssign) and isinstance(first.target, cst.Name) and first.target.value in self.constants:
-            return self._emit(cst.RemovalSentinel.REMOVE, updated)
-        return self._emit(updated)
+        watch = isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and _code(first.value.func)[:2] == "w."
+        target = first.targets[0].target if isinstance(first, cst.Assign) and len(first.targets) == 1 else (
+            first.target if isinstance(first, cst.AnnAssign) else None)
+        # w.step_done(...), or a constant's assignment: its value is written where it is used
+        constant = isinstance(target, cst.Name) and target.value in self.constants
+        return self._emit(cst.RemovalSentinel.REMOVE, updated) if watch or constant else self._emit(updated)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         params = updated.params
@@ -302,7 +272,7 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
 
 def _with_comment(block: cst.BaseSuite, leading: Any, keep_comment: bool = True) -> Any:
     """A block's statements in place of the compound statement that held them, the header's comment above them."""
-    statements = list(block.body) if isinstance(block, cst.IndentedBlock) else list(block.body)
+    statements = list(block.body)
     if not statements:
         return cst.RemovalSentinel.REMOVE
     comment = block.header.comment if isinstance(block, cst.IndentedBlock) and keep_comment else None
@@ -317,42 +287,37 @@ def _with_comment(block: cst.BaseSuite, leading: Any, keep_comment: bool = True)
 
 
 class _Assignments(cst.CSTVisitor):
-    """Names assigned in a function: how often, and the value when it is the one constant assignment."""
+    """Names assigned in a function: how often, the value of an assignment of None, a bool or {}, and the names
+    changed in place (x[k] = ..., x.append(...)), which {} cannot stand for."""
 
     def __init__(self) -> None:
         self.count: dict[str, int] = {}
         self.value: dict[str, Any] = {}
         self.mutated: set[str] = set()
 
-    def _assigned(self, name: str, value: cst.BaseExpression | None) -> None:
-        self.count[name] = self.count.get(name, 0) + 1
-        if value is not None and _is_literal(value):
-            self.value[name] = _constant(value)[1]
+    def _assigned(self, target: cst.CSTNode, value: cst.BaseExpression | None = None) -> None:
+        for name in _names(target):
+            self.count[name] = self.count.get(name, 0) + 1
+        ok, constant = _constant(value) if value is not None else (False, None)
+        if isinstance(target, cst.Name) and ok and (constant is None or isinstance(constant, bool) or constant == {}):
+            self.value[target.value] = constant
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            if isinstance(target.target, cst.Name):
-                self._assigned(target.target.value, node.value if len(node.targets) == 1 else None)
-            elif isinstance(target.target, cst.Subscript) and isinstance(target.target.value, cst.Name):
+            if isinstance(target.target, cst.Subscript) and isinstance(target.target.value, cst.Name):
                 self.mutated.add(target.target.value.value)
-            elif isinstance(target.target, cst.Tuple):
-                for element in target.target.elements:
-                    if isinstance(element.value, cst.Name):
-                        self._assigned(element.value.value, None)
+            self._assigned(target.target, node.value if len(node.targets) == 1 else None)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if isinstance(node.target, cst.Name):
-            self._assigned(node.target.value, node.value)
+        self._assigned(node.target, node.value)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.target, cst.Name):
-            self._assigned(node.target.value, None)
+        self._assigned(node.target)
 
     def visit_For(self, node: cst.For) -> None:
-        for name in _names(node.target):
-            self._assigned(name, None)
+        self._assigned(node.target)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:  # x.append(...), x.clear(): not a constant
+    def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(node.value, cst.Name):
             self.mutated.add(node.value.value)
 
@@ -367,8 +332,8 @@ def _names(node: cst.CSTNode) -> list[str]:
 
 def specialise(fn: Callable[..., Any], cfg: Any, *, known: Mapping[str, str] | None = None,
                calls: Mapping[str, Callable[[Any], str]] | None = None, drop_params: set[str] | None = None) -> str:
-    """fn's source specialised to cfg (see the module's text). known: names to write as given expressions
-    (a parameter's value in a plain script); calls: a call of one constant argument -> the code it becomes."""
+    """fn's source specialised to cfg. known: expression -> what it is in a plain script; calls: a function of one
+    constant argument -> the code its call becomes."""
     module = cst.parse_module(textwrap.dedent(inspect.getsource(fn)))
     drop = set(drop_params or ()) | {"cfg", "w"}
     constants: dict[str, Any] = {}
@@ -378,8 +343,8 @@ def specialise(fn: Callable[..., Any], cfg: Any, *, known: Mapping[str, str] | N
         seen = _Assignments()
         module.visit(seen)
         # None, True, False and {} only: a number or a string keeps its name (total_steps reads better than 65)
-        constants = {name: value for name, value in seen.value.items() if seen.count.get(name) == 1
-                     and (value is None or isinstance(value, bool) or (value == {} and name not in seen.mutated))}
+        constants = {name: value for name, value in seen.value.items()
+                     if seen.count[name] == 1 and not (value == {} and name in seen.mutated)}
         if module.code == before and not constants:
             break
     return module.code.rstrip() + "\n"

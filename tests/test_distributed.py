@@ -21,17 +21,16 @@ from fastlab.distributed import (
     _launch_error,
     _parse_args,
     combine,
-    compare_across_ranks,
     launch,
     main,
     plan_batches,
     run_ddp,
     run_with_timeout,
-    shard_indices,
     torchrun_command,
     window_throughput,
 )
 from fastlab.lessons import ddp as lesson
+from fastlab.parallel import compare_across_ranks, shard_indices
 from fastlab.results import RunResult
 
 # ------------------------------------------------------------------ arithmetic

@@ -1,8 +1,5 @@
-"""Notebook 11: data-parallel training (DDP) across processes, launched with torchrun from the notebook.
-
-The runs happen in fastlab.distributed; this module holds the setup, the 1-vs-N comparison, scaling efficiency
-(speed-up in global images/s, divided by N), the gradient-accumulation pitfall, a crashed rank, and the plots.
-"""
+"""Notebook 11: DDP runs (fastlab.distributed) of 1 and N processes, scaling efficiency (speed-up in global images/s
+divided by N), the gradient-accumulation pitfall, a crashed rank, and the plot."""
 
 from __future__ import annotations
 
@@ -30,7 +27,6 @@ class Setup:
 
     nproc: int
     config: TrainConfig
-    device: str  # "cuda" or "cpu"
     note: str
 
 
@@ -46,34 +42,21 @@ def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
         n = nproc or gpus
         if n > gpus:
             raise ValueError(f"nproc={n} is not allowed here: this machine has {gpus} GPUs, one process each")
-        return Setup(n, base, "cuda", f"{n} processes, one per GPU, all-reducing gradients with nccl")
+        return Setup(n, base, f"{n} processes, one per GPU, all-reducing gradients with nccl")
     cfg = base
     why = "no GPU here"
     if gpus == 1 and base.device != "cpu":
         why = "one GPU here (DDP needs one GPU per process)"
         cfg = config_for("cpu", device="cpu") if base.profile == "gpu" else base.replace(device="cpu")
     n = nproc or 2
-    return Setup(n, cfg, "cpu", f"{n} CPU processes with one thread each, all-reducing gradients with gloo ({why}); "
-                                f"the 1-process run also gets one thread, so the comparison is one core against {n}")
-
-
-def scaling_runs(setup: Setup, *, timeout_s: float = LAUNCH_TIMEOUT_S, quiet: bool = True,
-                 extra_jobs: tuple[DDPJob, ...] = ()) -> tuple[DDPRun, list[DDPRun]]:
-    """The same config on 1 process and on setup.nproc; extra jobs ride along in the N-process launch."""
-    one = run_ddp(setup.config, 1, label="1 process", timeout_s=timeout_s, quiet=quiet)
-    many = launch([DDPJob(setup.config, DDPOptions(), f"{setup.nproc} processes"), *extra_jobs], setup.nproc,
-                  timeout_s=timeout_s, quiet=quiet)
-    for run in [one, *many]:
-        run.result.extras["comparison"] = NAME
-    return one, many
+    return Setup(n, cfg, f"{n} CPU processes with one thread each, all-reducing gradients with gloo ({why}); "
+                         f"the 1-process run also gets one thread, so the comparison is one core against {n}")
 
 
 @comparison(NAME)
 def scaling(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """Global throughput of 1 process against N (one per GPU, or 2 CPU processes): [one, many]."""
-    setup = setup_for(base)
-    one, many = scaling_runs(setup, quiet=not progress)
-    return [one.result, many[0].result]
+    return demo(base, quiet=not progress, accumulation=False).results
 
 
 # ------------------------------------------------------------------ what the numbers say
@@ -152,10 +135,16 @@ class Demo:
         return [self.one.result, self.many.result]
 
 
-def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUNCH_TIMEOUT_S) -> Demo:
-    """The notebook's headless runs: 1 process, then N processes training the scaling job and the no_sync pair."""
+def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUNCH_TIMEOUT_S, quiet: bool = False,
+         accumulation: bool = True) -> Demo:
+    """1 process, then one launch of N processes training the same config (and the no_sync pair, if accumulation)."""
     setup = setup_for(base, nproc)
-    one, many = scaling_runs(setup, timeout_s=timeout_s, quiet=False, extra_jobs=accumulation_jobs(setup.config))
+    one = run_ddp(setup.config, 1, label="1 process", timeout_s=timeout_s, quiet=quiet)
+    pair = accumulation_jobs(setup.config) if accumulation else ()
+    many = launch([DDPJob(setup.config, DDPOptions(), f"{setup.nproc} processes"), *pair], setup.nproc,
+                  timeout_s=timeout_s, quiet=quiet)
+    for run in [one, *many]:
+        run.result.extras["comparison"] = NAME
     return Demo(setup, one, many[0], many[1:])
 
 
@@ -183,7 +172,7 @@ def ddp_runner(nproc: int, options: DDPOptions | None = None, timeout_s: float =
     """A runner for fastlab.widgets.Panel: each Run launches nproc processes; Stop kills the launch."""
 
     def runner(cfg: TrainConfig, *, label: str = "run", stop: Any = None, **_ignored: Any) -> RunResult:
-        return run_ddp(cfg, nproc, options=options or DDPOptions(), label=f"x{nproc} {label}", stop=stop, timeout_s=timeout_s).result
+        return run_ddp(cfg, nproc, options=options, label=f"x{nproc} {label}", stop=stop, timeout_s=timeout_s).result
 
     return runner
 

@@ -1,8 +1,5 @@
-"""10_your_own_model: the harness on a model and a dataset the reader brings.
-
-fastlab.run(config, model=..., dataset=...) takes a module (or a builder) and an ImageSet or a (train, held_out)
-pair of map-style Datasets; this module adds a demo model and Dataset, a Dataset -> ImageSet converter, and advice.
-"""
+"""10_your_own_model: fastlab.run on the reader's model and data, with a demo model and Dataset, a Dataset ->
+ImageSet converter, and advice on what to try first."""
 
 from __future__ import annotations
 
@@ -48,13 +45,9 @@ class StripesDataset(Dataset):
     num_classes = 10
 
     def __init__(self, n: int, split: str = "train", seed: int = 0) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"StripesDataset n={n!r} is not allowed: an integer >= 1")
         if split not in ("train", "held_out"):
             raise ValueError(f"StripesDataset split={split!r} is not allowed: choose 'train' or 'held_out'")
-        self.n = n
-        self.split = split
-        self.seed = seed
+        self.n, self.split, self.seed = n, split, seed
         ar = torch.arange(32, dtype=torch.float32) - 15.5
         self._yy, self._xx = torch.meshgrid(ar, ar, indexing="ij")
 
@@ -76,7 +69,6 @@ class StripesDataset(Dataset):
         return img.clamp(0, 1), label
 
 
-# Smoke only: fewer steps, as MobileNetV3-Small is several times slower per image than the tiny net on a CPU.
 SMOKE_CHANGES: dict[str, int] = {"steps": 12, "warmup_steps": 2, "windows": 3}
 
 
@@ -198,8 +190,7 @@ def _builder(model: ModelArg) -> Callable[[], nn.Module]:
 
 def candidates(base: TrainConfig, dataset: DatasetArg, max_mb: float = 2048.0
                ) -> tuple[dict[str, dict[str, Any]], dict[str, str], ImageSet | None]:
-    """The first techniques worth trying on this machine: (name -> changes, name -> why not tried, an ImageSet
-    for the device loader or None)."""
+    """The first techniques to try here: (name -> changes, name -> why not tried, the device loader's ImageSet)."""
     device = resolve_device(base.device)
     tried: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
@@ -232,8 +223,7 @@ def candidates(base: TrainConfig, dataset: DatasetArg, max_mb: float = 2048.0
 
 def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, progress: bool = True,
                 max_mb: float = 2048.0) -> list[RunResult]:
-    """Your model and data as they are, then each first technique alone on top, back to back: [baseline, one per
-    technique]; extras["technique"] names each, the baseline's extras["skipped_techniques"] says what was not tried."""
+    """[your model and data as they are, then each of `candidates` alone on top]; extras["technique"] names each."""
     if not (isinstance(dataset, ImageSet) or (isinstance(dataset, tuple) and len(dataset) == 2)):
         raise ValueError(f"dataset={type(dataset).__name__} is not allowed: a fastlab.ImageSet or a pair "
                          "(train, held_out) of torch Datasets")
@@ -259,8 +249,7 @@ def first_steps_demo(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 
 def advice(results: list[RunResult]) -> list[str]:
-    """What to try first on this model and machine, numbered in order: the data wall, then measured gains (largest
-    first), no difference, losses, what was not measured or not tried; each line computed from first_steps' results."""
+    """first_steps' results as numbered advice: the data wall, gains (largest first), no difference, losses..."""
     if not results or not results[0].window_throughput:
         return ["The baseline did not finish a timed window: fix that first (see its status and error)."]
     base, out, ranked, unmeasured = results[0], [], [], []

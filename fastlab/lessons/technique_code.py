@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -284,16 +285,8 @@ def free_port() -> int:
 def run_one_process_group(fn: Callable[..., float], *args: object) -> float:
     """fn(*args) with the variables torchrun would set for a world of one process, restored afterwards."""
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with mock.patch.dict(os.environ, env):
         return fn(*args)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def train_steps_profiled_unstepped(model: nn.Module, batches: list, opt: torch.optim.Optimizer,
