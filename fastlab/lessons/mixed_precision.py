@@ -127,14 +127,10 @@ def precision_report(results: list[RunResult]) -> str:
 
 def batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
     """For each batch size: (its fp32 run, its low-precision run)."""
-    out = {}
-    for batch in dict.fromkeys(int(r.config["batch_size"]) for r in results):
-        pair = [r for r in results if int(r.config["batch_size"]) == batch]
-        fp32 = [r for r in pair if r.config["amp"] == "off"]
-        low = [r for r in pair if r.config["amp"] != "off"]
-        if fp32 and low:
-            out[batch] = (fp32[0], low[0])
-    return out
+    runs: dict[int, dict[bool, RunResult]] = {}  # batch -> {is fp32: its first run}
+    for r in results:
+        runs.setdefault(int(r.config["batch_size"]), {}).setdefault(r.config["amp"] == "off", r)
+    return {batch: (pair[True], pair[False]) for batch, pair in runs.items() if len(pair) == 2}
 
 
 # ---------------------------------------------------------------- why fp16 needs GradScaler
@@ -174,8 +170,7 @@ def _regression_problem(device: torch.device, batch: int, residual: float, seed:
 
 def _gradients(net: nn.Module, x: torch.Tensor, target, dtype: torch.dtype | None,
                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gradient w.r.t. the output as computed, parameter gradients after unscaling), via torch.amp.GradScaler.
-    target: the regression targets (MSE), or a function of the output that returns the loss."""
+    """(output gradient, unscaled parameter gradients) via GradScaler; target: MSE targets, or output -> loss."""
     dev = x.device
     scaler = torch.amp.GradScaler(dev.type, init_scale=scale, enabled=scale != 1.0)
     opt = torch.optim.SGD(net.parameters(), lr=0.0)  # only so that unscale_ can find the gradients
@@ -192,8 +187,7 @@ def _gradients(net: nn.Module, x: torch.Tensor, target, dtype: torch.dtype | Non
 
 def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: float = 1e-3, batch: int = 2048,
                        device: torch.device | str = "cpu", seed: int = 0) -> UnderflowReport:
-    """Count the gradients fp16 flushes to zero, without and with loss scaling (what GradScaler does). The net nearly
-    fits its targets, so each output gradient (~2 x residual / (batch x 10)) is below fp16's smallest subnormal."""
+    """The gradients fp16 flushes to zero, unscaled and scaled: a nearly fitted net's are ~ residual/batch."""
     _check_positive("gradient_underflow(loss_scale)", loss_scale)
     _check_positive("gradient_underflow(residual)", residual)
     _check_positive("gradient_underflow(batch)", batch, integer=True)
@@ -301,8 +295,7 @@ def plot_gradient_range(report: UnderflowReport):
 
 def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval: int = 3,
                    device: torch.device | str = "cpu", seed: int = 0) -> list[tuple[int, float, bool]]:
-    """Train the small MLP with fp16 autocast and a GradScaler started too high; (step, scale, skipped) per step.
-    An overflow skips the step and halves the scale; growth_interval clean steps double it (torch's default 2000)."""
+    """(step, scale, skipped) per fp16 step of the small MLP, its GradScaler started too high."""
     dev = resolve_device(device) if isinstance(device, str) else device
     net, x, target = _regression_problem(dev, 256, residual=0.1, seed=seed)
     opt = torch.optim.SGD(net.parameters(), lr=1e-2)
