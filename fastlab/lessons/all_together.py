@@ -1,8 +1,5 @@
-"""09_all_together: the whole checklist stacked, as the ladder of `python -m fastlab bench`, in images/s and in time
-to accuracy; and C15 ("the checklist together shortens the experiment cycle") judged on both.
-
-Also: this machine beside the bundled references, the torch.compile + bf16 check, and the checklist table.
-"""
+"""Notebook 09: the checklist stacked as the ladder of `python -m fastlab bench`, in images/s and in time to
+accuracy, and C15 judged on both; beside it the bundled references, the torch.compile + bf16 check, the checklist."""
 
 from __future__ import annotations
 
@@ -22,16 +19,13 @@ from ..verdicts import ratio_of, verdict
 
 NAME = "09_all_together:ladder"
 
-# Rungs left out per profile -> the reason printed beside the results.
-PROFILE_SKIPS: dict[str, dict[str, str]] = {
-    "smoke": {"all_on": "skipped under the smoke profile only: torch.compile's first compile on a CPU takes longer "
-                        "than the rest of this notebook; the cpu and gpu profiles run it"},
-}
+SMOKE_COMPILE_SKIP = ("skipped under the smoke profile only: torch.compile's first compile on a CPU takes longer than "
+                      "the rest of this notebook; the cpu and gpu profiles run it")
 
 
 def skipped_rungs(base: TrainConfig) -> dict[str, str]:
     """Rung name -> why it is not run under base's profile."""
-    return dict(PROFILE_SKIPS.get(base.profile, {}))
+    return {"all_on": SMOKE_COMPILE_SKIP} if base.profile == "smoke" else {}
 
 
 def rungs_for(base: TrainConfig) -> list[Rung]:
@@ -97,8 +91,7 @@ def checklist(results: list[RunResult], base: TrainConfig,
 
 def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
                    progress: bool = True) -> list[tuple[str, list[RunResult]]]:
-    """Up to `limit` dropped rungs' changes retried on top of the ladder: (rung title, [top, top + change]),
-    interleaved (train.interleave). A change that cannot apply on top (workers with the device loader) is skipped."""
+    """Up to `limit` dropped rungs retried on top of the ladder, interleaved: (rung title, [top, top + change])."""
     if limit < 0:
         raise ValueError(f"limit={limit!r} is not allowed: an integer >= 0")
     by_name = {r.name: r for r in rungs}
@@ -113,36 +106,20 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
             continue  # already part of the top configuration: nothing to retest
         try:
             changed = top.replace(**changes)
-        except ValueError:
+        except ValueError:  # it cannot apply on top (workers with the device loader)
             continue
         pair = interleave([("top of the ladder", top), (f"top + {name}", changed)], progress=progress)
         out.append((by_name[name].title, pair))
     return out
 
 
-def panel_knobs(base: TrainConfig, results: list[RunResult]) -> dict[str, Any]:
-    """Knobs for the notebook's panel, starting from the top of the ladder."""
-    sizes = sorted({int(r.config["batch_size"]) for r in results} | {base.batch_size})
-    workers = sorted({int(r.config["num_workers"]) for r in results} | {base.num_workers})
-    return {"amp": None, "channels_last": None, "loader": None, "num_workers": workers, "batch_size": sizes,
-            "compile": None}
-
-
 # ---------------------------------------------------------------- the ladder in time to accuracy
 
-# Time-to-accuracy seeds per profile: two under smoke, to keep the notebook short; three elsewhere.
-TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1)}
+TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1)}  # two keep the smoke notebook short
 DEFAULT_TTA_SEEDS = (0, 1, 2)
-
-# Rungs whose time to accuracy is measured per profile (absent: every rung; naive always): the checklist's stack
-# (fused_adamw, where C15's last technique joins) and the larger batch, faster per image without an lr change.
-_STACK_AND_BATCH = ("fused_adamw", "large_batch")
-TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": _STACK_AND_BATCH, "cpu": _STACK_AND_BATCH}
-
-# The rungs of the techniques C15 names: DataLoader settings, AMP, cudnn.benchmark and AdamW.
-C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")
-
-
+# Rungs measured to the target besides naive (absent: every rung): where C15's stack ends, and the larger batch.
+TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": ("fused_adamw", "large_batch"), "cpu": ("fused_adamw", "large_batch")}
+C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")  # the techniques C15 names
 EVERY_RUNG = "the gpu profile, and the cpu profile with FASTLAB_THOROUGH=1, measure every rung"
 
 
@@ -185,8 +162,7 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
-    """Time to accuracy of tta_rung_names, each with its rung's exact config, over tta_seeds(base). Dropped rungs stay
-    dropped; all-no-op rungs are skipped (extras["tta_skipped"]); stops early when a run is interrupted."""
+    """Time to accuracy of tta_rung_names over tta_seeds(base), with each rung's config; all-no-op rungs skipped."""
     wanted = set(tta_rung_names(base))
     out: list[TimeToAccuracy] = []
     below: TimeToAccuracy | None = None
@@ -224,7 +200,8 @@ def _by_rung(ttas: list[TimeToAccuracy]) -> dict[str, tuple[int, TimeToAccuracy]
     return {t.runs[0].extras.get("rung", t.label): (i, t) for i, t in enumerate(ttas) if t.runs}
 
 
-def _tta_below(ttas: list[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
+def tta_below(ttas: list[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
+    """The time to accuracy of the rung ttas[index] built on: the nearest one below that was not dropped."""
     for t in reversed(ttas[:index]):
         if t.runs and not t.runs[0].extras.get("dropped"):
             return t
@@ -239,7 +216,7 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
         name, below = r.extras.get("rung"), built_on(results, i)
         if name not in tta or below is None or not (r.window_throughput and below.window_throughput):
             continue
-        per_image, base = verdict(below.throughput, r.throughput), _tta_below(ttas, tta[name][0])
+        per_image, base = verdict(below.throughput, r.throughput), tta_below(ttas, tta[name][0])
         if not per_image.better or base is None:
             continue
         to_target = tta_verdict(base, tta[name][1])
@@ -259,7 +236,7 @@ def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict
     for r in results:
         speed = ratio_of(naive, r.throughput)  # NaN where a side finished no timed window
         row: dict[str, Any] = {"label": r.label, "status": r.status, "dropped": bool(r.extras.get("dropped")),
-                               "speed": speed.median, "speed_low": speed.low, "speed_high": speed.high, "tta": None}
+                               "speed": speed, "tta": None}
         name = r.extras.get("rung")
         if r.extras.get("tta_skipped"):
             row["tta"] = "no-op here"
@@ -268,16 +245,23 @@ def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict
             diverged = any(x.status == "diverged" for x in t.runs)
             if t.reached and naive_tta is not None and not diverged:
                 gain = ratio_of(t.seconds, naive_tta)  # naive's seconds over the rung's: > 1 is faster to the target
-                row["tta"] = (gain.median, gain.low, gain.high, t.reached, len(t.runs), bool(t.runs[0].extras.get("dropped")))
+                row["tta"] = (gain, t.reached, len(t.runs), bool(t.runs[0].extras.get("dropped")))
             else:
                 row["tta"] = "DIVERGED" if diverged else ("not reached" if not t.reached else "no naive time")
         rows.append(row)
     return rows
 
 
+def _bar(ax, i: int, spread: Spread, text: str, **style: Any) -> None:
+    """A bar at the median with min-max whiskers, `text` above it."""
+    ax.bar(i, spread.median, **style)
+    ax.errorbar(i, spread.median, yerr=[[spread.median - spread.low], [spread.high - spread.median]], color="black",
+                capsize=3, lw=1)
+    ax.annotate(text, (i, spread.high), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7.5)
+
+
 def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy], title: str = ""):
-    """Two waterfalls, one bar per rung: speed-up over naive in images/s (left) and in seconds to the target (right).
-    A rung faster per image but not to a result is outlined in red on both."""
+    """Speed-up over naive per rung in images/s and in seconds to the target; faster per image only: outlined red."""
     from matplotlib.patches import Patch
 
     from ..plots import ShownFigure, data_note
@@ -290,18 +274,14 @@ def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy],
     for i, row in enumerate(rows):
         edge = "tab:red" if row["label"] in flagged else "black"
         lw = 2.5 if row["label"] in flagged else 0.6
-        if math.isnan(row["speed"]):
+        speed, diverged = row["speed"], row["status"] == "diverged"
+        if math.isnan(speed.median):
             ax_s.text(i, 0.02, row["status"].upper(), rotation=90, ha="center", va="bottom", fontsize=8,
                       color="tab:red")
         else:
-            face = "tab:orange" if row["status"] == "diverged" else ("white" if row["dropped"] else "tab:blue")
-            ax_s.bar(i, row["speed"], color=face, hatch="xx" if row["status"] == "diverged" else
-                     ("//" if row["dropped"] else None), edgecolor=edge, linewidth=lw)
-            ax_s.errorbar(i, row["speed"], yerr=[[row["speed"] - row["speed_low"]], [row["speed_high"] - row["speed"]]],
-                          color="black", capsize=3, lw=1)
-            note = "DIVERGED" if row["status"] == "diverged" else ""
-            ax_s.annotate(f"{row['speed']:.2f}x" + (f"\n{note}" if note else ""), (i, row["speed_high"]),
-                          textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7.5)
+            _bar(ax_s, i, speed, f"{speed.median:.2f}x" + ("\nDIVERGED" if diverged else ""), edgecolor=edge,
+                 linewidth=lw, color="tab:orange" if diverged else ("white" if row["dropped"] else "tab:blue"),
+                 hatch="xx" if diverged else ("//" if row["dropped"] else None))
         tta = row["tta"]
         if tta is None:
             ax_t.text(i, 0.02, "not run\nhere", ha="center", va="bottom", fontsize=7.5, color="gray")
@@ -309,12 +289,9 @@ def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy],
             ax_t.text(i, 0.02, tta, rotation=90, ha="center", va="bottom", fontsize=8,
                       color="gray" if tta == "no-op here" else "tab:red")
         else:
-            med, low, high, reached, seeds, dropped = tta
-            ax_t.bar(i, med, color="white" if dropped else "tab:green", hatch="//" if dropped else None,
-                     edgecolor=edge, linewidth=lw)
-            ax_t.errorbar(i, med, yerr=[[med - low], [high - med]], color="black", capsize=3, lw=1)
-            ax_t.annotate(f"{med:.2f}x\n{reached}/{seeds} seeds", (i, high), textcoords="offset points",
-                          xytext=(0, 3), ha="center", fontsize=7.5)
+            gain, reached, seeds, dropped = tta
+            _bar(ax_t, i, gain, f"{gain.median:.2f}x\n{reached}/{seeds} seeds", edgecolor=edge, linewidth=lw,
+                 color="white" if dropped else "tab:green", hatch="//" if dropped else None)
     for ax in (ax_s, ax_t):
         ax.axhline(1.0, color="black", lw=0.6)
         ax.set_ylim(bottom=0)
@@ -325,30 +302,18 @@ def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy],
     target = f"{ttas[0].target:.0%}" if ttas else "the target"
     ax_t.set_ylabel(f"speed-up over naive, seconds to {target}\n(median over seeds; whiskers: min-max)")
     ax_t.set_title(f"time to {target} held-out accuracy: faster to a result", fontsize=10)
-    handles = [Patch(facecolor="tab:orange", hatch="xx", edgecolor="black", label="diverged: speed not credited")
-               if any(row["status"] == "diverged" for row in rows) else None,
-               Patch(facecolor="white", hatch="//", edgecolor="black", label="dropped: not carried up the ladder")
-               if any(row["dropped"] for row in rows) else None,
-               Patch(facecolor="white", edgecolor="tab:red", linewidth=2.5,
-                     label="faster per image, not faster to a result") if flagged else None]
-    handles = [h for h in handles if h is not None]
+    legend = ((any(row["status"] == "diverged" for row in rows),
+               dict(facecolor="tab:orange", hatch="xx", label="diverged: speed not credited")),
+              (any(row["dropped"] for row in rows),
+               dict(facecolor="white", hatch="//", label="dropped: not carried up the ladder")),
+              (flagged, dict(facecolor="white", edgecolor="tab:red", linewidth=2.5,
+                             label="faster per image, not faster to a result")))
+    handles = [Patch(**{"edgecolor": "black", **kw}) for shown, kw in legend if shown]
     if handles:
         fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=len(handles))
     runs = results + [r for t in ttas for r in t.runs]
     fig.suptitle(f"{title or 'the ladder'}: per image and to a result\n{data_note(runs)}", fontsize=10)
     return fig
-
-
-def tta_lines(ttas: list[TimeToAccuracy]) -> list[str]:
-    """Each rung's time to accuracy over seeds, and against the rung it built on."""
-    lines = []
-    for i, t in enumerate(ttas):
-        dropped = t.runs[0].extras.get("dropped") if t.runs else None
-        lines.append(t.summary() + (f"\n    dropped from the rungs above: {dropped}" if dropped else ""))
-        below = _tta_below(ttas, i)
-        if i and below is not None:
-            lines.append(f"    against {below.label}: {tta_verdict(below, t).plain}")
-    return lines
 
 
 def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
@@ -398,18 +363,14 @@ def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:
 
 # ---------------------------------------------------------------- torch.compile + bf16 on this machine
 
-# The compile + bf16 case (pytorch/pytorch#171764): compiled under bf16 autocast the loss went NaN, eager did not.
+# The case of pytorch/pytorch#171764: compiled under bf16 autocast the loss went NaN, eager did not.
 COMPILE_CHECK = dict(model="compact", batch_size=32, warmup_steps=1, windows=1, train_images=512, eval_images=128,
                      max_seconds=0.0, log_every=1)
-COMPILE_CHECK_SKIPS: dict[str, str] = {
-    "smoke": "skipped under the smoke profile: a first torch.compile of a net on a 2-core CPU takes longer than this "
-             "whole smoke notebook; the cpu and gpu profiles run it",
-}
 
 
 def compile_check_skip(base: TrainConfig) -> str | None:
     """Why the compile + bf16 check does not run under base's profile, or None when it does."""
-    return COMPILE_CHECK_SKIPS.get(base.profile)
+    return SMOKE_COMPILE_SKIP if base.profile == "smoke" else None
 
 
 def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compact",

@@ -1,8 +1,5 @@
-"""Notebook 01: the data path. Worker processes, pinned memory, persistent workers, prefetching, device-resident data.
-
-Comparisons: 01_data_loading:num_workers (C1), :pipeline (the DataLoader knobs one by one, then the device-resident
-loader) and :slow_storage (a starved trainer, C13); also the busy/idle trace and the copy timed alone (C2).
-"""
+"""Notebook 01: the data path. The worker sweep (C1), the DataLoader knobs one by one then the device-resident
+loader (C2, with the copy timed alone), and a trainer starved by slow storage (C13)."""
 
 from __future__ import annotations
 
@@ -28,16 +25,13 @@ from ..results import RunResult
 from ..train import interleave
 from ..verdicts import runs_verdict, turns, verdict
 
-# Simulated storage latency per batch (each image sleeps STARVE_BATCH_MS / batch_size): it starves any batch size.
-STARVE_BATCH_MS = 100.0
-MAX_PIPELINE_WORKERS = 8  # the pipeline comparison's cap on workers (pipeline_workers)
-# The sweep goes past the advice's "2-4 x the cores" to this many times the cores, to show where it costs.
-OVERSUBSCRIBE = (2, 4, 6)
+STARVE_BATCH_MS = 100.0  # simulated storage latency per batch, spread over its images: it starves any batch size
+MAX_PIPELINE_WORKERS = 8
+OVERSUBSCRIBE = (2, 4, 6)  # the sweep goes past the advice's 2-4x the cores, to show where more workers cost
 
 
 def worker_counts(cpu_count: int | None = None) -> list[int]:
-    """0, powers of two below the cores, the cores, then 2x, 4x and 6x them: 0, 1, 2, 4, 8, 12 on two cores.
-    cpu_count defaults to the cores this process may run on (usable_cpu_count), not the host's."""
+    """0, powers of two below the cores, the cores, then 2x, 4x and 6x them (cores: usable_cpu_count by default)."""
     n = usable_cpu_count() if cpu_count is None else cpu_count
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"worker_counts(cpu_count={cpu_count!r}) is not allowed: cpu_count must be an integer >= 1")
@@ -49,30 +43,23 @@ def worker_counts(cpu_count: int | None = None) -> list[int]:
     return counts + [n] + [k * n for k in OVERSUBSCRIBE]
 
 
-def core_counts(cpu_count: int | None = None) -> list[int]:
-    """0, powers of two, up to the cores (the pipeline and the panel stay within them)."""
-    n = usable_cpu_count() if cpu_count is None else cpu_count
-    return [w for w in worker_counts(n) if w <= n]
-
-
 def pipeline_workers(cpu_count: int | None = None) -> int:
     """Workers for the pipeline comparison: every core, capped at MAX_PIPELINE_WORKERS."""
-    return min(core_counts(cpu_count)[-1], MAX_PIPELINE_WORKERS)
+    return min(usable_cpu_count() if cpu_count is None else cpu_count, MAX_PIPELINE_WORKERS)
 
 
 def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
     """The DataLoader knobs added one at a time (cumulative), then the device-resident loader."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"pipeline_steps(workers={workers!r}) is not allowed: workers must be an integer >= 1")
-    loader = dict(loader="dataloader", num_workers=workers, pin_memory=False, non_blocking=False,
-                  persistent_workers=False, prefetch_factor=None)
-    steps = [(f"{workers} workers", loader)]
-    steps.append(("+pin_memory, non_blocking", dict(steps[-1][1], pin_memory=True, non_blocking=True)))
-    steps.append(("+persistent_workers", dict(steps[-1][1], persistent_workers=True)))
-    steps.append(("+prefetch_factor=4", dict(steps[-1][1], prefetch_factor=4)))
-    steps.append(("device-resident loader", dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
-                                                 persistent_workers=False, prefetch_factor=None)))
-    return steps
+    plain = dict(loader="dataloader", num_workers=workers, pin_memory=False, non_blocking=False,
+                 persistent_workers=False, prefetch_factor=None)
+    steps = [(f"{workers} workers", plain)]
+    for label, change in (("+pin_memory, non_blocking", dict(pin_memory=True, non_blocking=True)),
+                          ("+persistent_workers", dict(persistent_workers=True)),
+                          ("+prefetch_factor=4", dict(prefetch_factor=4))):
+        steps.append((label, {**steps[-1][1], **change}))
+    return steps + [("device-resident loader", dict(plain, loader="device", num_workers=0))]
 
 
 def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
@@ -82,23 +69,20 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
 
 @comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())))
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """The worker sweep on the DataLoader (workers not kept between epochs), counts repeated in turns (interleave):
-    a single pair cannot tell drift from the effect."""
+    """The worker sweep on the DataLoader (workers not kept between epochs), the counts run in turns."""
     cfg = short_for_smoke(base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None))
     cores = usable_cpu_count()
     counts = worker_counts(cores)
     results = interleave([(f"num_workers={n}", cfg.replace(num_workers=n)) for n in counts], progress=progress)
     for n, r in zip(counts, results):
         r.extras["usable_cpus"] = cores
-        said = torch_worker_check(n)
-        if said:
+        if said := torch_worker_check(n):
             r.extras["torch_warning"] = said
     return results
 
 
 def torch_worker_check(num_workers: int) -> str | None:
-    """What torch's DataLoader warns for `num_workers` here (a run's own warning stays in its process): kept in
-    the run's extras["torch_warning"]."""
+    """What torch's DataLoader warns for `num_workers` here (a run's own warning stays in its process)."""
     if num_workers == 0:
         return None
     with warnings.catch_warnings(record=True) as caught:
@@ -115,8 +99,7 @@ def compare_pipeline(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 
 class SlowStorage(Dataset):
-    """CIFAR-shaped images that each take `latency_ms` to "read": a stand-in for a slow disk or network store.
-    The delay is a sleep, as in real I/O, so workers can overlap it even on a small CPU; results say SYNTHETIC."""
+    """CIFAR-shaped images that each sleep `latency_ms` to "read", as slow storage would (workers overlap it)."""
 
     synthetic = True
 
@@ -136,8 +119,6 @@ class SlowStorage(Dataset):
 
 def slow_storage_data(base: TrainConfig, batch_ms: float = STARVE_BATCH_MS) -> tuple[Dataset, Dataset]:
     """(slow training set, ordinary held-out set) for `base`: a batch takes about batch_ms to read in one process."""
-    if isinstance(batch_ms, bool) or not isinstance(batch_ms, (int, float)) or batch_ms < 0:
-        raise ValueError(f"slow_storage_data(batch_ms={batch_ms!r}) is not allowed: a number of milliseconds >= 0")
     images = load_images("synthetic", base.train_images, base.eval_images, allow_download=False)
     train = SlowStorage(images.train_images, images.train_labels, latency_ms=batch_ms / base.batch_size)
     held_out = CifarLikeDataset(images.eval_images, images.eval_labels, train=False)
@@ -160,13 +141,9 @@ def compare_slow_storage(base: TrainConfig, progress: bool = True) -> list[RunRe
 
 
 def busy_trace(step_seconds: list[float], wait_seconds: list[float]) -> tuple[list[float], list[float]]:
-    """A 0%/100% trace over wall time from the step records: idle while waiting for data (first in a step), busy
-    otherwise. Returns (times, busy) for a step plot with where="post"."""
-    if len(step_seconds) != len(wait_seconds):
-        raise ValueError(f"busy_trace needs one wait per step: got {len(step_seconds)} steps and "
-                         f"{len(wait_seconds)} waits")
+    """(times, busy %) over wall time from the step records, idle while a step waits for data: for where="post"."""
     times, busy, t = [], [], 0.0
-    for step, wait in zip(step_seconds, wait_seconds):
+    for step, wait in zip(step_seconds, wait_seconds, strict=True):  # one wait per step
         wait = min(max(wait, 0.0), step)
         if wait > 0:
             times.append(t)
@@ -253,10 +230,8 @@ def workers_of(result: RunResult) -> int:
 
 def cores_of(results: list[RunResult]) -> int:
     """The cores the sweep was measured against (recorded with it), else the machine's count."""
-    for r in results:
-        if r.extras.get("usable_cpus"):
-            return int(r.extras["usable_cpus"])
-    return int(results[0].env.get("cpu_count") or 1) if results else 1
+    recorded = [int(r.extras["usable_cpus"]) for r in results if r.extras.get("usable_cpus")]
+    return recorded[0] if recorded else int(results[0].env.get("cpu_count") or 1)
 
 
 @dataclass
@@ -297,12 +272,7 @@ def read_sweep(results: list[RunResult]) -> SweepReading:
 
 def judge_workers(results: list[RunResult]) -> Finding:
     """C1: is num_workers = 2-4 x the cores where the sweep peaks (or within the peak's spread)?"""
-    reading = read_sweep(results)
-    n = reading.cores
-    zero = next((r for r in results if workers_of(r) == 0 and r.window_throughput), None)
-    advised = [r for r in results if 2 * n <= workers_of(r) <= 4 * n and r.window_throughput]
-    evidence = reading.describe().replace("\n", "; ")
-    finding = _judge_sweep(results, reading, zero, advised, evidence)
+    finding = _judge_sweep(results, read_sweep(results))
     v = finding.verdict
     # the advice feeds a GPU; on a CPU loading and training share the cores (a cause: not named where nothing showed)
     if results[0].env.get("device_type", "cpu") == "cpu" and not v.startswith(claims.COULD_NOT_TELL):
@@ -314,9 +284,11 @@ ON_A_CPU = ("on a CPU the workers compete with training for the same cores: the 
             "where the workers load on the CPU while the GPU trains")
 
 
-def _judge_sweep(results: list[RunResult], reading: SweepReading, zero: RunResult | None,
-                 advised: list[RunResult], evidence: str) -> Finding:
+def _judge_sweep(results: list[RunResult], reading: SweepReading) -> Finding:
     n = reading.cores
+    zero = next((r for r in results if workers_of(r) == 0 and r.window_throughput), None)
+    advised = [r for r in results if 2 * n <= workers_of(r) <= 4 * n and r.window_throughput]
+    evidence = reading.describe().replace("\n", "; ")
     if zero is not None and all(verdict(zero.throughput, r.throughput).direction != "better"
                                 for r in results if r.window_throughput):
         # judged only where a gain that matters would have been seen: at the advised counts (else at every count)
@@ -349,12 +321,9 @@ class CopyTiming:
 
 
 def time_copies(batch_size: int, repeats: int = 20, device: str = "auto") -> list[CopyTiming] | str:
-    """One batch copied to the GPU from pageable memory, pinned memory, and pinned with non_blocking=True (the
-    host's wait only). A CUDA GPU only; elsewhere returns why it is a no-op."""
+    """A batch's copy to a CUDA GPU: pageable, pinned, pinned non_blocking (host wait); elsewhere why it is a no-op."""
     import torch
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"time_copies(batch_size={batch_size!r}) is not allowed: an integer >= 1")
     dev = resolve_device(device)
     if dev.type != "cuda":
         return f"pinned memory only speeds copies to a CUDA GPU; this machine trains on {dev.type}"

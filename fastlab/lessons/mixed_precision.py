@@ -1,11 +1,9 @@
-"""Notebook 02: mixed precision. fp32 vs fp16 (with GradScaler) vs bf16, and at which batch size it pays.
-
-Comparisons: 02_mixed_precision:precision (the three over seeds; C3, C4) and :batch_size (a small and a large batch).
-Demos (torch.amp API): fp16 gradients underflowing without loss scaling, and GradScaler's scale finding its level.
-"""
+"""Notebook 02: fp32 vs fp16 (with GradScaler) vs bf16 over seeds and at two batch sizes (C3, C4), and the
+torch.amp demos: fp16 gradients underflowing without loss scaling (C5), GradScaler's scale finding its level."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -35,7 +33,6 @@ def batch_sizes(base: TrainConfig) -> tuple[int, int]:
     return max(1, base.batch_size // 4), base.batch_size
 
 
-# Accuracy is compared over seeds: one short run's accuracy is mostly seed noise.
 SEEDS = {"smoke": (0, 1), "cpu": (0, 1), "gpu": (0, 1, 2)}  # cpu: three precisions x seeds must fit a lesson
 LABELS = {"off": "fp32", "fp16": "fp16 + GradScaler", "bf16": "bf16"}
 
@@ -130,14 +127,10 @@ def precision_report(results: list[RunResult]) -> str:
 
 def batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
     """For each batch size: (its fp32 run, its low-precision run)."""
-    out = {}
-    for batch in dict.fromkeys(int(r.config["batch_size"]) for r in results):
-        pair = [r for r in results if int(r.config["batch_size"]) == batch]
-        fp32 = [r for r in pair if r.config["amp"] == "off"]
-        low = [r for r in pair if r.config["amp"] != "off"]
-        if fp32 and low:
-            out[batch] = (fp32[0], low[0])
-    return out
+    runs: dict[int, dict[bool, RunResult]] = {}  # batch -> {is fp32: its first run}
+    for r in results:
+        runs.setdefault(int(r.config["batch_size"]), {}).setdefault(r.config["amp"] == "off", r)
+    return {batch: (pair[True], pair[False]) for batch, pair in runs.items() if len(pair) == 2}
 
 
 # ---------------------------------------------------------------- why fp16 needs GradScaler
@@ -156,18 +149,6 @@ class UnderflowReport:
     param_zero_unscaled: int
     param_zero_scaled: int
     log2_reference: list[float] = field(default_factory=list, repr=False)  # log2 |output grad| in fp32
-
-    def summary(self) -> str:
-        def share(k: int, n: int) -> str:
-            return f"{k:,} of {n:,} ({k / n:.1%})"
-
-        return "\n".join([
-            f"fp16 autocast on {self.device}, gradients that are exactly zero although the fp32 gradient is not:",
-            f"  w.r.t. the network output: without scaling {share(self.output_zero_unscaled, self.output_grads)}; "
-            f"with GradScaler at scale {self.loss_scale:g}: {share(self.output_zero_scaled, self.output_grads)}",
-            f"  parameter gradients:       without scaling {share(self.param_zero_unscaled, self.param_grads)}; "
-            f"with GradScaler at scale {self.loss_scale:g}: {share(self.param_zero_scaled, self.param_grads)}",
-        ])
 
 
 def _check_positive(name: str, value: float, integer: bool = False) -> None:
@@ -189,8 +170,7 @@ def _regression_problem(device: torch.device, batch: int, residual: float, seed:
 
 def _gradients(net: nn.Module, x: torch.Tensor, target, dtype: torch.dtype | None,
                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gradient w.r.t. the output as computed, parameter gradients after unscaling), via torch.amp.GradScaler.
-    target: the regression targets (MSE), or a function of the output that returns the loss."""
+    """(output gradient, unscaled parameter gradients) via GradScaler; target: MSE targets, or output -> loss."""
     dev = x.device
     scaler = torch.amp.GradScaler(dev.type, init_scale=scale, enabled=scale != 1.0)
     opt = torch.optim.SGD(net.parameters(), lr=0.0)  # only so that unscale_ can find the gradients
@@ -207,8 +187,7 @@ def _gradients(net: nn.Module, x: torch.Tensor, target, dtype: torch.dtype | Non
 
 def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: float = 1e-3, batch: int = 2048,
                        device: torch.device | str = "cpu", seed: int = 0) -> UnderflowReport:
-    """Count the gradients fp16 flushes to zero, without and with loss scaling (what GradScaler does). The net nearly
-    fits its targets, so each output gradient (~2 x residual / (batch x 10)) is below fp16's smallest subnormal."""
+    """The gradients fp16 flushes to zero, unscaled and scaled: a nearly fitted net's are ~ residual/batch."""
     _check_positive("gradient_underflow(loss_scale)", loss_scale)
     _check_positive("gradient_underflow(residual)", residual)
     _check_positive("gradient_underflow(batch)", batch, integer=True)
@@ -254,30 +233,28 @@ class NetUnderflow:
                 f"fp16 autocast without scaling; {self.zero_scaled:,} with GradScaler at {GRADSCALER_INIT_SCALE:g}")
 
 
-# Where fp16 is a known trap (config.trap_reasons: slow there), gradients are taken on this many images.
-TRAP_GRAD_IMAGES = 8
+TRAP_GRAD_IMAGES = 8  # where fp16 is a known trap (slow: config.trap_reasons), gradients of this many images
 
 
 def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
     """C5 in a real run: `steps` fp32 Adam steps of the workbook net, then a batch's fp32, fp16 and scaled gradients."""
-    from ..data import load_data
+    from ..data import load_data, make_dataloader
     from ..models import build_model
 
     _check_positive("net_gradient_underflow(steps)", steps, integer=True)
     dev = resolve_device(cfg.device)
-    cfg = cfg.replace(num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False,
-                      prefetch_factor=None, loader="dataloader")
     data, _ = load_data(cfg, None)
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(dev)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
-    batches = iter(_loader(cfg, data))
+    loader = make_dataloader(data.train_images, data.train_labels, batch_size=cfg.batch_size, train=True, seed=cfg.seed)
+    batches = itertools.chain.from_iterable(itertools.repeat(loader, steps + 1))  # a smoke set is small
     for _ in range(steps):
-        x, y = _next(batches, cfg, data, dev)
+        x, y = next(batches)
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(net(x.to(dev)), y.to(dev)).backward()
         opt.step()
-    x, y = (t.to(dev) for t in _next(batches, cfg, data, dev))
+    x, y = (t.to(dev) for t in next(batches))
     few = TRAP_GRAD_IMAGES if "amp" in trap_reasons(cfg.replace(amp="fp16"), dev) else 0
     if few:
         x, y = x[:few], y[:few]
@@ -288,19 +265,6 @@ def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
     nonzero = ref != 0
     return NetUnderflow(cfg.model, steps, cfg.batch_size, ref.numel(), int(((unscaled == 0) & nonzero).sum()),
                         int(((scaled == 0) & nonzero).sum()), str(dev), grad_images=min(few, len(y)))
-
-
-def _next(batches, cfg: TrainConfig, data, dev: torch.device):
-    try:
-        return next(batches)
-    except StopIteration:  # a small smoke set: start another epoch
-        return next(iter(_loader(cfg, data)))
-
-
-def _loader(cfg: TrainConfig, data):
-    from ..data import make_dataloader
-
-    return make_dataloader(data.train_images, data.train_labels, batch_size=cfg.batch_size, train=True, seed=cfg.seed)
 
 
 def plot_gradient_range(report: UnderflowReport):
@@ -331,11 +295,7 @@ def plot_gradient_range(report: UnderflowReport):
 
 def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval: int = 3,
                    device: torch.device | str = "cpu", seed: int = 0) -> list[tuple[int, float, bool]]:
-    """Train the small MLP with fp16 autocast and a GradScaler started too high; (step, scale, skipped) per step.
-    An overflow skips the step and halves the scale; growth_interval clean steps double it (torch's default 2000)."""
-    _check_positive("scaler_history(steps)", steps, integer=True)
-    _check_positive("scaler_history(init_scale)", init_scale)
-    _check_positive("scaler_history(growth_interval)", growth_interval, integer=True)
+    """(step, scale, skipped) per fp16 step of the small MLP, its GradScaler started too high."""
     dev = resolve_device(device) if isinstance(device, str) else device
     net, x, target = _regression_problem(dev, 256, residual=0.1, seed=seed)
     opt = torch.optim.SGD(net.parameters(), lr=1e-2)
@@ -419,22 +379,16 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
         raise ValueError("judge_speed_and_quality needs the fp32 runs of the precision comparison")
     batch = int(fp32[0].config["batch_size"])
     findings: dict[str, Finding] = {}
-    ratios: dict[str, float] = {}  # condition -> measured speed-up, for the conditions that hold
-    notes = []
-    for name, runs in groups.items():
-        if runs is fp32:
-            continue
-        dtype = runs[0].config["amp"]
-        lost = quality_loss(fp32, runs)
-        notes.append(f"{name}: {outcome_verdict(fp32, runs)}")
-        speed = claims.verdict_speedup(fp32, runs)
-        findings[f"{dtype} at batch {batch}"] = Finding(f"does not hold here (quality lost: {lost})", "") if lost \
-            else speed
-        ratios[f"{dtype} at batch {batch}"] = _ratio(fp32, runs)
-    for b, pair in batch_pairs(by_batch or []).items():
-        if b != batch:
-            findings[f"{pair[1].config['amp']} at batch {b}"] = claims.verdict_speedup(pair[0], pair[1])
-            ratios[f"{pair[1].config['amp']} at batch {b}"] = _ratio([pair[0]], [pair[1]])
+    ratios: dict[str, float] = {}  # condition -> measured speed-up
+    notes = [f"{name}: {outcome_verdict(fp32, runs)}" for name, runs in groups.items() if runs is not fp32]
+    pairs = [(batch, fp32, runs) for runs in groups.values() if runs is not fp32]
+    pairs += [(b, [base], [low]) for b, (base, low) in batch_pairs(by_batch or []).items() if b != batch]
+    for b, base, runs in pairs:
+        key = f"{runs[0].config['amp']} at batch {b}"
+        lost = quality_loss(base, runs) if base is fp32 else None
+        findings[key] = Finding(f"does not hold here (quality lost: {lost})", "") if lost else \
+            claims.verdict_speedup(base, runs)
+        ratios[key] = _ratio(base, runs)
     combined = claims.verdict_conditions(findings)
     best = max((ratios[c] for c, f in findings.items() if f.verdict.startswith("holds")), default=None)
     words = combined.verdict
