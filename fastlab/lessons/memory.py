@@ -1,14 +1,9 @@
-"""Notebook 12: what uses memory in training, measured. Parameters, gradients, optimiser state, activations.
-
-One training step of a workbook net is taken apart into parameters, gradients, optimiser state, activations (saved
-for backward, counted per storage through saved_tensors_hooks) and autocast's weight copies, computed from tensor
-sizes (resident memory cannot show them apart); on CUDA the allocator's figures are measured beside them.
-Activation checkpointing (non-reentrant) keeps each segment's input and recomputes the rest in backward (timed).
+"""Notebook 12: one training step's memory taken apart into parameters, gradients, optimiser state, activations and
+autocast's weight copies, computed from tensor sizes (the CUDA allocator measured beside); checkpointing's cost.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -18,33 +13,37 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from .. import claims
 from ..claims import Finding
-from ..measure import Spread, resolve_device, synchronize
+from ..measure import Spread, now, resolve_device, synchronize
 from ..models import build_model
+from ..plots import ShownFigure
 
 MiB = 2**20
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZERS = ("sgd", "adam", "adamw")
-COMPONENTS = ("parameters", "gradients", "optimiser state", "activations", "weight copies")
+COLORS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state": "tab:green",
+          "activations": "tab:red", "weight copies": "tab:purple"}
 
 
-def _check(name: str, value: object, allowed: tuple) -> None:
+def check_choice(name: str, value: object, allowed) -> None:
+    """A clear error for an argument outside `allowed` (the lessons' shared check)."""
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed: choose one of {', '.join(map(repr, allowed))}")
 
 
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is not allowed: an integer >= 1")
+def check_int(name: str, value: object, low: int = 1) -> None:
+    """A clear error for an argument that is not an integer >= low."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r} is not allowed: an integer >= {low}")
 
 
-def _bytes(tensors) -> int:
+def storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def record_saved(store: list):
+    """saved_tensors_hooks that record every tensor autograd saves for backward into `store`."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: store.append(t) or t, lambda t: t)
 
 
 class Segmented(nn.Module):
@@ -53,7 +52,7 @@ class Segmented(nn.Module):
 
     def __init__(self, net: nn.Module, segments: int = 2) -> None:
         super().__init__()
-        _positive("segments", segments)
+        check_int("segments", segments)
         self.net, self.segments = net, segments
         self.kept: list[torch.Tensor] = []
         if not (hasattr(net, "features") and hasattr(net, "head")) and not hasattr(net, "layer1"):
@@ -78,11 +77,7 @@ class MemoryBreakdown:
     """One training step's memory, component by component (MiB)."""
 
     label: str
-    model: str
     batch_size: int
-    amp: str
-    optimizer: str
-    checkpointing: bool
     device: str
     source: str  # "computed from tensor sizes" or "computed from tensor sizes; CUDA allocator measured beside"
     parameters_mb: float
@@ -96,9 +91,8 @@ class MemoryBreakdown:
     cuda: dict[str, float] = field(default_factory=dict)  # allocator: "after_forward", "peak_step", "between_steps"
 
     def component_mb(self) -> dict[str, float]:
-        return {"parameters": self.parameters_mb, "gradients": self.gradients_mb,
-                "optimiser state": self.optimizer_mb, "activations": self.activations_mb,
-                "weight copies": self.weight_copies_mb}
+        values = (self.parameters_mb, self.gradients_mb, self.optimizer_mb, self.activations_mb, self.weight_copies_mb)
+        return dict(zip(COLORS, values))
 
     def total_mb(self) -> float:
         """The sum of the parts (+ recompute); not a peak, as backward frees activations while making gradients."""
@@ -111,22 +105,22 @@ class MemoryBreakdown:
         if self.recompute_mb:
             text += f" (including {self.recompute_mb:,.2f} MiB recomputed per segment in backward)"
         if self.cuda:
-            text += "; CUDA allocator: " + ", ".join(f"{k.replace('_', ' ')} {v:,.1f} MiB" for k, v in self.cuda.items())
+            text += "; CUDA allocator: " + ", ".join(f"{k.replace('_', ' ')} {v:,.1f} MiB"
+                                                     for k, v in self.cuda.items())
         return text + f" [{self.source}]"
 
 
-def _optimizer(name: str, params) -> torch.optim.Optimizer:
-    return {"sgd": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9), "adam": lambda: torch.optim.Adam(params),
-            "adamw": lambda: torch.optim.AdamW(params)}[name]()
+def _autocast(device_type: str, dtype: torch.dtype | None):
+    return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "off", optimizer: str = "adam",
                       checkpointing: bool = False, segments: int = 2, set_to_none: bool = True,
                       device: str = "cpu", seed: int = 0, label: str = "") -> MemoryBreakdown:
     """Take one training step apart into MemoryBreakdown's components, after a first step made the optimiser state."""
-    _check("amp", amp, tuple(AMP_DTYPES))
-    _check("optimizer", optimizer, OPTIMIZERS)
-    _positive("batch_size", batch_size)
+    check_choice("amp", amp, tuple(AMP_DTYPES))
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_int("batch_size", batch_size)
     dev = resolve_device(device)
     dtype = AMP_DTYPES[amp]
     torch.manual_seed(seed)
@@ -135,7 +129,8 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
     params = list(base.parameters())
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     shapes = {tuple(p.shape) for p in params}
-    opt = _optimizer(optimizer, params)
+    opt = {"sgd": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9), "adam": lambda: torch.optim.Adam(params),
+           "adamw": lambda: torch.optim.AdamW(params)}[optimizer]()
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, 3, 32, 32, generator=gen).to(dev)
     y = torch.randint(0, 10, (batch_size,), generator=gen).to(dev)
@@ -144,8 +139,7 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
 
     def step(record: bool) -> None:
         opt.zero_grad(set_to_none=set_to_none)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t) if record \
-                else nullcontext(), torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with record_saved(saved) if record else nullcontext(), _autocast(dev.type, dtype):
             loss = nn.functional.cross_entropy(net(x), y)
         if record and dev.type == "cuda":
             synchronize(dev)
@@ -158,37 +152,34 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
         synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     step(record=True)
-    grads_mb = _bytes(p.grad for p in params if p.grad is not None) / MiB
+    grads_mb = storage_bytes(p.grad for p in params if p.grad is not None) / MiB
     kept_inputs = list(net.kept) if checkpointing else []
     opt.zero_grad(set_to_none=set_to_none)
     if dev.type == "cuda":
         synchronize(dev)
         cuda["peak_step"] = torch.cuda.max_memory_allocated(dev) / MiB
         cuda["between_steps"] = torch.cuda.memory_allocated(dev) / MiB
-    held = _bytes(p.grad for p in params if p.grad is not None) / MiB
+    held = storage_bytes(p.grad for p in params if p.grad is not None) / MiB
     copies = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs and t.dtype != torch.float32
               and tuple(t.shape) in shapes and t.dim() > 1]
     copy_ptrs = {t.untyped_storage().data_ptr() for t in copies}
     acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs | copy_ptrs]
-    acts_mb = _bytes(acts + kept_inputs) / MiB
+    acts_mb = storage_bytes(acts + kept_inputs) / MiB
     recompute = _largest_segment_mb(base, x, dtype, segments) if checkpointing else 0.0
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
-    dtypes = {"parameters": _dtype_name(params), "gradients": _dtype_name(params),
-              "optimiser state": _dtype_name(state), "activations": _dtype_name(acts),
-              "weight copies": _dtype_name(copies)}
+    dtypes = dict(zip(COLORS, map(_dtype_name, (params, params, state, acts, copies))))
     return MemoryBreakdown(
         label=label or f"{model}, batch {batch_size}, {'fp32' if amp == 'off' else amp + ' autocast'}, {optimizer}"
                        + (", checkpointed" if checkpointing else ""),
-        model=model, batch_size=batch_size, amp=amp, optimizer=optimizer, checkpointing=checkpointing,
-        device=str(dev), source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
-        parameters_mb=_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=_bytes(state) / MiB,
-        activations_mb=acts_mb, weight_copies_mb=_bytes(copies) / MiB, grads_held_between_steps_mb=held,
+        batch_size=batch_size, device=str(dev),
+        source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
+        parameters_mb=storage_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=storage_bytes(state) / MiB,
+        activations_mb=acts_mb, weight_copies_mb=storage_bytes(copies) / MiB, grads_held_between_steps_mb=held,
         recompute_mb=recompute, dtypes=dtypes, cuda=cuda)
 
 
 def _dtype_name(tensors) -> str:
-    names = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if isinstance(t, torch.Tensor)})
-    return "/".join(names)
+    return "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
 
 
 def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | None, segments: int) -> float:
@@ -205,10 +196,9 @@ def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | No
     for piece in pieces:
         saved: list[torch.Tensor] = []
         ptrs = {p.untyped_storage().data_ptr() for p in piece.parameters()}
-        with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=saved: kept.append(t) or t, lambda t: t), \
-                torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with record_saved(saved), _autocast(x.device.type, dtype):
             out = piece(x.detach().requires_grad_())
-        largest = max(largest, _bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
+        largest = max(largest, storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
         x = out.detach()
     return largest / MiB
 
@@ -219,16 +209,12 @@ def describe_breakdowns(rows: list[MemoryBreakdown]) -> str:
 
 def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
     """Stacked bars, one per breakdown: parameters, gradients, optimiser state, activations, weight copies."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
+    fig = ShownFigure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
     ax = fig.subplots()
-    colors = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state": "tab:green",
-              "activations": "tab:red", "weight copies": "tab:purple"}
     bottoms = [0.0] * len(rows)
-    for comp in COMPONENTS:
+    for comp, color in COLORS.items():
         values = [r.component_mb()[comp] for r in rows]
-        ax.bar(range(len(rows)), values, bottom=bottoms, color=colors[comp], label=comp)
+        ax.bar(range(len(rows)), values, bottom=bottoms, color=color, label=comp)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     recompute = [r.recompute_mb for r in rows]
     if any(recompute):
@@ -245,13 +231,10 @@ def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
     return fig
 
 
-# ---------------------------------------------------------------- what checkpointing costs in time
-
-
 def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool = False, segments: int = 2,
                repeats: int = 8, warmup: int = 2, device: str = "cpu", seed: int = 0) -> Spread:
     """Milliseconds per training step (forward, backward, Adam step), each step timed alone, synchronised."""
-    _positive("repeats", repeats)
+    check_int("repeats", repeats)
     dev = resolve_device(device)
     torch.manual_seed(seed)
     base = build_model(model).to(dev)
@@ -261,18 +244,13 @@ def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool
     y = torch.randint(0, 10, (batch_size,)).to(dev)
     times = []
     for i in range(warmup + repeats):
-        synchronize(dev)
-        t0 = time.perf_counter()
+        t0 = now(dev)
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(net(x), y).backward()
         opt.step()
-        synchronize(dev)
         if i >= warmup:
-            times.append(1000 * (time.perf_counter() - t0))
+            times.append(1000 * (now(dev) - t0))
     return Spread.of(times)
-
-
-# ---------------------------------------------------------------- C4 from the breakdown
 
 
 def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) -> Finding:
