@@ -20,7 +20,6 @@ from ..plots import ShownFigure, data_note
 from ..results import RunResult
 from ..train import run
 from ..verdicts import verdict
-from .memory import check_choice, check_int
 
 MODES_COMPARISON = "07_compile_and_export:modes"
 COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
@@ -117,13 +116,13 @@ def _batches(variant: str, loader: DeviceLoader, batch_size: int) -> Iterator[tu
 
 def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", epochs: int = 2,
                    full_batches: int = 3) -> RecompileResult:
-    """Train cfg.model with torch.compile(backend=...) on full_batches batches plus a ragged third, counting graphs.
-    The fixes: drop the ragged batch, mark the batch dimension dynamic, or pad it and mask the padding out of the loss.
-    backend="eager" captures and guards as usual but generates no code: the same graph count, compiled faster."""
-    check_choice("variant", variant, RECOMPILE_VARIANTS)
-    check_choice("backend", backend, DEMO_BACKENDS)
-    check_int("epochs", epochs)
-    check_int("full_batches", full_batches)
+    """Train cfg.model with torch.compile(backend=...) on full_batches batches plus a ragged one, counting graphs.
+    The fixes: drop the ragged batch, mark the batch dimension dynamic, or pad it and mask the padding out of the loss."""
+    if variant not in RECOMPILE_VARIANTS:
+        raise ValueError(f"variant={variant!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, RECOMPILE_VARIANTS))}")
+    if backend not in DEMO_BACKENDS:
+        raise ValueError(f"backend={backend!r} is not allowed: choose one of {', '.join(map(repr, DEMO_BACKENDS))}")
     dev = resolve_device(cfg.device)
     bs = cfg.batch_size
     n_images = bs * full_batches + max(bs // 3, 1)
@@ -179,9 +178,7 @@ def plot_step_times(results: list[RunResult], title: str = ""):
     ax = fig.subplots()
     for r in results:
         ax.plot(range(1, len(r.step_seconds) + 1), [1000 * s for s in r.step_seconds], marker=".", label=r.label)
-    if results:
-        warm = int(results[0].config.get("warmup_steps", 0))
-        ax.axvspan(0.5, warm + 0.5, color="0.9", label="warm-up (untimed)")
+    ax.axvspan(0.5, results[0].config["warmup_steps"] + 0.5, color="0.9", label="warm-up (untimed)")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("ms per step (log scale)")
@@ -275,7 +272,7 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
     deprecated = [m for m in ts_words if "deprecat" in m.lower()]
     onnx = next(r for r in comparison.runtimes if r.name == "onnxruntime")
     ok = onnx.parity.top1_agreement == 1.0 and onnx.parity.max_abs_diff <= PARITY_TOLERANCE
-    combined = claims.verdict_conditions({
+    return claims.verdict_conditions({
         "the route is TorchScript":
             Finding("does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
             if deprecated else Finding("holds (this PyTorch gives no deprecation warning)",
@@ -283,7 +280,6 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
         "the route is ONNX (through torch.export)":
             Finding("holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)",
                     str(onnx.parity))})
-    return Finding(combined.verdict, combined.evidence)
 
 
 PARITY_TOLERANCE = 1e-3  # largest |logit difference| an export may have and still count as the same model

@@ -21,7 +21,6 @@ from ..plots import ShownFigure, data_note
 from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import turns
-from .memory import check_choice, check_int, record_saved, storage_bytes
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
 EVAL_REPEATS = {"smoke": 2, "cpu": 3, "gpu": 3}
@@ -208,9 +207,12 @@ def kept_graph_memory(keep: str, steps: int = 8, backward: bool = False, batch_s
                       model: str = "tiny", seed: int = 0) -> GraphMemory:
     """Run `steps` forward passes (with backward() if asked), keeping each step's loss as `keep` says,
     then count what autograd still holds. Inputs are random tensors (no dataset needed)."""
-    check_choice("kept_graph_memory: keep", keep, KEEP_CHOICES)
-    check_int("kept_graph_memory: steps", steps)
-    check_int("kept_graph_memory: batch_size", batch_size)
+    if keep not in KEEP_CHOICES:
+        raise ValueError(f"kept_graph_memory: keep={keep!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, KEEP_CHOICES))}")
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"kept_graph_memory: {name}={value!r} is not allowed: an integer >= 1")
     torch.manual_seed(seed)
     net = build_model(model)
     params = {p.data_ptr() for p in net.parameters()}
@@ -265,16 +267,16 @@ def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
 
 def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:
     """MiB of activations autograd saves in one evaluation forward under `mode`, from tensor sizes (no parameters)."""
-    check_choice("forward_saved_mb: mode", mode, EVAL_MODES)
     torch.manual_seed(seed)
     net = build_model(model).eval()
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     x = torch.randn(batch_size, 3, 32, 32)
     saved: list = []
     ctx = {"autograd": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
-    with ctx(), record_saved(saved):
+    with ctx(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         net(x)
-    return storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in params) / 2**20
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
+    return sum(n for ptr, n in sizes.items() if ptr not in params) / 2**20
 
 
 def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Finding:

@@ -20,7 +20,6 @@ from ..plots import ShownFigure
 from ..results import RunResult
 from ..train import interleave
 from ..verdicts import Comparison, runs_verdict
-from .memory import check_choice, check_int
 
 NAME = "03_cudnn_benchmark_and_channels_last"
 FIXED_SIZE = 32  # the size every training batch has; warm-up of the shape timing runs at it
@@ -111,9 +110,11 @@ def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "
     """Time forward+backward of `model` on random SYNTHETIC images of each size in turn, each step synchronised (so
     queued GPU work and autotuning count); warm-up runs at FIXED_SIZE, reported apart. cudnn.benchmark is restored."""
     _check_sizes(sizes)
-    check_choice("benchmark", benchmark, (True, False))
-    check_int("batch_size", batch_size)
-    check_int("warmup_steps", warmup_steps, 0)
+    if not isinstance(benchmark, bool):
+        raise ValueError(f"time_shapes(benchmark={benchmark!r}) is not allowed: True or False")
+    for name, value, low in (("batch_size", batch_size, 1), ("warmup_steps", warmup_steps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"time_shapes({name}={value!r}) is not allowed: an integer >= {low}")
     dev = resolve_device(device)
     torch.manual_seed(seed)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -153,7 +154,6 @@ def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "
 
 def varying_sizes(steps: int, seed: int = 0) -> list[int]:
     """`steps` sizes from VARYING_SIZES in a shuffled order; a size repeats only after all others were used."""
-    check_int("varying_sizes: steps", steps)
     rng = random.Random(seed)
     out: list[int] = []
     while len(out) < steps:

@@ -1,6 +1,5 @@
 """Notebook 12: one training step's memory taken apart into parameters, gradients, optimiser state, activations and
-autocast's weight copies, computed from tensor sizes (the CUDA allocator measured beside); checkpointing's cost.
-"""
+autocast's weight copies, computed from tensor sizes (the CUDA allocator measured beside); checkpointing's cost."""
 
 from __future__ import annotations
 
@@ -24,24 +23,22 @@ COLORS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state"
           "activations": "tab:red", "weight copies": "tab:purple"}
 
 
-def check_choice(name: str, value: object, allowed) -> None:
-    """A clear error for an argument outside `allowed` (the lessons' shared check)."""
+def _check(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed: choose one of {', '.join(map(repr, allowed))}")
 
 
-def check_int(name: str, value: object, low: int = 1) -> None:
-    """A clear error for an argument that is not an integer >= low."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} is not allowed: an integer >= {low}")
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not allowed: an integer >= 1")
 
 
-def storage_bytes(tensors) -> int:
+def _bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def record_saved(store: list):
+def _saved(store: list):
     """saved_tensors_hooks that record every tensor autograd saves for backward into `store`."""
     return torch.autograd.graph.saved_tensors_hooks(lambda t: store.append(t) or t, lambda t: t)
 
@@ -52,7 +49,7 @@ class Segmented(nn.Module):
 
     def __init__(self, net: nn.Module, segments: int = 2) -> None:
         super().__init__()
-        check_int("segments", segments)
+        _positive("segments", segments)
         self.net, self.segments = net, segments
         self.kept: list[torch.Tensor] = []
         if not (hasattr(net, "features") and hasattr(net, "head")) and not hasattr(net, "layer1"):
@@ -118,9 +115,9 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
                       checkpointing: bool = False, segments: int = 2, set_to_none: bool = True,
                       device: str = "cpu", seed: int = 0, label: str = "") -> MemoryBreakdown:
     """Take one training step apart into MemoryBreakdown's components, after a first step made the optimiser state."""
-    check_choice("amp", amp, tuple(AMP_DTYPES))
-    check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_int("batch_size", batch_size)
+    _check("amp", amp, tuple(AMP_DTYPES))
+    _check("optimizer", optimizer, OPTIMIZERS)
+    _positive("batch_size", batch_size)
     dev = resolve_device(device)
     dtype = AMP_DTYPES[amp]
     torch.manual_seed(seed)
@@ -139,7 +136,7 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
 
     def step(record: bool) -> None:
         opt.zero_grad(set_to_none=set_to_none)
-        with record_saved(saved) if record else nullcontext(), _autocast(dev.type, dtype):
+        with _saved(saved) if record else nullcontext(), _autocast(dev.type, dtype):
             loss = nn.functional.cross_entropy(net(x), y)
         if record and dev.type == "cuda":
             synchronize(dev)
@@ -152,19 +149,19 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
         synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     step(record=True)
-    grads_mb = storage_bytes(p.grad for p in params if p.grad is not None) / MiB
+    grads_mb = _bytes(p.grad for p in params if p.grad is not None) / MiB
     kept_inputs = list(net.kept) if checkpointing else []
     opt.zero_grad(set_to_none=set_to_none)
     if dev.type == "cuda":
         synchronize(dev)
         cuda["peak_step"] = torch.cuda.max_memory_allocated(dev) / MiB
         cuda["between_steps"] = torch.cuda.memory_allocated(dev) / MiB
-    held = storage_bytes(p.grad for p in params if p.grad is not None) / MiB
+    held = _bytes(p.grad for p in params if p.grad is not None) / MiB
     copies = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs and t.dtype != torch.float32
               and tuple(t.shape) in shapes and t.dim() > 1]
     copy_ptrs = {t.untyped_storage().data_ptr() for t in copies}
     acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs | copy_ptrs]
-    acts_mb = storage_bytes(acts + kept_inputs) / MiB
+    acts_mb = _bytes(acts + kept_inputs) / MiB
     recompute = _largest_segment_mb(base, x, dtype, segments) if checkpointing else 0.0
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
     dtypes = dict(zip(COLORS, map(_dtype_name, (params, params, state, acts, copies))))
@@ -173,8 +170,8 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
                        + (", checkpointed" if checkpointing else ""),
         batch_size=batch_size, device=str(dev),
         source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
-        parameters_mb=storage_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=storage_bytes(state) / MiB,
-        activations_mb=acts_mb, weight_copies_mb=storage_bytes(copies) / MiB, grads_held_between_steps_mb=held,
+        parameters_mb=_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=_bytes(state) / MiB,
+        activations_mb=acts_mb, weight_copies_mb=_bytes(copies) / MiB, grads_held_between_steps_mb=held,
         recompute_mb=recompute, dtypes=dtypes, cuda=cuda)
 
 
@@ -196,9 +193,9 @@ def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | No
     for piece in pieces:
         saved: list[torch.Tensor] = []
         ptrs = {p.untyped_storage().data_ptr() for p in piece.parameters()}
-        with record_saved(saved), _autocast(x.device.type, dtype):
+        with _saved(saved), _autocast(x.device.type, dtype):
             out = piece(x.detach().requires_grad_())
-        largest = max(largest, storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
+        largest = max(largest, _bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
         x = out.detach()
     return largest / MiB
 
@@ -226,7 +223,7 @@ def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
     ax.legend(fontsize=7)
     devices = sorted({r.device for r in rows})
     ax.set_title(f"{title + ' - ' if title else ''}one training step's memory, by component\nrandom SYNTHETIC inputs "
-                 f"on {', '.join(devices)}; {rows[0].source if rows else ''}", fontsize=9)
+                 f"on {', '.join(devices)}; {rows[0].source}", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -234,7 +231,7 @@ def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
 def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool = False, segments: int = 2,
                repeats: int = 8, warmup: int = 2, device: str = "cpu", seed: int = 0) -> Spread:
     """Milliseconds per training step (forward, backward, Adam step), each step timed alone, synchronised."""
-    check_int("repeats", repeats)
+    _positive("repeats", repeats)
     dev = resolve_device(device)
     torch.manual_seed(seed)
     base = build_model(model).to(dev)

@@ -1,6 +1,5 @@
 """Notebook 06: C12 (AdamW + cosine "converges faster") in time to accuracy over seeds, one change at a time;
-learning-rate schedules; optimiser state; and the optimiser step's implementation (for-loop, foreach, fused).
-"""
+learning-rate schedules; optimiser state; and the optimiser step's implementation (for-loop, foreach, fused)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from ..plots import ShownFigure, data_note
 from ..results import RunResult
 from ..train import sweep
 from ..training import make_optimizer, make_scheduler
-from .memory import check_choice, check_int
 
 NAME = "06_adamw_and_schedules"
 C12_COMPARISON = f"{NAME}:c12_time_to_accuracy"
@@ -41,7 +39,9 @@ OPT_IMPLS = ("for-loop", "foreach", "fused")
 
 def preset(base: TrainConfig, name: str) -> TrainConfig:
     """base with the OPTIMIZER_PRESETS settings of optimiser `name`."""
-    check_choice("preset: name", name, tuple(OPTIMIZER_PRESETS))
+    if name not in OPTIMIZER_PRESETS:
+        raise ValueError(f"preset: name={name!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, OPTIMIZER_PRESETS))}")
     return base.replace(**OPTIMIZER_PRESETS[name])
 
 
@@ -155,8 +155,7 @@ def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
                         alpha=0.85, label=t.label if j == 0 else None)
             if r.status == "diverged":
                 ax.annotate("diverged", (curve[-1][0] if curve else 0, 0), color=f"C{i}", fontsize=8)
-    if ttas:
-        ax.axhline(100 * ttas[0].target, color="black", ls="--", lw=0.8, label=f"target {ttas[0].target:.0%}")
+    ax.axhline(100 * ttas[0].target, color="black", ls="--", lw=0.8, label=f"target {ttas[0].target:.0%}")
     ax.set_xlabel("training seconds (warm-up included, evaluation excluded)")
     ax.set_ylabel("held-out accuracy, %")
     ax.legend(fontsize=8)
@@ -167,7 +166,8 @@ def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
 
 def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = SCHEDULES) -> dict[str, list[float]]:
     """The learning rate at each of `total_steps` steps per schedule, from fastlab.run's scheduler, stepped alike."""
-    check_int("lr_schedules: total_steps", total_steps, 2)
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 2:
+        raise ValueError(f"lr_schedules: total_steps={total_steps!r} is not allowed: an integer >= 2")
     out = {}
     for name in names:
         cfg = base.replace(scheduler=name, opt_impl="default")
@@ -237,14 +237,12 @@ def plot_panel(results: list[RunResult], title: str = ""):
         ax_m.barh(i, r.peak_memory_mb, color=f"C{i % 10}")
     ax_l.set_xlabel("seconds (warm-up included)")
     ax_l.set_ylabel("training loss")
-    if results:
-        ax_l.legend(fontsize=7)
+    ax_l.legend(fontsize=7)
     for ax in (ax_t, ax_m):
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
     ax_t.set_xlabel("images/s (median, min-max)")
-    kind = results[0].memory_kind.replace("_", " ") if results else ""
-    ax_m.set_xlabel(f"peak memory, MiB ({kind})")
+    ax_m.set_xlabel(f"peak memory, MiB ({results[0].memory_kind.replace('_', ' ')})")
     fig.suptitle(f"{title + ' - ' if title else ''}loss, speed and memory\n{data_note(results)}", fontsize=10)
     return fig
 
@@ -271,9 +269,9 @@ class StepTiming:
 def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup: int = 5) -> StepTiming:
     """Time optimizer.step() alone on base.model's parameters with random gradients, synchronised, after `warmup`
     steps; built as fastlab.run builds it, so a missing implementation falls back the same way and says so."""
-    check_choice("time_optimizer_step: impl", impl, CHOICES["opt_impl"])
-    check_int("time_optimizer_step: repeats", repeats)
-    check_int("time_optimizer_step: warmup", warmup, 0)
+    if impl not in CHOICES["opt_impl"]:
+        raise ValueError(f"time_optimizer_step: impl={impl!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, CHOICES['opt_impl']))}")
     cfg = base.replace(opt_impl=impl)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
