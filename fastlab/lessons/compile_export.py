@@ -1,11 +1,8 @@
-"""Notebook 07: torch.compile modes against eager, the recompilation pitfall, and export for deployment.
-
-Compile time lands in the harness's untimed warm-up (RunResult.warmup_seconds); the timed windows are steady state.
-"""
+"""Notebook 07: torch.compile modes against eager (compile time lands in the untimed warm-up), the recompilation
+pitfall, and export for deployment."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -17,8 +14,9 @@ from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import DeviceLoader, load_images
-from ..measure import resolve_device, synchronize
+from ..measure import now, resolve_device
 from ..models import build_model
+from ..plots import ShownFigure, data_note
 from ..results import RunResult
 from ..train import run
 from ..verdicts import verdict
@@ -38,11 +36,6 @@ def modes_plan(base: TrainConfig) -> tuple[list[str], dict[str, str]]:
         "reduce-overhead": "runs, but CUDA graphs need a CUDA GPU: here it compiles like default (a recorded no-op)"}
 
 
-def mode_config(base: TrainConfig, mode: str) -> TrainConfig:
-    """base with compile=mode (the compile happens in the warm-up, which max_seconds does not count)."""
-    return base.replace(compile=mode)
-
-
 @comparison(MODES_COMPARISON, arms=lambda base: len(modes_plan(base)[0]), repeated=False)
 def modes(base: TrainConfig, progress: bool = True, eager_model: nn.Module | None = None) -> list[RunResult]:
     """Eager, then each compile mode of modes_plan; eager_model: a module the eager run trains in place (for export)."""
@@ -51,7 +44,7 @@ def modes(base: TrainConfig, progress: bool = True, eager_model: nn.Module | Non
     for mode in to_run:
         label = "eager" if mode == "off" else f"compile {mode}"
         model = eager_model if mode == "off" else None
-        results.append(run(mode_config(base, mode), label=label, model=model, progress=progress,
+        results.append(run(base.replace(compile=mode), label=label, model=model, progress=progress,
                            comparison=MODES_COMPARISON))
         if results[-1].status == "interrupted":
             break
@@ -63,30 +56,14 @@ def step_ms(result: RunResult) -> float:
     return 1000 * result.images_per_step / result.throughput.median
 
 
-def compile_summary(results: list[RunResult]) -> str:
-    """Per compiled run: compile cost (its warm-up seconds - eager's), steady-state verdict, and break-even steps
-    (compile cost / the saving per step, when compiled is measurably faster)."""
-    if not results or results[0].config.get("compile") != "off":
-        raise ValueError("results[0] must be the eager run (compile='off') that the others are measured against")
-    eager = results[0]
-    lines = [f"eager: warm-up {eager.warmup_seconds:.1f} s for {eager.config['warmup_steps']} steps; "
-             f"steady state {step_ms(eager):.1f} ms per step"]
-    for r in results[1:]:
-        if not r.window_throughput:
-            lines.append(f"{r.label}: no steady-state window finished ({r.status}: {r.error})")
-            continue
-        cost, steady = r.warmup_seconds - eager.warmup_seconds, verdict(eager.throughput, r.throughput)
-        saving = step_ms(eager) - step_ms(r)
-        pays = ("one run each, one after the other: whether the compile pays back cannot be told from drift"
-                if steady.single_pair else "the gain is inside the spread, so the compile does not pay back here"
-                if steady.noise else f"pays back its compile after about {1000 * cost / saving:,.0f} steps"
-                if saving > 0 else "slower in steady state, so the compile never pays back at this size")
-        lines.append(f"{r.label}: compile cost about {cost:.1f} s (warm-up {r.warmup_seconds:.1f} s); "
-                     f"steady state: {steady}; {pays}")
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------ recompilation
+def break_even_steps(eager: RunResult, compiled: RunResult) -> float | None:
+    """Steps after which the compiled run's steady-state saving repays its compile (its warm-up seconds beyond
+    eager's); None where it is not measurably faster (a single pair, or inside the spread) or is slower."""
+    steady = verdict(eager.throughput, compiled.throughput)
+    saving = step_ms(eager) - step_ms(compiled)
+    if steady.single_pair or steady.noise or saving <= 0:
+        return None
+    return 1000 * (compiled.warmup_seconds - eager.warmup_seconds) / saving
 
 
 def graphs_compiled() -> int:
@@ -100,13 +77,8 @@ def recompile_reasons() -> list[str]:
     """The guard failures that triggered recompiles since the last torch._dynamo.reset(), first line of each."""
     from torch._dynamo.utils import guard_failures
 
-    out = []
-    for failures in guard_failures.values():
-        for failure in failures:
-            text = str(getattr(failure, "reason", failure)).strip().splitlines()
-            if text and text[0] not in out:
-                out.append(text[0])
-    return out
+    texts = (str(getattr(f, "reason", f)).strip().splitlines() for fs in guard_failures.values() for f in fs)
+    return list(dict.fromkeys(t[0] for t in texts if t))
 
 
 # eager: capture and guards only; aot_eager: also traces the backward; inductor: the real compiler.
@@ -144,16 +116,13 @@ def _batches(variant: str, loader: DeviceLoader, batch_size: int) -> Iterator[tu
 
 def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", epochs: int = 2,
                    full_batches: int = 3) -> RecompileResult:
-    """Train cfg.model with torch.compile(backend=...) on full_batches batches plus a ragged third, counting graphs.
-    The fixes: drop the ragged batch, mark the batch dimension dynamic, or pad it and mask the padding out of the loss.
-    backend="eager" captures and guards as usual but generates no code: the same graph count, compiled faster."""
+    """Train cfg.model with torch.compile(backend=...) on full_batches batches plus a ragged one, counting graphs.
+    The fixes: drop the ragged batch, mark the batch dimension dynamic, or pad it and mask the padding out of the loss."""
     if variant not in RECOMPILE_VARIANTS:
-        raise ValueError(f"variant={variant!r} is not allowed: choose one of {', '.join(map(repr, RECOMPILE_VARIANTS))}")
+        raise ValueError(f"variant={variant!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, RECOMPILE_VARIANTS))}")
     if backend not in DEMO_BACKENDS:
         raise ValueError(f"backend={backend!r} is not allowed: choose one of {', '.join(map(repr, DEMO_BACKENDS))}")
-    for name, value in (("epochs", epochs), ("full_batches", full_batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is not allowed: an integer >= 1")
     dev = resolve_device(cfg.device)
     bs = cfg.batch_size
     n_images = bs * full_batches + max(bs // 3, 1)
@@ -175,15 +144,13 @@ def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", ep
         for _ in range(epochs):
             for x, y, n in _batches(variant, loader, bs):
                 before = graphs_compiled()
-                synchronize(dev)
-                t0 = time.perf_counter()
+                t0 = now(dev)
                 opt.zero_grad(set_to_none=True)
                 per_image = loss_fn(compiled(x), y)
                 mask = (torch.arange(len(y), device=dev) < n).float()  # padded rows count for nothing
                 ((per_image * mask).sum() / n).backward()
                 opt.step()
-                synchronize(dev)
-                seconds = time.perf_counter() - t0
+                seconds = now(dev) - t0
                 sizes.add(len(y))
                 result.images_trained += n
                 if graphs_compiled() > before:
@@ -198,9 +165,6 @@ def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", ep
     return result
 
 
-# ------------------------------------------------------------------ export
-
-
 def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The first batch of the held-out images, normalised like evaluation sees it, on the CPU."""
     images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke")
@@ -210,28 +174,19 @@ def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 def plot_step_times(results: list[RunResult], title: str = ""):
     """Wall time of every step, warm-up included, on a log scale: the compile is the spike at the start."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(7, 3.6))
+    fig = ShownFigure(figsize=(7, 3.6))
     ax = fig.subplots()
     for r in results:
         ax.plot(range(1, len(r.step_seconds) + 1), [1000 * s for s in r.step_seconds], marker=".", label=r.label)
-    if results:
-        warm = int(results[0].config.get("warmup_steps", 0))
-        ax.axvspan(0.5, warm + 0.5, color="0.9", label="warm-up (untimed)")
+    ax.axvspan(0.5, results[0].config["warmup_steps"] + 0.5, color="0.9", label="warm-up (untimed)")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("ms per step (log scale)")
     ax.legend(fontsize=8)
-    names = {("SYNTHETIC data" if r.synthetic else r.dataset.get("name", "?")) for r in results}
-    devices = {r.env.get("device_name", "?") for r in results}
-    ax.set_title(f"{title + ' - ' if title else ''}compile time lands in the warm-up\n"
-                 f"{' / '.join(sorted(names))} on {' / '.join(sorted(devices))}", fontsize=10)
+    ax.set_title(f"{title + ' - ' if title else ''}compile time lands in the warm-up\n{data_note(results)}",
+                 fontsize=10)
     fig.tight_layout()
     return fig
-
-
-# ------------------------------------------------------------------ C14: export for deployment, compared
 
 
 @dataclass
@@ -244,14 +199,6 @@ class ExportComparison:
     export_seconds: dict[str, float]
     memory_mb: dict[str, float]  # runtime name -> process RSS rise while it was built and first ran (approximate)
     files: dict[str, str] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        lines = [f"batch of {self.batch_size} held-out images, on the CPU"]
-        for r in self.runtimes:
-            lines.append(f"{r.summary()}; memory added {self.memory_mb.get(r.name, float('nan')):,.1f} MiB")
-        lines.append("files: " + ", ".join(f"{k} {v:,.1f} KiB" for k, v in self.sizes_kib.items()))
-        lines.append("export took: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.export_seconds.items()))
-        return "\n".join(lines)
 
 
 def _rss_mb() -> float:
@@ -287,12 +234,10 @@ def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repea
 
 def plot_export(comparisons: list[ExportComparison], title: str = ""):
     """Latency per runtime for each batch size compared, file sizes, and memory added; parity with eager on top."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(12, 3.8))
+    fig = ShownFigure(figsize=(12, 3.8))
     ax_l, ax_s, ax_m = fig.subplots(1, 3)
-    names = [r.name for r in comparisons[0].runtimes] if comparisons else []
-    width = 0.8 / max(len(comparisons), 1)
+    names = [r.name for r in comparisons[0].runtimes]
+    width = 0.8 / len(comparisons)
     for i, c in enumerate(comparisons):
         lat = [r.latency for r in c.runtimes]
         xs = [j + i * width for j in range(len(lat))]
@@ -304,19 +249,18 @@ def plot_export(comparisons: list[ExportComparison], title: str = ""):
     ax_l.set_ylabel("ms per batch (median, min-max)")
     ax_l.set_title("latency", fontsize=9)
     ax_l.legend(fontsize=7)
-    last = comparisons[-1] if comparisons else None
-    if last is not None:
-        ax_s.bar(list(last.sizes_kib), list(last.sizes_kib.values()), color="tab:gray")
-        ax_s.set_ylabel("KiB")
-        ax_s.set_title("file size", fontsize=9)
-        ax_s.tick_params(axis="x", labelsize=8)
-        ax_m.bar([n.replace(" ", "\n", 1) for n in last.memory_mb], list(last.memory_mb.values()), color="tab:purple")
-        ax_m.set_ylabel("MiB (process RSS rise, approximate)")
-        ax_m.set_title("memory added by building and first run", fontsize=9)
-        ax_m.tick_params(axis="x", labelsize=8)
-        parity = "; ".join(f"{r.name}: {r.parity}" for r in last.runtimes[1:])
-        fig.suptitle(f"{title + ' - ' if title else ''}eager vs torch.export vs ONNX Runtime on the CPU\n"
-                     f"parity with eager: {parity}", fontsize=9)
+    last = comparisons[-1]
+    ax_s.bar(list(last.sizes_kib), list(last.sizes_kib.values()), color="tab:gray")
+    ax_s.set_ylabel("KiB")
+    ax_s.set_title("file size", fontsize=9)
+    ax_m.bar([n.replace(" ", "\n", 1) for n in last.memory_mb], list(last.memory_mb.values()), color="tab:purple")
+    ax_m.set_ylabel("MiB (process RSS rise, approximate)")
+    ax_m.set_title("memory added by building and first run", fontsize=9)
+    for ax in (ax_s, ax_m):
+        ax.tick_params(axis="x", labelsize=8)
+    parity = "; ".join(f"{r.name}: {r.parity}" for r in last.runtimes[1:])
+    fig.suptitle(f"{title + ' - ' if title else ''}eager vs torch.export vs ONNX Runtime on the CPU\n"
+                 f"parity with eager: {parity}", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -328,7 +272,7 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
     deprecated = [m for m in ts_words if "deprecat" in m.lower()]
     onnx = next(r for r in comparison.runtimes if r.name == "onnxruntime")
     ok = onnx.parity.top1_agreement == 1.0 and onnx.parity.max_abs_diff <= PARITY_TOLERANCE
-    combined = claims.verdict_conditions({
+    return claims.verdict_conditions({
         "the route is TorchScript":
             Finding("does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
             if deprecated else Finding("holds (this PyTorch gives no deprecation warning)",
@@ -336,7 +280,6 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
         "the route is ONNX (through torch.export)":
             Finding("holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)",
                     str(onnx.parity))})
-    return Finding(combined.verdict, combined.evidence)
 
 
 PARITY_TOLERANCE = 1e-3  # largest |logit difference| an export may have and still count as the same model

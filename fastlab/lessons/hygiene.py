@@ -1,13 +1,10 @@
-"""Notebook 05: evaluation without autograd, `total_loss += loss` vs `.item()`, `.item()` as a sync, detach().
-
-The detach demo counts the tensors autograd saves for backward (saved_tensors_hooks) still alive after a loop that
-keeps `loss`, `loss.detach()` or `loss.item()`: counted from tensor shapes, so exact.
-"""
+"""Notebook 05: evaluation without autograd, `total_loss += loss` vs `.item()`, `.item()` as a sync, detach()."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -20,13 +17,12 @@ from ..comparisons import comparison
 from ..config import TrainConfig, preferred_amp
 from ..measure import Spread, resolve_device
 from ..models import build_model
-from ..plots import data_note
+from ..plots import ShownFigure, data_note
 from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import turns
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
-# Repeats of each evaluation mode: one evaluation is one number, so the spread comes from repeating it.
 EVAL_REPEATS = {"smoke": 2, "cpu": 3, "gpu": 3}
 LOG_EVERY = (1, 10)
 KEEP_CHOICES = ("loss", "detach", "item")
@@ -47,7 +43,7 @@ def eval_modes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
         r.extras["repeat"] = i
         results.append(r)
         if r.status == "interrupted":
-            return results
+            break
     return results
 
 
@@ -67,40 +63,31 @@ class EvalSummary:
 
 def summarize_eval(results: list[RunResult]) -> list[EvalSummary]:
     """Per eval_mode (in order of first appearance), the spread over its repeats."""
-    modes = list(dict.fromkeys(r.config["eval_mode"] for r in results))
-    out = []
-    for mode in modes:
-        rs = [r for r in results if r.config["eval_mode"] == mode and r.eval_seconds]
-        out.append(EvalSummary(mode, Spread.of([r.dataset["eval_images"] / r.eval_seconds for r in rs]),
-                               Spread.of([eval_growth_mb(r) for r in rs])))
-    return out
+    by_mode = {r.config["eval_mode"]: [] for r in results}
+    for r in results:
+        if r.eval_seconds:
+            by_mode[r.config["eval_mode"]].append(r)
+    return [EvalSummary(mode, Spread.of([r.dataset["eval_images"] / r.eval_seconds for r in rs]),
+                        Spread.of([eval_growth_mb(r) for r in rs])) for mode, rs in by_mode.items()]
 
 
 def plot_eval(results: list[RunResult]):
     """Evaluation speed (median, min-max over repeats) and memory rise during evaluation, per eval_mode."""
-    from ..plots import ShownFigure as Figure
-
     rows = summarize_eval(results)
-    fig = Figure(figsize=(10, 3.6))
+    fig = ShownFigure(figsize=(10, 3.6))
     ax_s, ax_m = fig.subplots(1, 2)
-    x = range(len(rows))
     for ax, key, ylabel in ((ax_s, "speed", "held-out images/s (median, min-max)"),
                             (ax_m, "growth_mb", "MiB above end of training (median, min-max)")):
         spreads = [getattr(s, key) for s in rows]
-        ax.bar(x, [s.median for s in spreads], yerr=[[s.median - s.low for s in spreads],
-                                                    [s.high - s.median for s in spreads]], capsize=4,
-               color=["tab:red" if s.mode == "autograd" else "tab:blue" for s in rows])
-        ax.set_xticks(list(x))
-        ax.set_xticklabels([s.mode for s in rows])
+        ax.bar([s.mode for s in rows], [s.median for s in spreads], yerr=[[s.median - s.low for s in spreads],
+                                                                         [s.high - s.median for s in spreads]],
+               capsize=4, color=["tab:red" if s.mode == "autograd" else "tab:blue" for s in rows])
         ax.set_ylabel(ylabel, fontsize=8)
     ax_s.set_title("evaluation speed")
     ax_m.set_title("memory rise during evaluation")
     fig.suptitle(f"evaluation with and without autograd - {data_note(results)}", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-# ------------------------------------------------------------------ total_loss += loss vs loss.item()
 
 
 @comparison("05_no_grad_detach_item:log_loss", arms=2)
@@ -136,16 +123,12 @@ def describe_log_loss(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ .item() every step vs every 10
-
-
 def sync_free_config(base: TrainConfig) -> TrainConfig:
     """base with nothing else syncing every step, so .item()'s own sync is what is measured: the device loader (no
     pageable copy), bf16 or fp32 (no GradScaler reading found_inf), and on CUDA the fused optimiser step."""
     dev = resolve_device(base.device)
-    amp = preferred_amp(dev)
     cfg = base.replace(loader="device", num_workers=0, pin_memory=False, non_blocking=False, persistent_workers=False,
-                       prefetch_factor=None, amp="bf16" if amp == "bf16" else "off")
+                       prefetch_factor=None, amp="bf16" if preferred_amp(dev) == "bf16" else "off")
     if dev.type == "cuda":
         cfg = cfg.replace(opt_impl="fused")
     return cfg
@@ -173,8 +156,6 @@ def item_sync_finding(logging: list[RunResult]) -> Finding:
 
 def find_syncs(base: TrainConfig, steps: int = 3) -> list[str] | str:
     """The distinct sync warnings of a few steps under torch.cuda.set_sync_debug_mode("warn"); no CUDA: why none."""
-    import warnings
-
     dev = resolve_device(base.device)
     if dev.type != "cuda":
         return f"torch.cuda.set_sync_debug_mode is a CUDA feature: on {dev.type} nothing runs asynchronously"
@@ -187,15 +168,8 @@ def find_syncs(base: TrainConfig, steps: int = 3) -> list[str] | str:
             run(cfg, label="sync debug", progress=False)
         finally:
             torch.cuda.set_sync_debug_mode(before)
-    out: list[str] = []
-    for w in caught:
-        text = str(w.message).strip().splitlines()[0]
-        if "synchroniz" in text.lower() and text not in out:
-            out.append(text)
-    return out
-
-
-# ------------------------------------------------------------------ detach(): what a kept loss keeps alive
+    texts = (str(w.message).strip().splitlines()[0] for w in caught)
+    return list(dict.fromkeys(t for t in texts if "synchroniz" in t.lower()))
 
 
 @dataclass(frozen=True)
@@ -206,11 +180,6 @@ class GraphMemory:
     saved_tensors: int  # activations autograd saved for backward that are still alive after the loop
     saved_mb: float  # their size (unique storages, parameters excluded: those live anyway)
     graph_nodes: int  # autograd graph nodes still reachable from what was kept
-
-    def __str__(self) -> str:
-        loop = "forward + backward" if self.backward else "forward only (like evaluation without no_grad)"
-        return (f"{loop:<48} keep {self.keep:<6}: {self.saved_tensors:4d} saved activations alive "
-                f"({self.saved_mb:7.2f} MiB), {self.graph_nodes:4d} graph nodes reachable after {self.steps} steps")
 
 
 class _Saved:
@@ -225,13 +194,12 @@ class _Saved:
 
 def _count_nodes(kept: list) -> int:
     seen: set[int] = set()
-    stack = [t.grad_fn for t in kept if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    stack = [t.grad_fn for t in kept if isinstance(t, torch.Tensor)]
     while stack:
         node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.extend(fn for fn, _ in node.next_functions)
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(fn for fn, _ in node.next_functions)
     return len(seen)
 
 
@@ -268,9 +236,8 @@ def kept_graph_memory(keep: str, steps: int = 8, backward: bool = False, batch_s
             kept.append({"loss": loss, "detach": loss.detach(), "item": loss.item()}[keep])
     del loss  # the loop variable would otherwise keep the last step's graph alive
     gc.collect()
-    alive = {ptr: nbytes for ref, ptr, nbytes in saved if ref() is not None and ptr not in params}
-    count = sum(1 for ref, ptr, _ in saved if ref() is not None and ptr not in params)
-    return GraphMemory(keep, backward, steps, count, sum(alive.values()) / 2**20, _count_nodes(kept))
+    alive = [(ptr, nbytes) for ref, ptr, nbytes in saved if ref() is not None and ptr not in params]
+    return GraphMemory(keep, backward, steps, len(alive), sum(dict(alive).values()) / 2**20, _count_nodes(kept))
 
 
 def graph_memory_table(steps: int = 8, batch_size: int = 32) -> list[GraphMemory]:
@@ -286,9 +253,7 @@ def growth_with_steps(steps_list: tuple[int, ...] = (1, 2, 4, 8), keep: str = "l
 
 def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
     """Saved-activation MiB alive against steps, one line per keep choice (random inputs, not a dataset)."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(6, 3.6))
+    fig = ShownFigure(figsize=(6, 3.6))
     ax = fig.subplots()
     for keep, rows in rows_by_keep.items():
         ax.plot([g.steps for g in rows], [g.saved_mb for g in rows], marker="o", label=f"keep {keep}")
@@ -300,14 +265,8 @@ def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
     return fig
 
 
-# ------------------------------------------------------------------ the verdicts on C9, C10 and C11
-
-
 def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:
     """MiB of activations autograd saves in one evaluation forward under `mode`, from tensor sizes (no parameters)."""
-    if mode not in EVAL_MODES:
-        raise ValueError(f"forward_saved_mb: mode={mode!r} is not allowed: choose one of "
-                         f"{', '.join(map(repr, EVAL_MODES))}")
     torch.manual_seed(seed)
     net = build_model(model).eval()
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
@@ -315,11 +274,9 @@ def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed:
     saved: list = []
     ctx = {"autograd": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
     with ctx(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = net(x)
-    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved
-             if t.untyped_storage().data_ptr() not in params}
-    del out
-    return sum(sizes.values()) / 2**20
+        net(x)
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
+    return sum(n for ptr, n in sizes.items() if ptr not in params) / 2**20
 
 
 def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Finding:
@@ -336,9 +293,9 @@ def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str
     else:
         cfg = evals[0].config
         b, m = batch_size or int(cfg.get("batch_size", 32)), model or cfg.get("model", "tiny")
-        f = claims.verdict_less(forward_saved_mb("autograd", b, m), forward_saved_mb("no_grad", b, m),
-                                what="activations kept (computed from tensor sizes)")
-        findings["counted in memory"] = f
+        findings["counted in memory"] = claims.verdict_less(forward_saved_mb("autograd", b, m),
+                                                            forward_saved_mb("no_grad", b, m),
+                                                            what="activations kept (computed from tensor sizes)")
         combined = claims.verdict_conditions(findings)
         where = evals[0].env.get("device_type", "cpu")
         return combined._replace(verdict=f"{combined.verdict} (the memory half is true by construction on {where}: "
@@ -359,12 +316,10 @@ def judge_detach(rows: list[GraphMemory]) -> Finding:
         loss, det = _row(rows, "loss", backward), _row(rows, "detach", backward)
         ev = (f"after {loss.steps} steps keeping loss: {loss.saved_mb:.2f} MiB of activations, {loss.graph_nodes} "
               f"graph nodes; keeping loss.detach(): {det.saved_mb:.2f} MiB, {det.graph_nodes} nodes")
-        if loss.saved_mb <= 0:
-            findings[where] = Finding(f"does not hold here (nothing to free: backward() already freed the "
-                                      f"activations; detach() cuts only {loss.graph_nodes} small graph nodes)", ev)
-        else:
-            findings[where] = Finding(claims.verdict_less(loss.saved_mb, det.saved_mb, what="activations kept").verdict,
-                                      ev)
+        verdict = (f"does not hold here (nothing to free: backward() already freed the activations; detach() cuts "
+                   f"only {loss.graph_nodes} small graph nodes)" if loss.saved_mb <= 0 else
+                   claims.verdict_less(loss.saved_mb, det.saved_mb, what="activations kept").verdict)
+        findings[where] = Finding(verdict, ev)
     return claims.verdict_conditions(findings)
 
 

@@ -1,9 +1,5 @@
-"""Notebook 03: kernel selection and memory layout. cudnn.benchmark, channels_last, TF32.
-
-The pitfall of cudnn.benchmark, input shapes that change every step, is timed apart (shape_pitfall). cuDNN caches
-convolution plans per thread whatever the flag says later, and backward runs on autograd's long-lived thread: so
-every timing here runs in a fresh process, with empty plan caches.
-"""
+"""Notebook 03: kernel selection and memory layout: cudnn.benchmark, channels_last, TF32, and the pitfall of input
+shapes that change every step. cuDNN caches plans per thread, so each timing runs in a fresh process."""
 
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ from ..comparisons import comparison
 from ..config import TrainConfig, low_precision
 from ..measure import MemoryMeter, Spread, now, resolve_device
 from ..models import build_model
+from ..plots import ShownFigure
 from ..results import RunResult
 from ..train import interleave
 from ..verdicts import Comparison, runs_verdict
@@ -31,17 +28,15 @@ VARYING_SIZES = (24, 26, 28, 30, 34, 36, 38, 40)  # never 32, so none was tuned 
 
 @comparison(f"{NAME}:cudnn_benchmark", arms=2)
 def compare_cudnn_benchmark(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    off = base.replace(cudnn_benchmark=False)
     return interleave([(f"cudnn.benchmark {'on' if on else 'off'}", base.replace(cudnn_benchmark=on))
-                       for on in (False, True)], baseline=off, progress=progress)
+                       for on in (False, True)], baseline=base.replace(cudnn_benchmark=False), progress=progress)
 
 
 @comparison(f"{NAME}:channels_last", arms=4)
 def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """channels_last against NCHW in fp32, and in the low precision of this device; each pair against its NCHW."""
-    low = low_precision(base.device)
     results: list[RunResult] = []
-    for amp in ("off", low):
+    for amp in ("off", low_precision(base.device)):
         nchw = base.replace(amp=amp, channels_last=False)
         results += interleave([(f"{'fp32' if amp == 'off' else amp}, {'channels_last' if cl else 'NCHW'}",
                                 nchw.replace(channels_last=cl)) for cl in (False, True)],
@@ -53,13 +48,10 @@ def compare_channels_last(base: TrainConfig, progress: bool = True) -> list[RunR
 def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """fp32 throughout: conv TF32 off (strict) against on (torch's default), then TF32 matmuls too."""
     strict = base.replace(amp="off", tf32=False, matmul_precision="highest")
-    return interleave([("strict fp32 (conv TF32 off)", strict),
-                       ("conv TF32 on (torch's default)", strict.replace(tf32=True)),
-                       ("+ TF32 matmuls (matmul_precision='high')", strict.replace(tf32=True, matmul_precision="high"))],
+    tf32 = strict.replace(tf32=True)
+    return interleave([("strict fp32 (conv TF32 off)", strict), ("conv TF32 on (torch's default)", tf32),
+                       ("+ TF32 matmuls (matmul_precision='high')", tf32.replace(matmul_precision="high"))],
                       progress=progress)
-
-
-# ---------------------------------------------------------------- reading the results
 
 
 def kernels_report(results: list[RunResult]) -> str:
@@ -81,14 +73,10 @@ def channels_last_gain(results: list[RunResult]) -> dict[str, Comparison]:
     """For each precision: channels_last against NCHW at that precision."""
     out: dict[str, Comparison] = {}
     for amp in dict.fromkeys(r.config["amp"] for r in results):
-        nchw = [r for r in results if r.config["amp"] == amp and not r.config["channels_last"]]
-        nhwc = [r for r in results if r.config["amp"] == amp and r.config["channels_last"]]
-        if nchw and nhwc:
-            out["fp32" if amp == "off" else amp] = runs_verdict(nchw[0], nhwc[0])
+        first = {r.config["channels_last"]: r for r in reversed(results) if r.config["amp"] == amp}
+        if len(first) == 2:
+            out["fp32" if amp == "off" else amp] = runs_verdict(first[False], first[True])
     return out
-
-
-# ---------------------------------------------------------------- the varying-shapes pitfall
 
 
 @dataclass
@@ -109,21 +97,15 @@ class ShapeTiming:
     def step_ms(self) -> Spread:
         return Spread.of([1000 * s for s in self.step_seconds])
 
-    def summary(self) -> str:
-        t = self.step_ms
-        text = (f"{self.label}: median step {t.median:.1f} ms (min {t.low:.1f}, max {t.high:.1f}, {t.n} steps), "
-                f"warm-up {self.warmup_seconds:.2f} s, peak memory {self.peak_memory_mb:,.0f} MiB")
-        return text + (f"; no-op: {self.no_op}" if self.no_op else "")
-
 
 def _check_sizes(sizes: list[int]) -> None:
     if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 16 for s in sizes):
-        raise ValueError(f"time_shapes(sizes={sizes!r}) is not allowed: a non-empty list of image sizes, "
-                         f"each an integer >= 16 (the nets pool the image three times)")
+        raise ValueError(f"time_shapes(sizes={sizes!r}) is not allowed: a non-empty list of image sizes, each an "
+                         f"integer >= 16 (the nets pool the image three times)")
 
 
 def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "tiny", batch_size: int = 32,
-                warmup_steps: int = 2, device: torch.device | str = "auto", channels_last: bool = False,
+                warmup_steps: int = 2, device: str = "auto", channels_last: bool = False,
                 label: str = "", seed: int = 0) -> ShapeTiming:
     """Time forward+backward of `model` on random SYNTHETIC images of each size in turn, each step synchronised (so
     queued GPU work and autotuning count); warm-up runs at FIXED_SIZE, reported apart. cudnn.benchmark is restored."""
@@ -133,11 +115,10 @@ def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "
     for name, value, low in (("batch_size", batch_size, 1), ("warmup_steps", warmup_steps, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"time_shapes({name}={value!r}) is not allowed: an integer >= {low}")
-    dev = resolve_device(device) if isinstance(device, str) else device
+    dev = resolve_device(device)
     torch.manual_seed(seed)
-    net = (build_model(model) if isinstance(model, str) else model).to(dev)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    net = net.to(memory_format=fmt)
+    net = (build_model(model) if isinstance(model, str) else model).to(dev, memory_format=fmt)
     gen = torch.Generator().manual_seed(seed)
     inputs = {s: torch.randn(batch_size, 3, s, s, generator=gen) for s in dict.fromkeys([FIXED_SIZE, *sizes])}
     labels = torch.randint(0, 10, (batch_size,), generator=gen).to(dev)
@@ -173,8 +154,6 @@ def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "
 
 def varying_sizes(steps: int, seed: int = 0) -> list[int]:
     """`steps` sizes from VARYING_SIZES in a shuffled order; a size repeats only after all others were used."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"varying_sizes(steps={steps!r}) is not allowed: an integer >= 1")
     rng = random.Random(seed)
     out: list[int] = []
     while len(out) < steps:
@@ -203,9 +182,7 @@ def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[Sh
 
 def plot_shape_timing(timings: list[ShapeTiming]):
     """Each timed step's time per scenario (left) and the medians with min-max (right)."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(10, 3.6))
+    fig = ShownFigure(figsize=(10, 3.6))
     ax, ax_b = fig.subplots(1, 2)
     for t in timings:
         ax.plot(range(1, len(t.step_seconds) + 1), [1000 * s for s in t.step_seconds], marker=".", label=t.label)
@@ -226,9 +203,6 @@ def plot_shape_timing(timings: list[ShapeTiming]):
     fig.suptitle(f"fixed vs varying input sizes - random SYNTHETIC images on {', '.join(devices)}", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-# ---------------------------------------------------------------- the verdict on C6
 
 
 def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = None) -> Finding:

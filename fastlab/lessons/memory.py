@@ -1,14 +1,8 @@
-"""Notebook 12: what uses memory in training, measured. Parameters, gradients, optimiser state, activations.
-
-One training step of a workbook net is taken apart into parameters, gradients, optimiser state, activations (saved
-for backward, counted per storage through saved_tensors_hooks) and autocast's weight copies, computed from tensor
-sizes (resident memory cannot show them apart); on CUDA the allocator's figures are measured beside them.
-Activation checkpointing (non-reentrant) keeps each segment's input and recomputes the rest in backward (timed).
-"""
+"""Notebook 12: one training step's memory taken apart into parameters, gradients, optimiser state, activations and
+autocast's weight copies, computed from tensor sizes (the CUDA allocator measured beside); checkpointing's cost."""
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -18,13 +12,15 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from .. import claims
 from ..claims import Finding
-from ..measure import Spread, resolve_device, synchronize
+from ..measure import Spread, now, resolve_device, synchronize
 from ..models import build_model
+from ..plots import ShownFigure
 
 MiB = 2**20
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZERS = ("sgd", "adam", "adamw")
-COMPONENTS = ("parameters", "gradients", "optimiser state", "activations", "weight copies")
+COLORS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state": "tab:green",
+          "activations": "tab:red", "weight copies": "tab:purple"}
 
 
 def _check(name: str, value: object, allowed: tuple) -> None:
@@ -39,12 +35,12 @@ def _positive(name: str, value: object) -> None:
 
 def _bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-    return sum(seen.values())
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def _saved(store: list):
+    """saved_tensors_hooks that record every tensor autograd saves for backward into `store`."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: store.append(t) or t, lambda t: t)
 
 
 class Segmented(nn.Module):
@@ -78,11 +74,7 @@ class MemoryBreakdown:
     """One training step's memory, component by component (MiB)."""
 
     label: str
-    model: str
     batch_size: int
-    amp: str
-    optimizer: str
-    checkpointing: bool
     device: str
     source: str  # "computed from tensor sizes" or "computed from tensor sizes; CUDA allocator measured beside"
     parameters_mb: float
@@ -96,9 +88,8 @@ class MemoryBreakdown:
     cuda: dict[str, float] = field(default_factory=dict)  # allocator: "after_forward", "peak_step", "between_steps"
 
     def component_mb(self) -> dict[str, float]:
-        return {"parameters": self.parameters_mb, "gradients": self.gradients_mb,
-                "optimiser state": self.optimizer_mb, "activations": self.activations_mb,
-                "weight copies": self.weight_copies_mb}
+        values = (self.parameters_mb, self.gradients_mb, self.optimizer_mb, self.activations_mb, self.weight_copies_mb)
+        return dict(zip(COLORS, values))
 
     def total_mb(self) -> float:
         """The sum of the parts (+ recompute); not a peak, as backward frees activations while making gradients."""
@@ -111,13 +102,13 @@ class MemoryBreakdown:
         if self.recompute_mb:
             text += f" (including {self.recompute_mb:,.2f} MiB recomputed per segment in backward)"
         if self.cuda:
-            text += "; CUDA allocator: " + ", ".join(f"{k.replace('_', ' ')} {v:,.1f} MiB" for k, v in self.cuda.items())
+            text += "; CUDA allocator: " + ", ".join(f"{k.replace('_', ' ')} {v:,.1f} MiB"
+                                                     for k, v in self.cuda.items())
         return text + f" [{self.source}]"
 
 
-def _optimizer(name: str, params) -> torch.optim.Optimizer:
-    return {"sgd": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9), "adam": lambda: torch.optim.Adam(params),
-            "adamw": lambda: torch.optim.AdamW(params)}[name]()
+def _autocast(device_type: str, dtype: torch.dtype | None):
+    return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "off", optimizer: str = "adam",
@@ -135,7 +126,8 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
     params = list(base.parameters())
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     shapes = {tuple(p.shape) for p in params}
-    opt = _optimizer(optimizer, params)
+    opt = {"sgd": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9), "adam": lambda: torch.optim.Adam(params),
+           "adamw": lambda: torch.optim.AdamW(params)}[optimizer]()
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch_size, 3, 32, 32, generator=gen).to(dev)
     y = torch.randint(0, 10, (batch_size,), generator=gen).to(dev)
@@ -144,8 +136,7 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
 
     def step(record: bool) -> None:
         opt.zero_grad(set_to_none=set_to_none)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t) if record \
-                else nullcontext(), torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with _saved(saved) if record else nullcontext(), _autocast(dev.type, dtype):
             loss = nn.functional.cross_entropy(net(x), y)
         if record and dev.type == "cuda":
             synchronize(dev)
@@ -173,22 +164,19 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
     acts_mb = _bytes(acts + kept_inputs) / MiB
     recompute = _largest_segment_mb(base, x, dtype, segments) if checkpointing else 0.0
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
-    dtypes = {"parameters": _dtype_name(params), "gradients": _dtype_name(params),
-              "optimiser state": _dtype_name(state), "activations": _dtype_name(acts),
-              "weight copies": _dtype_name(copies)}
+    dtypes = dict(zip(COLORS, map(_dtype_name, (params, params, state, acts, copies))))
     return MemoryBreakdown(
         label=label or f"{model}, batch {batch_size}, {'fp32' if amp == 'off' else amp + ' autocast'}, {optimizer}"
                        + (", checkpointed" if checkpointing else ""),
-        model=model, batch_size=batch_size, amp=amp, optimizer=optimizer, checkpointing=checkpointing,
-        device=str(dev), source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
+        batch_size=batch_size, device=str(dev),
+        source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
         parameters_mb=_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=_bytes(state) / MiB,
         activations_mb=acts_mb, weight_copies_mb=_bytes(copies) / MiB, grads_held_between_steps_mb=held,
         recompute_mb=recompute, dtypes=dtypes, cuda=cuda)
 
 
 def _dtype_name(tensors) -> str:
-    names = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if isinstance(t, torch.Tensor)})
-    return "/".join(names)
+    return "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
 
 
 def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | None, segments: int) -> float:
@@ -205,8 +193,7 @@ def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | No
     for piece in pieces:
         saved: list[torch.Tensor] = []
         ptrs = {p.untyped_storage().data_ptr() for p in piece.parameters()}
-        with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=saved: kept.append(t) or t, lambda t: t), \
-                torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with _saved(saved), _autocast(x.device.type, dtype):
             out = piece(x.detach().requires_grad_())
         largest = max(largest, _bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
         x = out.detach()
@@ -219,16 +206,12 @@ def describe_breakdowns(rows: list[MemoryBreakdown]) -> str:
 
 def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
     """Stacked bars, one per breakdown: parameters, gradients, optimiser state, activations, weight copies."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
+    fig = ShownFigure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
     ax = fig.subplots()
-    colors = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state": "tab:green",
-              "activations": "tab:red", "weight copies": "tab:purple"}
     bottoms = [0.0] * len(rows)
-    for comp in COMPONENTS:
+    for comp, color in COLORS.items():
         values = [r.component_mb()[comp] for r in rows]
-        ax.bar(range(len(rows)), values, bottom=bottoms, color=colors[comp], label=comp)
+        ax.bar(range(len(rows)), values, bottom=bottoms, color=color, label=comp)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     recompute = [r.recompute_mb for r in rows]
     if any(recompute):
@@ -240,12 +223,9 @@ def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
     ax.legend(fontsize=7)
     devices = sorted({r.device for r in rows})
     ax.set_title(f"{title + ' - ' if title else ''}one training step's memory, by component\nrandom SYNTHETIC inputs "
-                 f"on {', '.join(devices)}; {rows[0].source if rows else ''}", fontsize=9)
+                 f"on {', '.join(devices)}; {rows[0].source}", fontsize=9)
     fig.tight_layout()
     return fig
-
-
-# ---------------------------------------------------------------- what checkpointing costs in time
 
 
 def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool = False, segments: int = 2,
@@ -261,18 +241,13 @@ def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool
     y = torch.randint(0, 10, (batch_size,)).to(dev)
     times = []
     for i in range(warmup + repeats):
-        synchronize(dev)
-        t0 = time.perf_counter()
+        t0 = now(dev)
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(net(x), y).backward()
         opt.step()
-        synchronize(dev)
         if i >= warmup:
-            times.append(1000 * (time.perf_counter() - t0))
+            times.append(1000 * (now(dev) - t0))
     return Spread.of(times)
-
-
-# ---------------------------------------------------------------- C4 from the breakdown
 
 
 def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) -> Finding:

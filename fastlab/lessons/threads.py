@@ -1,10 +1,5 @@
-"""Notebook 08: the thread a run executes in can change its speed on a CPU. A measured demo, and why.
-
-Every thread that calls into torch gets its own OpenMP team, and the main thread's stays alive once used: a run in
-another thread makes a second team, and with more threads than cores libgomp stops idle workers spin-waiting, so
-they sleep and wake between small ops. Whether that costs depends on the machine and its load, so fastlab.run
-runs every run in a fresh process (fastlab.isolation).
-"""
+"""Notebook 08: the thread a run executes in can change its speed on a CPU (a second OpenMP team whose workers
+sleep and wake between small ops), measured; why fastlab.run runs every run in a fresh process."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from ..results import RunResult
 from ..verdicts import turns
 
 THREADS = "08_profiling:threads"
-WHERE = {"main": "the calling thread (a notebook cell's own thread)", "thread": "a new threading.Thread"}
+WHERE = ("main", "thread")  # the calling thread (a notebook cell's own), a new threading.Thread
 
 
 def _switches() -> int:
@@ -47,9 +42,8 @@ def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunRes
             thread.join()
         after = _switches()
     result: RunResult = box["result"]
-    result.extras.update(where=where, torch_threads=box["threads"],
+    result.extras.update(where=where, torch_threads=box["threads"], comparison=THREADS,
                          switches_per_step=(after - before) / max(result.steps_done, 1))
-    result.extras["comparison"] = THREADS
     return result
 
 
@@ -66,15 +60,14 @@ def thread_effect(base: TrainConfig, progress: bool = True, repeats: int = 2) ->
     warm_this_thread()
     results = []
     for i, k in turns(2, repeats):  # this thread, a new one, then the other way round...
-        where = ("main", "thread")[k]
+        where = WHERE[k]
         results.append(_execute(base, f"{'this' if where == 'main' else 'new'} thread {i + 1}", where, progress))
         if results[-1].status == "interrupted":
-            return results
+            break
     return results
 
 
 def split_by_thread(results: list[RunResult]) -> tuple[list[RunResult], list[RunResult]]:
     """The runs that finished a timed window: (in this thread, in a new one)."""
-    main = [r for r in results if r.extras.get("where") == "main" and r.window_throughput]
-    other = [r for r in results if r.extras.get("where") == "thread" and r.window_throughput]
+    main, other = ([r for r in results if r.extras.get("where") == w and r.window_throughput] for w in WHERE)
     return main, other
