@@ -47,14 +47,12 @@ def _what_and_fix(e: BaseException) -> tuple[str, str]:
         return what, fix
     if isinstance(e, DatasetError):
         return text, "set FASTLAB_DATA=synthetic to use the offline synthetic set"
-    if isinstance(e, ValueError) and " is not allowed: " in text:
-        what, fix = text.split(" is not allowed: ", 1)
-        return f"{what} is not allowed", fix
-    if isinstance(e, ValueError) and "; " in text:  # "unknown rung 'x'; rungs are: ..." and the like
-        what, fix = text.split("; ", 1)
-        return what, fix
     if isinstance(e, ValueError):
-        return text, "see `python -m fastlab --help`"
+        what, mark, fix = text.partition(" is not allowed: ")
+        if mark:
+            return f"{what} is not allowed", fix
+        what, mark, fix = text.partition("; ")  # "unknown rung 'x'; rungs are: ..." and the like
+        return (what, fix) if mark else (text, "see `python -m fastlab --help`")
     if isinstance(e, OSError):
         where = f" ({e.filename})" if e.filename and str(e.filename) not in text else ""
         return f"{text}{where}", "check the path and its permissions"

@@ -55,6 +55,7 @@ def ladder(base: TrainConfig) -> list[Rung]:
     if amp == "off":  # a CPU without native bf16: the rung stays, as the known trap (shown in one short run)
         amp = "bf16"
     stock = TrainConfig()
+    why = {rung: words[{"cuda": 0, "cpu": 1}.get(device.type, 2)] for rung, words in RUNG_WHY.items()}
     return [
         Rung("naive", "naive", dict(loader="dataloader", num_workers=0, pin_memory=False, non_blocking=False,
                                     persistent_workers=False, prefetch_factor=None, amp="off", tf32=stock.tf32,
@@ -64,12 +65,12 @@ def ladder(base: TrainConfig) -> list[Rung]:
              "stock PyTorch: fp32 (torch's TF32 defaults), loading in the training process, Adam, a small batch"),
         Rung("workers", f"+{workers} workers, pin_memory", dict(num_workers=workers, pin_memory=True,
                                                                non_blocking=True, persistent_workers=True),
-             _why(device.type, "workers")),
+             why["workers"]),
         Rung("amp", f"+{amp} autocast", dict(amp=amp),
-             _why(device.type, "amp") + ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)") +
+             why["amp"] + ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)") +
              (" (this CPU has no native bf16: a known trap, shown in one short run)" if bf16_is_trap(device) else "")),
-        Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), _why(device.type, "cudnn")),
-        Rung("channels_last", "+channels_last", dict(channels_last=True), _why(device.type, "channels_last")),
+        Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), why["cudnn"]),
+        Rung("channels_last", "+channels_last", dict(channels_last=True), why["channels_last"]),
         Rung("fused_adamw", "+AdamW (fused step, weight decay 0.05)",
              dict(optimizer="adamw", opt_impl="fused", weight_decay=0.05),
              "the checklist's optimiser, said together: decoupled weight decay (AdamW, 0.05) and its fused step"),
@@ -99,10 +100,6 @@ RUNG_WHY: dict[str, tuple[str, str, str]] = {
                       "NHWC: oneDNN has channels-last kernels; whether they beat NCHW here is measured",
                       "NHWC: whether it beats NCHW on this device is measured"),
 }
-
-
-def _why(device_type: str, rung: str) -> str:
-    return RUNG_WHY[rung][{"cuda": 0, "cpu": 1}.get(device_type, 2)]
 
 
 RUNG_NAMES = [r.name for r in ladder(TrainConfig(device="cpu", profile="smoke"))]

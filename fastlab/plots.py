@@ -10,6 +10,7 @@ import io
 import itertools
 import math
 import statistics
+import textwrap
 from typing import Any
 
 from matplotlib.figure import Figure
@@ -126,8 +127,6 @@ def legend_handles(kinds: list[str], marks: list[str], than: str, markers: set[s
 
 def _short_label(label: str, width: int = 30, lines: int = 2) -> str:
     """Wrap a run's label onto at most `lines` lines, ending in '...' when cut."""
-    import textwrap
-
     wrapped = textwrap.wrap(label, width) or [""]
     if len(wrapped) > lines:
         wrapped = wrapped[:lines]

@@ -185,12 +185,10 @@ class Panel:
         """The diff of the knobs as set against the baseline's script, or why there is none (no traceback)."""
         head = "<b>The code</b>"
         try:
-            cfg = self.current_config()
+            diff = code_diff(self.base, self.current_config())
         except ValueError as e:
             self.code.value = f"{head}: not a valid combination, so no diff: {html.escape(str(e))}"
             return
-        try:
-            diff = code_diff(self.base, cfg)
         except Exception as e:  # the panel keeps working whatever the script writer meets
             self.code.value = f"{head}: could not be written: {type(e).__name__}: {html.escape(str(e))}"
             return
