@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .config import CHOICES, PROFILES, TrainConfig, add_config_flags
@@ -41,20 +42,17 @@ def _what_and_fix(e: BaseException) -> tuple[str, str]:
     text = " ".join(str(e).split())
     if isinstance(e, CliError):
         return e.what, e.fix
-    for mark in (". Fix: ", " Fix: "):
-        if mark in text:
-            what, fix = text.split(mark, 1)
-            return what, fix
+    what, mark, fix = text.partition(" Fix: ")  # "<what>. Fix: <fix>": _fail drops the full stop
+    if mark:
+        return what, fix
     if isinstance(e, DatasetError):
         return text, "set FASTLAB_DATA=synthetic to use the offline synthetic set"
-    if isinstance(e, ValueError) and " is not allowed: " in text:
-        what, fix = text.split(" is not allowed: ", 1)
-        return f"{what} is not allowed", fix
-    if isinstance(e, ValueError) and "; " in text:  # "unknown rung 'x'; rungs are: ..." and the like
-        what, fix = text.split("; ", 1)
-        return what, fix
     if isinstance(e, ValueError):
-        return text, "see `python -m fastlab --help`"
+        what, mark, fix = text.partition(" is not allowed: ")
+        if mark:
+            return f"{what} is not allowed", fix
+        what, mark, fix = text.partition("; ")  # "unknown rung 'x'; rungs are: ..." and the like
+        return (what, fix) if mark else (text, "see `python -m fastlab --help`")
     if isinstance(e, OSError):
         where = f" ({e.filename})" if e.filename and str(e.filename) not in text else ""
         return f"{text}{where}", "check the path and its permissions"
@@ -200,7 +198,13 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m fastlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("bench", help="run the technique ladder and write results.json, bench.png, bench.md")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("bench", _cmd_bench, "run the technique ladder and write results.json, bench.png, bench.md")
     p.add_argument("--out", help="output folder (default: bench-results/<date-time>)")
     p.add_argument("--profile", choices=PROFILES, help="default: FASTLAB_PROFILE, else gpu with CUDA, mps on an Apple GPU, else cpu")
     p.add_argument("--model", choices=CHOICES["model"])
@@ -209,33 +213,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", choices=("throughput", "time-to-accuracy"), default="throughput",
                    help="images/s per rung, or training seconds to the profile's target accuracy over seeds")
     p.add_argument("--seeds", type=int, default=3, help="seeds per rung for --metric time-to-accuracy (default 3)")
-    p.set_defaults(func=_cmd_bench)
-    p = sub.add_parser("env", help="print the environment and which techniques apply here")
-    p.set_defaults(func=_cmd_env)
-    p = sub.add_parser("run", help="one training run; every TrainConfig field is a flag")
+    command("env", _cmd_env, "print the environment and which techniques apply here")
+    p = command("run", _cmd_run, "one training run; every TrainConfig field is a flag")
     p.add_argument("--profile", choices=PROFILES)
     p.add_argument("--out", help="write the result to this JSON file")
     add_config_flags(p)
-    p.set_defaults(func=_cmd_run)
-    p = sub.add_parser("code", help="print the run as a standalone PyTorch script; every TrainConfig field is a flag")
+    p = command("code", _cmd_code, "print the run as a standalone PyTorch script; every TrainConfig field is a flag")
     p.add_argument("--profile", choices=PROFILES)
     p.add_argument("--diff", nargs="?", const="preset", choices=("preset",) + PROFILES,
                    help="print only what the flags change: a diff against the profile's preset (or another profile)")
     add_config_flags(p)
-    p.set_defaults(func=_cmd_code)
-    p = sub.add_parser("report", help="redraw bench.png and bench.md from a results.json")
+    command("report", _cmd_report, "redraw bench.png and bench.md from a results.json").add_argument("results")
+    command("download", _cmd_download, "download CIFAR-10 into FASTLAB_DATA_DIR")
+    p = command("advise", _cmd_advise, "name each run's bottleneck and what to try next, from a results.json")
     p.add_argument("results")
-    p.set_defaults(func=_cmd_report)
-    p = sub.add_parser("download", help="download CIFAR-10 into FASTLAB_DATA_DIR")
-    p.set_defaults(func=_cmd_download)
-    p = sub.add_parser("advise", help="name each run's bottleneck and what to try next, from a results.json")
-    p.add_argument("results")
-    p.set_defaults(func=_cmd_advise)
-    p = sub.add_parser("notebooks", help="copy the workbook's notebooks into DIR (edited ones are kept)")
+    p = command("notebooks", _cmd_notebooks, "copy the workbook's notebooks into DIR (edited ones are kept)")
     p.add_argument("dir", nargs="?", default="fastlab-notebooks", metavar="DIR",
                    help="where to write them (default: ./fastlab-notebooks)")
     p.add_argument("--force", action="store_true", help="overwrite notebooks you edited there")
-    p.set_defaults(func=_cmd_notebooks)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

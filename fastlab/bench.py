@@ -28,13 +28,13 @@ from .outcomes import (
     tta_groups,
     tta_verdict,
 )
+from .plots import KINDS, ShownFigure, _short_label, figure_png, kind_hatch, legend_handles, own_knobs, plot_waterfall
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run, skip_or_demonstrate
 from .verdicts import turns, verdict
 
-# Naive and large batch size per profile and model: the naive rung uses the small one.
-LADDER_BATCH = {"smoke": (32, 64), "cpu": (64, 128), "gpu": (128, 512)}
-LADDER_BATCH_COMPACT_GPU = (128, 1024)
+# Naive and large batch size per profile (and model): the naive rung uses the small one.
+LADDER_BATCH = {"smoke": (32, 64), "cpu": (64, 128), "gpu": (128, 512), "gpu compact": (128, 1024)}
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,14 @@ class Rung:
 def ladder(base: TrainConfig) -> list[Rung]:
     """The rungs for this machine, cumulative: naive (torch's defaults), then one technique per rung (its title)."""
     device = resolve_device(base.device)
-    small, large = LADDER_BATCH.get(base.profile, (base.batch_size, base.batch_size * 2))
-    if base.profile == "gpu" and base.model == "compact":
-        small, large = LADDER_BATCH_COMPACT_GPU
+    small, large = LADDER_BATCH.get(f"{base.profile} {base.model}") or LADDER_BATCH.get(
+        base.profile, (base.batch_size, base.batch_size * 2))
     workers = min(usable_cpu_count(), 8 if device.type == "cuda" else 2)
     amp = preferred_amp(device)
     if amp == "off":  # a CPU without native bf16: the rung stays, as the known trap (shown in one short run)
         amp = "bf16"
     stock = TrainConfig()
+    why = {rung: words[{"cuda": 0, "cpu": 1}.get(device.type, 2)] for rung, words in RUNG_WHY.items()}
     return [
         Rung("naive", "naive", dict(loader="dataloader", num_workers=0, pin_memory=False, non_blocking=False,
                                     persistent_workers=False, prefetch_factor=None, amp="off", tf32=stock.tf32,
@@ -65,12 +65,12 @@ def ladder(base: TrainConfig) -> list[Rung]:
              "stock PyTorch: fp32 (torch's TF32 defaults), loading in the training process, Adam, a small batch"),
         Rung("workers", f"+{workers} workers, pin_memory", dict(num_workers=workers, pin_memory=True,
                                                                non_blocking=True, persistent_workers=True),
-             _why(device.type, "workers")),
+             why["workers"]),
         Rung("amp", f"+{amp} autocast", dict(amp=amp),
-             _why(device.type, "amp") + ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)") +
+             why["amp"] + ("" if amp == "bf16" else " (fp16 with GradScaler: this device has no native bf16)") +
              (" (this CPU has no native bf16: a known trap, shown in one short run)" if bf16_is_trap(device) else "")),
-        Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), _why(device.type, "cudnn")),
-        Rung("channels_last", "+channels_last", dict(channels_last=True), _why(device.type, "channels_last")),
+        Rung("cudnn", "+cudnn.benchmark", dict(cudnn_benchmark=True), why["cudnn"]),
+        Rung("channels_last", "+channels_last", dict(channels_last=True), why["channels_last"]),
         Rung("fused_adamw", "+AdamW (fused step, weight decay 0.05)",
              dict(optimizer="adamw", opt_impl="fused", weight_decay=0.05),
              "the checklist's optimiser, said together: decoupled weight decay (AdamW, 0.05) and its fused step"),
@@ -100,10 +100,6 @@ RUNG_WHY: dict[str, tuple[str, str, str]] = {
                       "NHWC: oneDNN has channels-last kernels; whether they beat NCHW here is measured",
                       "NHWC: whether it beats NCHW on this device is measured"),
 }
-
-
-def _why(device_type: str, rung: str) -> str:
-    return RUNG_WHY[rung][{"cuda": 0, "cpu": 1}.get(device_type, 2)]
 
 
 RUNG_NAMES = [r.name for r in ladder(TrainConfig(device="cpu", profile="smoke"))]
@@ -155,10 +151,8 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                on_update: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
     """Run the rungs cumulatively; a trap (drop_reason) is not carried up; stops when a run is interrupted.
 
-    max_seconds: each rung's budget on its timed steps (or a function called before each rung). budget_s: no
-    first-pass rung starts after this much wall time (not_run gets its title and why). repeats (default: the
-    profile's): later passes alternate direction so a steady drift lands on every rung alike. on_result: after
-    each first-pass rung; on_update(results): after every run."""
+    max_seconds: each rung's timed budget (or a function called per rung); no rung starts after budget_s of wall
+    time (not_run says why). Repeats alternate direction so a steady drift lands on every rung alike."""
     results: list[RunResult] = []
     configs: list[TrainConfig] = []
     kept: dict[str, Any] = {}
@@ -175,7 +169,8 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
         if max_seconds is not None:
             budget = max_seconds() if callable(max_seconds) else max_seconds
             cfg = cfg.replace(max_seconds=max(budget, 1.0))
-        result = _run_rung(rung, base.replace(**kept), cfg, progress)
+        result = (skip_or_demonstrate(base.replace(**kept), cfg, rung.title, progress=progress)
+                  or run(cfg, label=rung.title, progress=progress))  # no-op, a short trap run, or a full run
         result.extras["rung"] = rung.name
         result.extras["why"] = rung.why
         reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
@@ -191,23 +186,15 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
             on_result(result)
         if on_update is not None:
             on_update(list(results))
-        if bar is not None:
-            bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s")
-            bar.update(1)
+        bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s")
+        bar.update(1)
         if result.status == "interrupted":
             break
-    if bar is not None:
-        bar.close()
+    bar.close()
     rounds = repeats if repeats is not None else comparison_repeats(base)
     if rounds > 1 and results and results[-1].status != "interrupted":
         results = _repeat_rungs(results, configs, rounds, progress, on_update)
     return results
-
-
-def _run_rung(rung: Rung, below: TrainConfig, cfg: TrainConfig, progress: bool) -> RunResult:
-    """One rung, planned against the config below: no-op, a short trap run, or a full run."""
-    skipped = skip_or_demonstrate(below, cfg, rung.title, progress=progress)
-    return skipped if skipped is not None else run(cfg, label=rung.title, progress=progress)
 
 
 def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: int, progress: bool,
@@ -231,11 +218,9 @@ def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: in
 
 
 def _rung_bar(total: int, desc: str, progress: bool):
-    if not progress:
-        return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="rung")
+    return tqdm(total=total, desc=desc, unit="rung", disable=not progress)
 
 
 def tta_drop_reason(tta: TimeToAccuracy) -> str | None:
@@ -260,7 +245,8 @@ def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
 def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
                    progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None,
                    not_run: dict[str, str] | None = None) -> list[TimeToAccuracy]:
-    """The ladder on time-to-accuracy over `seeds`; a rung of no-ops here is not run (not_run gets its reason)."""
+    """The ladder on time-to-accuracy over `seeds`; a rung of no-ops here is not run (not_run gets its reason).
+    on_result: after each rung, with every run so far."""
     out: list[TimeToAccuracy] = []
     kept: dict[str, Any] = {}
     below: TimeToAccuracy | None = None
@@ -272,8 +258,7 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
         if plan.kind == "no-op":
             if not_run is not None:
                 not_run[rung.title] = plan.reason
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
             continue
         tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress, limits=tta_limits(below))
         reason = tta_drop_reason(tta)
@@ -286,13 +271,11 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
             below = tta
         out.append(tta)
         if on_result is not None:
-            on_result(tta.runs)
-        if bar is not None:
-            bar.update(1)
+            on_result([r for t in out for r in t.runs])
+        bar.update(1)
         if any(r.status == "interrupted" for r in tta.runs):
             break
-    if bar is not None:
-        bar.close()
+    bar.close()
     return out
 
 
@@ -322,46 +305,35 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
 
         naive, meta["calibration"] = sized(base.replace(**rungs[0].changes), len(rungs) * comparison_repeats(base))
         base = base.replace(steps=naive.steps)
-    done: list[RunResult] = []
     started = time.perf_counter()
 
-    def save(new: RunResult | list[RunResult]) -> None:
-        done.extend(new if isinstance(new, list) else [new])
+    def save(results: list[RunResult]) -> None:
         meta["wall_seconds"] = time.perf_counter() - started  # so far: a run cut short says how long it ran
-        save_results(path, done, meta=meta)
+        save_results(path, results, meta=meta)
 
     if metric == "throughput":
-        def save_all(results: list[RunResult]) -> None:
-            done[:] = []
-            save(results)
-
-        run_ladder(base, rungs, progress=progress, on_update=save_all)
+        save(run_ladder(base, rungs, progress=progress, on_update=save))
     else:
         meta["not_run"] = {}
-        run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save,
-                       not_run=meta["not_run"])
-    meta["wall_seconds"] = time.perf_counter() - started
-    save_results(path, done, meta=meta)
+        ttas = run_tta_ladder(base, rungs, seeds=tuple(range(seeds)), progress=progress, on_result=save,
+                              not_run=meta["not_run"])
+        save([r for t in ttas for r in t.runs])
     write_report(path)
     return out
 
 
 def write_report(results_path: str | Path) -> tuple[Path, Path]:
     """Draw bench.png and bench.md beside a results file, from that file alone."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from .plots import figure_png, plot_waterfall
-
     results_path = Path(results_path)
     doc = load_document(results_path)
     results = [RunResult.from_dict(r) for r in doc["results"]]
-    png = results_path.parent / "bench.png"
-    md = results_path.parent / "bench.md"
     if doc.get("meta", {}).get("metric") == "time-to-accuracy":
-        png.write_bytes(figure_png(plot_tta_ladder(tta_groups(results), not_run=doc.get("meta", {}).get("not_run")), dpi=110))
+        fig = plot_tta_ladder(tta_groups(results), not_run=doc["meta"].get("not_run"))
     else:
-        png.write_bytes(figure_png(plot_waterfall(results, title="fastlab bench"), dpi=110))
+        fig = plot_waterfall(results, title="fastlab bench")
+    png = results_path.parent / "bench.png"
+    png.write_bytes(figure_png(fig, dpi=110))
+    md = results_path.parent / "bench.md"
     md.write_text(report_markdown(doc))
     return png, md
 
@@ -380,20 +352,20 @@ def report_markdown(doc: dict[str, Any]) -> str:
     return text
 
 
-def _number(value: float) -> str:
-    return "" if math.isnan(value) else f"{value:,.0f}"
+def _heading(what: str, first: RunResult, extra: str = "") -> str:
+    """A table's first line: what ran where, on which data."""
+    env = first.env
+    data = "SYNTHETIC data" if first.synthetic else f"real {first.dataset.get('name', '?')}"
+    return (f"fastlab {what} on {env.get('device_name')}, torch {env.get('torch')}, profile {env.get('profile')}, "
+            f"model {first.config.get('model')}, {data}, {extra}{env.get('date')}")
 
 
 def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | None = None) -> str:
     """The time-to-accuracy ladder as a Markdown table, computed from the runs."""
     if not ttas or not ttas[0].runs:
         return "No results.\n"
-    first = ttas[0].runs[0]
-    env = first.env
-    data = "SYNTHETIC data" if first.synthetic else f"real {first.dataset.get('name', '?')}"
-    lines = [f"fastlab time-to-accuracy ladder on {env.get('device_name')}, torch {env.get('torch')}, profile "
-             f"{env.get('profile')}, model {first.config.get('model')}, {data}, target {ttas[0].target:.0%} held-out "
-             f"accuracy, {len(ttas[0].runs)} seeds per rung (fewer where a note says why), {env.get('date')}", "",
+    lines = [_heading("time-to-accuracy ladder", ttas[0].runs[0], f"target {ttas[0].target:.0%} held-out accuracy, "
+                      f"{len(ttas[0].runs)} seeds per rung (fewer where a note says why), "), "",
              "| rung | training s to target, median (min-max) | reached | vs naive | median steps | best accuracy "
              "median (min-max) | images/s median | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -403,7 +375,7 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
         s, b = t.seconds, t.best_accuracy
         dropped = t.runs[0].extras.get("dropped")
         name = t.label + (f" (dropped: {dropped})" if dropped else "")
-        speed = Spread.of([r.throughput.median for r in t.runs if r.window_throughput])
+        speed = Spread.of([r.throughput.median for r in t.runs if r.window_throughput]).median
         no_ops = ", ".join(sorted({k for r in t.runs for k in r.no_ops}))
         if t.seeds_not_run:
             notes.append(f"{t.label}: {t.seeds_not_run}.")
@@ -417,7 +389,7 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
             time_cell, vs, steps = "not reached", "", ""
         best = f"{b.median:.1%} ({b.low:.1%}-{b.high:.1%})" if b.n else "not evaluated (stopped first)"
         lines.append(f"| {name} | {time_cell} | {t.reached}/{len(t.runs)} | {vs} | {steps} | {best} "
-                     f"| {_number(speed.median)} | {no_ops} |")
+                     f"| {'' if math.isnan(speed) else f'{speed:,.0f}'} | {no_ops} |")
     if notes:
         lines += ["", "Seeds not run: " + " ".join(notes)]
     if not_run:
@@ -450,8 +422,6 @@ def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
 
 def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy", not_run: dict[str, str] | None = None):
     """Bars of seconds to target per rung, drawn as tta_verdict judges each against the rung it builds on."""
-    from .plots import KINDS, ShownFigure, _short_label, kind_hatch, legend_handles
-
     fig = ShownFigure(figsize=(8.0, 5.6), layout="constrained")
     ax = fig.subplots()
     names = [t.label for t in ttas] + list(not_run or {})
@@ -502,8 +472,8 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
 
 
 def only_no_ops(r: RunResult, below: RunResult) -> bool:
-    """Whether every config field in which r differs from the rung below is a no-op of r on its device."""
-    changed = [k for k, v in r.config.items() if below.config.get(k) != v and k not in ("max_seconds",)]
+    """Whether every config field in which r differs from the rung below (a seed too) is a no-op of r here."""
+    changed = own_knobs(r, below, ignore=("max_seconds",))
     return bool(changed) and all(k in r.no_ops for k in changed)
 
 
@@ -519,11 +489,8 @@ def markdown_table(results: list[RunResult]) -> str:
     """The ladder as a Markdown table; each figure is computed from the results, with its formula below."""
     if not results:
         return "No results.\n"
-    env = results[0].env
-    data = "SYNTHETIC data" if results[0].synthetic else f"real {results[0].dataset.get('name', '?')}"
     copies = any(not math.isnan(r.copy_fraction()) for r in results)  # a device to copy to: shown apart
-    lines = [f"fastlab bench on {env.get('device_name')}, torch {env.get('torch')}, profile "
-             f"{env.get('profile')}, model {results[0].config.get('model')}, {data}, {env.get('date')}", "",
+    lines = [_heading("bench", results[0]), "",
              "| rung | images/s median (min-max) | vs naive | vs the rung it builds on | peak memory MiB | "
              f"data wait{' (+ copy)' if copies else ''} | "
              "held-out acc. (one run) | no-ops here |",

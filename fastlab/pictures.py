@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 import textwrap
 
+from matplotlib.patches import FancyBboxPatch
+
 from .plots import ShownFigure, data_note
 from .results import RunResult
 
@@ -30,10 +32,8 @@ def _copies(r: RunResult, n: int) -> list[float] | None:
 def step_anatomy(r: RunResult) -> dict[str, float]:
     """Median milliseconds of each part of a step over the run's sampled warm-up steps (steps 1 .. n).
 
-    copy: up to its sync ("data wait + copy" where not timed apart); forward, backward, optimiser: each between
-    syncs; other: the rest (zero_grad, the scaler, the syncs); loss read / sync: the step's time after the sampled
-    part, near zero here (already synchronised) where a timed step waits for queued work.
-    """
+    Each part is bracketed by syncs ("data wait + copy" where the copy was not timed apart); other: zero_grad, the
+    scaler, the syncs; loss read / sync: the step's time after the sampled part."""
     n = len(r.forward_seconds)
     if not n or len(r.sampled_step_seconds) != n or len(r.step_seconds) < n + 1:
         raise ValueError(f"step_anatomy: run '{r.label}' has no sampled steps (it needs warmup_steps >= 2 and a "
@@ -42,12 +42,9 @@ def step_anatomy(r: RunResult) -> dict[str, float]:
     rows: dict[str, list[float]] = {}
     for i in range(n):
         wait = r.data_wait_seconds[i + 1]
-        parts = {"forward": r.forward_seconds[i], "backward": r.backward_seconds[i],
-                 "optimiser": r.optimizer_step_seconds[i]}
-        if copies is not None:
-            parts["data wait"], parts["copy"] = wait, copies[i]
-        else:
-            parts["data wait + copy"] = wait
+        parts = {"data wait + copy": wait} if copies is None else {"data wait": wait, "copy": copies[i]}
+        parts.update(forward=r.forward_seconds[i], backward=r.backward_seconds[i],
+                     optimiser=r.optimizer_step_seconds[i])
         parts["other"] = max(r.sampled_step_seconds[i] - sum(parts.values()), 0.0)
         parts["loss read / sync"] = max(r.step_seconds[i + 1] - r.sampled_step_seconds[i], 0.0)
         for k, v in parts.items():
@@ -62,8 +59,8 @@ def describe_anatomy(results: list[RunResult]) -> str:
     for r in results:
         parts = step_anatomy(r)
         total = sum(parts.values())
-        lines.append(f"{r.label}: {total:.1f} ms a sampled step = " + ", ".join(
-            f"{k} {v:.1f} ms ({v / total:.0%})" for k, v in parts.items()))
+        shares = ", ".join(f"{k} {v:.1f} ms ({v / total:.0%})" for k, v in parts.items())
+        lines.append(f"{r.label}: {total:.1f} ms a sampled step = {shares}")
     return "\n".join(lines)
 
 
@@ -116,7 +113,8 @@ def plot_data_pipeline(device_type: str = "cuda"):
     for i, (name, where, what) in enumerate(PIPELINE):
         skipped = idle and i in (3, 4)
         face = "whitesmoke" if skipped else ("lightyellow" if i < 3 else ("lightcyan" if i < 5 else "honeydew"))
-        ax.add_patch(_box(i + 0.06, 0.18, 0.82, 0.64, face, "gray" if skipped else "black"))
+        ax.add_patch(FancyBboxPatch((i + 0.06, 0.18), 0.82, 0.64, boxstyle="round,pad=0.02", facecolor=face,
+                                    edgecolor="gray" if skipped else "black"))
         ax.text(i + 0.47, 0.70, name, ha="center", va="center", fontsize=9, weight="bold",
                 color="gray" if skipped else "black")
         ax.text(i + 0.47, 0.55, where, ha="center", va="center", fontsize=7, style="italic")
@@ -129,9 +127,3 @@ def plot_data_pipeline(device_type: str = "cuda"):
     ax.set_title("the data pipeline of a DataLoader" + (f" (training on {device_type}: no copy to a GPU)"
                                                          if idle else ""), fontsize=10)
     return fig
-
-
-def _box(x: float, y: float, w: float, h: float, face: str, edge: str):
-    from matplotlib.patches import FancyBboxPatch
-
-    return FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", facecolor=face, edgecolor=edge)

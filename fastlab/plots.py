@@ -7,11 +7,15 @@ comparison (fastlab.verdicts) judges it (KINDS, MARKS); whiskers are the interva
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import statistics
+import textwrap
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from .measure import Spread
 from .results import RunResult
@@ -29,6 +33,14 @@ def data_note(results: list[RunResult]) -> str:
     names = {("SYNTHETIC data" if r.synthetic else r.dataset.get("name", "?")) for r in results if r.dataset}
     devices = {r.env.get("device_name", "?") for r in results}
     return f"{' / '.join(sorted(names))} on {' / '.join(sorted(devices))}"
+
+
+def _finish(fig: ShownFigure, ax: Any, title: str, what: str, results: list[RunResult]) -> ShownFigure:
+    """A one-axis plot's legend, title (what, on which data) and layout."""
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title + ' - ' if title else ''}{what}\n{data_note(results)}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def new_figure(ncols: int, width: float = 5.0, height: float = 3.6):
@@ -99,9 +111,6 @@ def kind_hatch(kind: str, marks: list[str]) -> str:
 def legend_handles(kinds: list[str], marks: list[str], than: str, markers: set[str] = frozenset(),
                    repeats: bool = False) -> list[Any]:
     """One legend entry per kind and mark drawn, then the whiskers. markers: the kinds drawn as a marker, not a bar."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     out: list[Any] = []
     for k, (face, hatch, marker, words) in KINDS.items():
         if k in kinds:
@@ -118,8 +127,6 @@ def legend_handles(kinds: list[str], marks: list[str], than: str, markers: set[s
 
 def _short_label(label: str, width: int = 30, lines: int = 2) -> str:
     """Wrap a run's label onto at most `lines` lines, ending in '...' when cut."""
-    import textwrap
-
     wrapped = textwrap.wrap(label, width) or [""]
     if len(wrapped) > lines:
         wrapped = wrapped[:lines]
@@ -158,8 +165,6 @@ def plot_comparison(results: list[RunResult], title: str = "", reference: list[R
         ax_t.plot([baseline] * 2, [i - 0.42, i + 0.42], color="black", ls="--", lw=1.2)
         ends[i] = max(ends[i], baseline)
     if paired_rows:
-        from matplotlib.lines import Line2D
-
         handles.append(Line2D([], [], color="black", ls="--", lw=1.2, label=PAIRED_MARK))
     right = max(ends + [1.0])
     for i, r in enumerate(results):
@@ -206,10 +211,7 @@ def plot_step_split(results: list[RunResult], title: str = ""):
     ax.set_xticks(list(x))
     ax.set_xticklabels([r.label for r in results], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("ms per step (median)")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}where a step's time goes\n{data_note(results)}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, title, "where a step's time goes", results)
 
 
 def plot_timeline(results: list[RunResult], title: str = ""):
@@ -225,10 +227,7 @@ def plot_timeline(results: list[RunResult], title: str = ""):
             ax.set_xlabel("step")
     ax.set_ylim(-5, 105)
     ax.set_ylabel("% busy")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}utilisation over time\n{data_note(results)}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, title, "utilisation over time", results)
 
 
 def plot_losses(results: list[RunResult], title: str = "", by: str = "step"):
@@ -237,22 +236,14 @@ def plot_losses(results: list[RunResult], title: str = "", by: str = "step"):
     for r in results:
         if not r.losses:
             continue
-        steps = [s for s, _ in r.losses]
+        xs = [s for s, _ in r.losses]
         if by == "time":
-            elapsed, t = [], 0.0
-            for sec in r.step_seconds:
-                t += sec
-                elapsed.append(t)
-            xs = [elapsed[min(s, len(elapsed) - 1)] for s in steps]
-        else:
-            xs = steps
+            elapsed = list(itertools.accumulate(r.step_seconds))
+            xs = [elapsed[min(s, len(elapsed) - 1)] for s in xs]
         ax.plot(xs, [v for _, v in r.losses], label=r.label)
     ax.set_xlabel("seconds" if by == "time" else "step")
     ax.set_ylabel("training loss")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}loss\n{data_note(results)}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, title, "loss", results)
 
 
 def plot_memory_trace(results: list[RunResult], title: str = ""):
@@ -262,17 +253,14 @@ def plot_memory_trace(results: list[RunResult], title: str = ""):
         ax.plot(range(1, len(r.memory_trace_mb) + 1), r.memory_trace_mb, label=r.label)
     ax.set_xlabel("step")
     ax.set_ylabel(f"MiB ({results[0].memory_kind.replace('_', ' ')})" if results else "MiB")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}memory over steps\n{data_note(results)}", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, title, "memory over steps", results)
 
 
-def own_knobs(r: RunResult, built_on: RunResult | None) -> list[str]:
-    """The knobs in which this rung's config differs from the rung it was built on (trained or not)."""
+def own_knobs(r: RunResult, built_on: RunResult | None, ignore: tuple[str, ...] = ("max_seconds", "seed")) -> list[str]:
+    """The config fields, but `ignore`, in which this rung differs from the rung it was built on (trained or not)."""
     if built_on is None:
         return []
-    return [k for k, v in r.config.items() if built_on.config.get(k) != v and k not in ("max_seconds", "seed")]
+    return [k for k, v in r.config.items() if built_on.config.get(k) != v and k not in ignore]
 
 
 def plot_waterfall(results: list[RunResult], title: str = ""):

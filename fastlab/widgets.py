@@ -1,8 +1,7 @@
 """A notebook panel: one control per knob, Run/Stop/Clear, a progress bar, the plot and the code diff.
 
-Runs train in a background thread (Stop stays responsive), which updates widget traits only: `with out:` from a
-thread never reaches the page. Each Run measures the baseline beside the variant (A/B/A by default), so the ratio
-compares runs under the same load. One run per kernel; a re-executed cell takes over the old panel's runs.
+Runs train in a background thread that sets widget traits only (`with out:` from a thread never reaches the page).
+Each Run measures the baseline beside the variant (A/B/A by default), so the ratio compares runs under the same load.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ NONE_CHOICE = "None (torch's default)"
 # Run orders: A is the panel's baseline, B the knobs as set. "none" compares with the first result only.
 PAIRINGS = {"ABA": "ABA", "AB": "AB", "none": "B"}
 
-# One run per kernel: every panel of this process by key, and the panels whose run is in progress.
+# One run per kernel: the panels by key, and those running.
 _PANELS: dict[str, Panel] = {}
 _RUNNING: list[Panel] = []
 _GUARD = threading.Lock()
@@ -104,10 +103,9 @@ def _trap_note(plan: ArmPlan) -> str:
 class Panel:
     """Controls for some TrainConfig fields; each Run adds one result to `results` and redraws the plot.
 
-    knobs: field -> options (None: a yes/no or fixed-choice field). results: shown beside new runs; the first with
-    the base config is the page-load baseline. pairing: "ABA", "AB" or "none" (compare with the first result:
-    cheapest, wrong once the load changes). key: a new Panel with the same key takes over this one's runs.
-    keep: how many of the latest runs the plot shows. describe(result): HTML under the plot; advice adds advise's.
+    knobs: field -> options (None: a yes/no or fixed-choice field). results: shown beside new runs (the first with
+    the base config is the page-load baseline). pairing "none" compares with the first result. A new Panel with the
+    same key takes over this one's runs; keep: the latest runs the plot shows; describe(result): HTML under it.
     """
 
     def __init__(self, base: TrainConfig, knobs: dict[str, Sequence[Any] | None], *,
@@ -137,7 +135,7 @@ class Panel:
         self.advice = W.HTML(value="")
         self.image = W.Image(format="png")
         self.code = W.HTML(value="")
-        self.code.add_class("fastlab-code")  # the browser test finds the diff by this class
+        self.code.add_class("fastlab-code")  # what the browser test finds
         self.count = W.Label(value="0 results in the plot")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -187,19 +185,16 @@ class Panel:
         """The diff of the knobs as set against the baseline's script, or why there is none (no traceback)."""
         head = "<b>The code</b>"
         try:
-            cfg = self.current_config()
+            diff = code_diff(self.base, self.current_config())
         except ValueError as e:
             self.code.value = f"{head}: not a valid combination, so no diff: {html.escape(str(e))}"
             return
-        try:
-            diff = code_diff(self.base, cfg)
         except Exception as e:  # the panel keeps working whatever the script writer meets
             self.code.value = f"{head}: could not be written: {type(e).__name__}: {html.escape(str(e))}"
             return
         if not diff.unified:
             self.code.value = f"{head}: no change from the baseline."
             return
-        # a long diff scrolls in its box, so Run and the plot stay in view
         self.code.value = (f'{head} (fastlab.code_diff against the baseline):'
                            f'<div style="max-height:28em;overflow:auto">{diff._repr_html_()}</div>')
 
