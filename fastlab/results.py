@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,36 +168,26 @@ def merge_repeats(repeats: list[RunResult]) -> RunResult:
 
 
 def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[str, Any] | None = None) -> Path:
-    """Write results as JSON atomically: a reader never sees half a file, a crash keeps the old one."""
-    path = Path(path)
+    """Write results as JSON atomically (write_json)."""
+    return write_json(Path(path), {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},
+                                   "results": [r.to_dict() for r in results]})
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    """Write doc as JSON atomically: a reader never sees half a file, a crash keeps the old one. The file is
+    created by open(), so it gets the mode the umask gives any other file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},
-           "results": [r.to_dict() for r in results]}
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, allow_nan=True)
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
             f.flush()
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a result is shared like any output
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (os.umask can only set it)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and restore at once
-    os.umask(mask)
-    return mask
 
 
 def load_document(path: str | os.PathLike) -> dict[str, Any]:

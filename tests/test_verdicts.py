@@ -146,7 +146,7 @@ def test_every_comparison_says_the_smallest_difference_it_could_have_seen():
     # both sides' intervals of the median reach ±30%: under (1.3 / 0.7)x apart they touch, whatever B does
     wide = verdict(Spread(100.0, 70.0, 130.0, 5), Spread(110.0, 77.0, 143.0, 5))
     assert wide.noise and wide.detectable == pytest.approx(1.3 / 0.7)
-    assert "no difference detected: on this machine now, a change under 1.86x could not have been seen" in wide.words
+    assert "no difference detected: on this machine now a change under 1.86x could not have been seen" in wide.words
     assert "measurements varied ±30%" in wide.words
     # tight windows: a small difference is seen, and the detectable ratio says how small
     tight = verdict(Spread(100.0, 99.0, 101.0, 5), Spread(110.0, 109.0, 111.0, 5))
