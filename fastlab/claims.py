@@ -29,7 +29,6 @@ except ImportError:  # not POSIX: the store's writes stay atomic, only a race be
     fcntl = None  # type: ignore[assignment]
 
 
-
 @dataclass(frozen=True)
 class Claim:
     id: str  # "C1" .. "C15"
@@ -70,6 +69,7 @@ TO_TELL_ON_A_GPU = "to tell: a quieter machine or the thorough version (FASTLAB_
 COULD_NOT_TELL = "could not tell here"
 NOT_TESTABLE = "not testable here"
 VERDICT_HEADS = ("holds", "does not hold here", COULD_NOT_TELL, "no-op here", NOT_TESTABLE)
+
 
 class Finding(NamedTuple):
     """A verdict, the measurement it rests on, and whether it may be recorded (False: a single pair)."""

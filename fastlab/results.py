@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,8 +114,6 @@ class RunResult:
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
-            import statistics
-
             step = statistics.median(self.step_seconds) if self.step_seconds else float("nan")
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
                     f"({self.error or 'stopped early'}; median step {step:.2f} s over {self.steps_done} steps, "
@@ -221,12 +220,9 @@ def load_reference() -> dict[str, list[RunResult]]:
 
 def reference_for(comparison: str) -> dict[str, list[RunResult]]:
     """Bundled reference results of one comparison (results' extras["comparison"]), by device name."""
-    out = {}
-    for device, results in load_reference().items():
-        matching = [r for r in results if r.extras.get("comparison") == comparison]
-        if matching:
-            out[device] = matching
-    return out
+    matching = {device: [r for r in results if r.extras.get("comparison") == comparison]
+                for device, results in load_reference().items()}
+    return {device: results for device, results in matching.items() if results}
 
 
 def reference_summary(*comparisons: str) -> str:

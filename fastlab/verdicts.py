@@ -1,12 +1,7 @@
-"""Is B better than A? One answer, typed (Comparison), by the one noise rule (is_noise).
+"""Is B better than A? One typed answer (Comparison: verdict, runs_verdict) by the one noise rule (is_noise).
 
-    c = verdict(a.throughput, b.throughput)            # two Spreads of a rate: higher is better
-    c = verdict(eager_ms, compiled_ms, unit="ms", higher_is_better=False, quantity="latency")
-    c = runs_verdict(base_run, other_run)              # two runs (or lists of runs): their timed windows
-    c.direction                                        # "better", "worse", "noise" or "not_comparable"
-    c.detectable                                       # the smallest ratio it could have told from noise
-
-Callers decide on the fields (direction, ratio, detectable, single_pair), never on the words (print(c)).
+Every comparison carries its direction ("better", "worse", "noise", "not_comparable") and the smallest ratio it
+could have told from noise (detectable). Callers decide on those fields, never on the words (print(c)).
 """
 
 from __future__ import annotations
@@ -27,14 +22,12 @@ CREDITED = ("ok", "time_limited")  # a time-limited run keeps the windows it fin
 
 
 def single_pair(a: Spread, b: Spread) -> bool:
-    """Whether a side is one run not interleaved with the other (RunResult.throughput of a run alone): its windows
-    sit in one stretch of the machine's time, so they say nothing of how the machine drifted between the sides."""
+    """Whether a side is one run not interleaved with the other: its windows say nothing of the machine's drift."""
     return 1 in (len(a.repeats), len(b.repeats))
 
 
 def paired(a: Spread, b: Spread) -> bool:
-    """Whether the sides were interleaved in repeats of two windows or more each: then each repeat is judged
-    against its partner (a repeat of one window has no spread of its own)."""
+    """Whether the sides were interleaved in repeats of two windows or more each, judged repeat by repeat."""
     return (len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats)
             and all(r.n >= 2 for r in (*a.repeats, *b.repeats)))
 
