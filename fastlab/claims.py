@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .measure import Spread
+from .config import active_profile
+from .measure import Spread, device_name, resolve_device
 from .results import RunResult, write_json
-from .verdicts import CREDITED, Comparison, runs_verdict, verdict
+from .verdicts import CREDITED, Comparison, _runs, runs_verdict, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
 try:
@@ -103,8 +104,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
 
     A run that diverged or stopped early is not credited. knob: when every `other` run recorded it as a no-op, the
     verdict is "no-op here (why)"."""
-    base = [base_runs] if isinstance(base_runs, RunResult) else list(base_runs)
-    other = [other_runs] if isinstance(other_runs, RunResult) else list(other_runs)
+    base, other = _runs(base_runs), _runs(other_runs)
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
     if knob and all(knob in r.no_ops for r in other):
@@ -250,9 +250,6 @@ def _context(results: Sequence[RunResult]) -> tuple[str, str]:
     for r in results:
         if r.env:
             return r.env.get("device_name", "?"), r.env.get("profile", "?")
-    from .config import active_profile
-    from .measure import device_name, resolve_device
-
     return device_name(resolve_device()), active_profile()
 
 

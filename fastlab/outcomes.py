@@ -127,8 +127,7 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     settings = tta_settings(config)
     every = eval_every or settings["eval_every"]
     steps = max(max_steps or settings["max_steps"], config.warmup_steps + 1)
-    timed = steps - config.warmup_steps
-    # windows of about `every` steps: a run that stops early still has some
+    timed = steps - config.warmup_steps  # in windows of about `every` steps: a run that stops early has some
     changes: dict[str, Any] = dict(steps=timed, windows=max(1, timed // every))
     if dataset is None and "eval_images" in settings:
         changes["eval_images"] = min(config.eval_images, settings["eval_images"])
@@ -171,10 +170,9 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
 
 @dataclass(frozen=True)
 class TrapLimits:
-    """How the ladders cut a rung short: each seed stops after `max_training_seconds` of training. A first seed
-    that diverged, failed, or was stopped by that limit slower per image than `max_seconds_per_image` (or before
-    its first synchronised window) is a trap: its other seeds are not run. The harness's budget never makes one.
-    Per image, because a larger batch makes a longer step."""
+    """How the ladders cut a rung short: each seed stops after `max_training_seconds` of training. A first seed that
+    diverged, failed, or was stopped by that limit slower per image (a larger batch makes a longer step) than
+    `max_seconds_per_image`, or before its first window, is a trap: its other seeds are not run."""
 
     max_training_seconds: float | None = None
     max_seconds_per_image: float | None = None
