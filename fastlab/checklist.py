@@ -123,10 +123,9 @@ def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: Technique, skipped
 
 
 def build_checklist(results: Sequence[RunResult], techniques_here: Sequence[tuple[str, bool, str]],
-                    reference: dict[str, list[RunResult]] | None = None,
-                    skipped: dict[str, str] | None = None,
-                    tta: Sequence[TimeToAccuracy] | None = None,
-                    tta_skipped: dict[str, str] | None = None) -> list[ChecklistRow]:
+                    reference: dict[str, list[RunResult]] | None = None, skipped: dict[str, str] | None = None,
+                    tta: Sequence[TimeToAccuracy] | None = None, tta_skipped: dict[str, str] | None = None,
+                    ) -> list[ChecklistRow]:
     """One row per technique of the ladder. techniques_here: (name, applies?, why) as from
     fastlab.environment_report.techniques_here(); reference: bundled ladder results by device name; skipped: rung
     -> why it was not run; tta: the time-to-accuracy ladder (adds the outcome column); tta_skipped: likewise."""

@@ -129,11 +129,9 @@ class Comparison:
             head += f", {len(b.repeats)} interleaved repeats"
         rate = self.unit.endswith("/s")
         lead = f"{self.ratio:.2f}x" + (f" the {self.quantity}" if self.quantity and not rate else "")
-        if self.single_pair:
-            return (f"{lead}: noise, cannot tell drift from an effect: {self.unseen} (run both in turns, 2 repeats "
-                    f"or more: fastlab.compare); {head}")
         if self.noise:
-            return f"{lead}: noise (no difference detected: {self.unseen}{self._dissent()}); {head}"
+            rerun = "; run both in turns, 2 repeats or more: fastlab.compare" if self.single_pair else ""
+            return f"{lead}: noise (no difference detected: {self.unseen}{self._dissent()}{rerun}); {head}"
         up, down = ("faster", "slower") if rate else ("higher", "lower")
         return f"{lead} ({up if self.ratio > 1 else down}); {head}; {self.power}"
 
@@ -149,8 +147,7 @@ class Comparison:
         """What this measurement could not have seen, and why: the words of "no difference detected"."""
         if self.single_pair:
             sides = "each side is" if len(self.base.repeats) == len(self.other.repeats) else "one side is"
-            return (f"{sides} one run, not interleaved with the other: the machine's drift between them cannot be "
-                    f"told from an effect of any size")
+            return f"{sides} one run, not interleaved with the other: it cannot tell drift from an effect of any size"
         return (f"on this machine now a change under {self.detectable:.2f}x could not have been seen: measurements "
                 f"varied ±{self.variation:.0%}")
 
