@@ -45,6 +45,7 @@ TECHNIQUES: tuple[Technique, ...] = (
                         "(03_cudnn_benchmark_and_channels_last:tf32) compares strict fp32, conv TF32 and TF32 matmuls"),
 )
 
+
 @dataclass(frozen=True)
 class ChecklistRow:
     technique: str
@@ -54,36 +55,32 @@ class ChecklistRow:
     outcome: str = ""  # the effect on time to accuracy over seeds, when the time-to-accuracy ladder was run
 
 
-def _rung_index(results: Sequence[RunResult], rung: str) -> int | None:
-    for i, r in enumerate(results):
-        if r.extras.get("rung") == rung:
-            return i
-    return None
-
-
 def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
     """The rung that results[index] was built on: the last one below it neither dropped nor left untrained."""
-    for r in reversed(results[:index]):
-        if not r.extras.get("dropped") and r.status != "no_op":
-            return r
-    return None
+    return next((r for r in reversed(results[:index]) if not r.extras.get("dropped") and r.status != "no_op"), None)
+
+
+def _rung_of(rows: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None) -> int | str:
+    """Where the technique's rung is among the ladder's runs, or why it cannot be read there."""
+    rungs = [r.extras.get("rung") for r in rows]
+    if technique.rung not in rungs:
+        why = (skipped or {}).get(technique.rung)
+        return f"not measured: {why}" if why else "not measured (its rung was not run)"
+    r = rows[rungs.index(technique.rung)]
+    for knob, wanted in technique.when.items():
+        if r.config.get(knob) != wanted:
+            return f"not on this ladder (its {technique.rung} rung used {knob}={r.config.get(knob)})"
+    return rungs.index(technique.rung)
 
 
 def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None = None) -> str:
     """What adding `technique` did on the ladder `results`: a ratio, or why there is none."""
-    if not technique.rung:
-        return technique.elsewhere
-    i = _rung_index(results, technique.rung)
-    if i is None:
-        why = (skipped or {}).get(technique.rung)
-        return f"not measured: {why}" if why else "not measured (its rung was not run)"
+    i = _rung_of(results, technique, skipped) if technique.rung else technique.elsewhere
+    if isinstance(i, str):
+        return i
     r = results[i]
-    for knob, wanted in technique.when.items():
-        if r.config.get(knob) != wanted:
-            return f"not on this ladder (its {technique.rung} rung used {knob}={r.config.get(knob)})"
-    no_ops = [r.no_ops[k] for k in technique.knobs if k in r.no_ops]
-    if no_ops and len(no_ops) == len(technique.knobs):
-        return f"no-op here: {no_ops[0]}"
+    if all(k in r.no_ops for k in technique.knobs):
+        return f"no-op here: {r.no_ops[technique.knobs[0]]}"
     if not r.window_throughput:
         return f"{r.status}: {r.error or 'no timed window finished'}"
     base = built_on(results, i)
@@ -104,48 +101,31 @@ def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str
     return text
 
 
-def _tta_built_on(ttas: Sequence[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
-    for t in reversed(ttas[:index]):
-        if t.runs and not t.runs[0].extras.get("dropped"):
-            return t
-    return None
-
-
 def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: Technique, skipped: dict[str, str] | None = None) -> str:
-    """What adding `technique` did to seconds to target over seeds, against the last rung below that reached it."""
-    if not technique.rung:
-        return "not a ladder rung"
-    rungs = [t.runs[0].extras.get("rung") if t.runs else None for t in ttas]
-    if technique.rung not in rungs:
-        why = (skipped or {}).get(technique.rung)
-        return f"not measured: {why}" if why else "not measured (its rung was not run on this ladder)"
-    i = rungs.index(technique.rung)
-    t = ttas[i]
-    for knob, wanted in technique.when.items():
-        if t.runs[0].config.get(knob) != wanted:
-            return f"not on this ladder (its {technique.rung} rung used {knob}={t.runs[0].config.get(knob)})"
-    n = len(t.runs)
+    """What adding `technique` did to seconds to target over seeds, against the rung it was built on."""
+    firsts = [t.runs[0] for t in ttas]
+    i = _rung_of(firsts, technique, skipped) if technique.rung else "not a ladder rung"
+    if isinstance(i, str):
+        return i
+    t, n = ttas[i], len(ttas[i].runs)
     diverged = sum(r.status == "diverged" for r in t.runs)
     if diverged:
         return f"DIVERGED in {diverged} of {n} seeds: no time to accuracy"
     if t.reached == 0:
         return f"target {t.target:.0%} not reached in any of {n} seeds"
-    base = _tta_built_on(ttas, i)
+    below = built_on(firsts, i)
+    base = next((b for b in ttas if b.runs[0] is below), None)
     if base is None or base.reached == 0:
         return f"{t.seconds.median:.1f} s to {t.target:.0%} ({t.reached} of {n} seeds); no baseline that reached it"
     c = verdict(base.seconds, t.seconds, "s", higher_is_better=False)
-    text = f"{c.gain:.2f}x"
-    if c.noise:
-        text += " (noise)"
-    text += f" ({t.reached} of {n} seeds reached {t.target:.0%}; against {base.label})"
-    return text
+    noise = " (noise)" if c.noise else ""
+    return f"{c.gain:.2f}x{noise} ({t.reached} of {n} seeds reached {t.target:.0%}; against {base.label})"
 
 
 def build_checklist(results: Sequence[RunResult], techniques_here: Sequence[tuple[str, bool, str]],
-                    reference: dict[str, list[RunResult]] | None = None,
-                    skipped: dict[str, str] | None = None,
-                    tta: Sequence[TimeToAccuracy] | None = None,
-                    tta_skipped: dict[str, str] | None = None) -> list[ChecklistRow]:
+                    reference: dict[str, list[RunResult]] | None = None, skipped: dict[str, str] | None = None,
+                    tta: Sequence[TimeToAccuracy] | None = None, tta_skipped: dict[str, str] | None = None,
+                    ) -> list[ChecklistRow]:
     """One row per technique of the ladder. techniques_here: (name, applies?, why) as from
     fastlab.environment_report.techniques_here(); reference: bundled ladder results by device name; skipped: rung
     -> why it was not run; tta: the time-to-accuracy ladder (adds the outcome column); tta_skipped: likewise."""
@@ -172,9 +152,9 @@ def _cell(text: str) -> str:
 def checklist_markdown(rows: Sequence[ChecklistRow], results: Sequence[RunResult]) -> str:
     """The rows as a Markdown table (notebook 09 says what each figure means)."""
     devices = sorted({d for row in rows for d in row.reference})
-    here = results[0].env.get("device_name", "this machine") if results else "this machine"
-    data = "SYNTHETIC data" if results and results[0].synthetic else (results[0].dataset.get("name", "?") if results
-                                                                       else "?")
+    first = results[0] if results else None
+    here = first.env.get("device_name", "this machine") if first else "this machine"
+    data = ("SYNTHETIC data" if first.synthetic else first.dataset.get("name", "?")) if first else "?"
     outcome = any(row.outcome for row in rows)
     heads = ["technique", "applies here?", f"measured effect here, images/s ({here}, {data})"]
     heads += ["effect here on time to accuracy (over seeds)"] if outcome else []

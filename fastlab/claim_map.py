@@ -66,43 +66,34 @@ def _verdict_line(v: Verdict | None, missing: str = "not measured yet") -> str:
     return f"     verdict ({head}: {v.device}, profile {v.profile}, {v.date[:10]}): {v.verdict}"
 
 
-def _map_sections(mine: dict[str, Verdict]) -> dict[str, list[Claim]]:
-    sections: dict[str, list[Claim]] = {"here": [], "gpu": [], "rest": []}
-    for c in CLAIMS:
-        v = mine.get(c.id)
-        untestable = v is not None and v.verdict.startswith(NOT_TESTABLE)
-        if c.needs_gpu and (v is None or untestable):
-            sections["gpu"].append(c)
-        else:
-            sections["here" if v is not None else "rest"].append(c)
-    return sections
-
-
 MAP_HEADINGS = {"here": "What this machine showed (your latest runs)",
                 "gpu": "What only a GPU can show",
                 "rest": "Not measured on this machine yet"}
+
+
+def _section(c: Claim, v: Verdict | None) -> str:
+    """The MAP_HEADINGS key of a claim with the reader's verdict v: a GPU claim this machine could not test is apart."""
+    if c.needs_gpu and (v is None or v.verdict.startswith(NOT_TESTABLE)):
+        return "gpu"
+    return "here" if v is not None else "rest"
 
 
 def claim_map(mine: dict[str, Verdict] | None = None, reference: dict[str, Verdict] | None = None,
               width: int = 110) -> str:
     """Each claim, where it is tested, and its verdict (mine: default the store; reference: the bundled results)."""
     mine = latest_verdicts() if mine is None else mine
-    if reference is None:
-        reference = reference_verdicts()
+    reference = reference_verdicts() if reference is None else reference
     lines = []
-    for key, group in _map_sections(mine).items():
-        if not group:
-            continue
-        lines += [MAP_HEADINGS[key], "-" * len(MAP_HEADINGS[key])]
+    for key, heading in MAP_HEADINGS.items():
+        group = [c for c in CLAIMS if _section(c, mine.get(c.id)) == key]
+        lines += [heading, "-" * len(heading)] if group else []
         for c in group:
-            lines.append(f"{c.id:<4} {c.text}")
-            lines.append(f"     figures: {c.figures}; tested in {c.notebook}, {c.section}")
-            if key == "gpu":
-                if c.id in mine:
-                    lines.append(_verdict_line(mine[c.id]))
-                lines.append(_verdict_line(reference.get(c.id), "not measured yet (no bundled GPU reference result)"))
-            else:
+            lines += [f"{c.id:<4} {c.text}", f"     figures: {c.figures}; tested in {c.notebook}, {c.section}"]
+            if key != "gpu":
                 lines.append(_verdict_line(mine.get(c.id) or reference.get(c.id)))
+            else:
+                lines += [_verdict_line(mine[c.id])] if c.id in mine else []
+                lines.append(_verdict_line(reference.get(c.id), "not measured yet (no bundled GPU reference result)"))
             lines.append("")
     yours, ref = sum(c.id in mine for c in CLAIMS), sum(c.id not in mine and c.id in reference for c in CLAIMS)
     lines.append(f"{yours} of {len(CLAIMS)} verdicts from your own runs (kept in {store_path()}), "

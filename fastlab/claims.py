@@ -1,17 +1,9 @@
 """The advice's claims C1-C15 (claims.json), the verdicts computed from this machine's measurements, and their store.
 
-A verdict starts with one of:
-
-    holds                     the measurement supports the claim, figures included
-    holds only when ...       it holds under some of the conditions measured, not the others
-    does not hold here        no gain outside the spread where the claimed one would have been seen, the
-                              opposite, or well short of the claimed figure
-    could not tell here (...) the test could not have seen the claimed effect (or MIN_GAIN): what would tell
-    no-op here (why)          the technique cannot act on this machine
-    not testable here: ...    the claim is about a device this machine does not have, or the test could not
-                              come out otherwise
-
-A finding on a single pair is printed, never recorded: it cannot tell drift from an effect.
+A verdict starts with one of VERDICT_HEADS: "holds" (or "holds only when ..."), "does not hold here" (no gain where
+the claimed one would have been seen, the opposite, or short of the claimed figure), "could not tell here (...)"
+(the test could not have seen the claimed effect, or MIN_GAIN: what would tell), "no-op here (why)", "not testable
+here: ..." (a device this machine does not have). A finding on a single pair is printed, never recorded.
 """
 
 from __future__ import annotations
@@ -19,21 +11,23 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import math
 import os
-import tempfile
 import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .measure import Spread
-from .results import RunResult
-from .verdicts import CREDITED, Comparison, runs_verdict, verdict
+from .config import active_profile
+from .measure import Spread, device_name, resolve_device
+from .results import RunResult, write_json
+from .verdicts import CREDITED, Comparison, _runs, runs_verdict, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
-ATTRIBUTION = "the common advice"
+try:
+    import fcntl
+except ImportError:  # not POSIX: the store's writes stay atomic, only a race between two kernels could lose one
+    fcntl = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,7 @@ def quote(claim_id: str, width: int = 112) -> str:
     """The claim as a markdown `>` blockquote, id first, attributed to the common advice."""
     c = get(claim_id)
     figures = "" if c.figures == "-" else f" (its figure: {c.figures})"
-    body = f"**{c.id}**, {ATTRIBUTION}: \"{c.text}\"{figures}"
+    body = f"**{c.id}**, the common advice: \"{c.text}\"{figures}"
     return "\n".join("> " + line for line in textwrap.wrap(body, width - 2, break_on_hyphens=False))
 
 
@@ -73,10 +67,9 @@ MIN_GAIN = 1.2
 TO_TELL = "to tell: a quieter machine, the thorough version (FASTLAB_THOROUGH=1) or a GPU"
 TO_TELL_ON_A_GPU = "to tell: a quieter machine or the thorough version (FASTLAB_THOROUGH=1)"
 
-VERDICT_HEADS = ("holds only when", "holds", "does not hold here", "could not tell here", "no-op here",
-                 "not testable here")
 COULD_NOT_TELL = "could not tell here"
 NOT_TESTABLE = "not testable here"
+VERDICT_HEADS = ("holds", "does not hold here", COULD_NOT_TELL, "no-op here", NOT_TESTABLE)
 
 
 class Finding(NamedTuple):
@@ -100,17 +93,8 @@ def no_accelerator(why: str) -> str:
 
 
 def unseen(c: Comparison, what: str = "no difference detected", on_gpu: bool = False) -> str:
-    """The words inside "could not tell here (...)": what it saw, the smallest change it could see, what would tell."""
-    to_tell = TO_TELL_ON_A_GPU if on_gpu else TO_TELL
-    if not math.isfinite(c.detectable):  # a single pair: no size of change can be told from drift
-        return (f"{what}, {c.gain:.2f}x, but a side is one run, not interleaved with the other: the machine's "
-                f"drift between them cannot be told from an effect of any size; {to_tell}")
-    return (f"{what}, {c.gain:.2f}x, but on this machine now a change under {c.detectable:.2f}x could not have "
-            f"been seen: measurements varied ±{c.variation:.0%}; {to_tell}")
-
-
-def _range(s: Spread, fmt: str = ",.0f") -> str:
-    return f"{s.median:{fmt}} ({s.low:{fmt}}-{s.high:{fmt}})"
+    """The words inside "could not tell here (...)": what it saw, what it could not have seen, what would tell."""
+    return f"{what}, {c.gain:.2f}x, but {c.unseen}; {TO_TELL_ON_A_GPU if on_gpu else TO_TELL}"
 
 
 def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunResult | Sequence[RunResult],
@@ -120,8 +104,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
 
     A run that diverged or stopped early is not credited. knob: when every `other` run recorded it as a no-op, the
     verdict is "no-op here (why)"."""
-    base = [base_runs] if isinstance(base_runs, RunResult) else list(base_runs)
-    other = [other_runs] if isinstance(other_runs, RunResult) else list(other_runs)
+    base, other = _runs(base_runs), _runs(other_runs)
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
     if knob and all(knob in r.no_ops for r in other):
@@ -129,8 +112,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
                        f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
     c = runs_verdict(base, other, unit=unit)
     if c.comparable:
-        return verdict_faster(c.base, c.other, claimed_ratio, unit=unit, what="windows",
-                              on_gpu=other[0].env.get("device_type") == "cuda")
+        return _faster(c, claimed_ratio, "windows", on_gpu=other[0].env.get("device_type") == "cuda")
     summaries = "; ".join(r.summary() for r in (other if c.side == "other" else base))
     if c.side == "base":
         return Finding(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
@@ -142,17 +124,18 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
 def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
                    what: str = "measurements", on_gpu: bool = False) -> Finding:
     """verdict_speedup's rule on two spreads of a rate (higher is better)."""
-    c = verdict(b, o, unit)
+    return _faster(verdict(b, o, unit), claimed_ratio, what, on_gpu)
+
+
+def _faster(c: Comparison, claimed_ratio: float | None, what: str, on_gpu: bool) -> Finding:
     if not c.comparable:
         return Finding(f"does not hold here ({c.reason})", c.words)
-    ratio = c.ratio
-    evidence = (f"{ratio:.2f}x: {_range(o)} vs {_range(b)} {unit}, median (min-max) over {o.n} and {b.n} {what}; "
-                f"{c.power}")
-    if c.single_pair:
-        return _single_pair(c, evidence)
-    matters = claimed_ratio or MIN_GAIN
-    if c.noise and c.detectable > matters:
-        return Finding(f"{COULD_NOT_TELL} ({unseen(c, on_gpu=on_gpu)})", evidence)
+    b, o, ratio, matters = c.base, c.other, c.ratio, claimed_ratio or MIN_GAIN
+    evidence = (f"{ratio:.2f}x: {o.median:,.0f} ({o.low:,.0f}-{o.high:,.0f}) vs {b.median:,.0f} ({b.low:,.0f}-"
+                f"{b.high:,.0f}) {c.unit}, median (min-max) over {o.n} and {b.n} {what}; {c.power}")
+    untold = _untold(c, matters, evidence, on_gpu=on_gpu)
+    if untold:
+        return untold
     if c.noise:
         return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x, where a {matters:g}x "
                        f"gain would have been seen: under {c.detectable:.2f}x could not)", evidence)
@@ -179,11 +162,10 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     saving = 1 - c.ratio
     change = f"{saving:.0%} less" if saving >= 0 else f"{-saving:.0%} more"
     evidence = f"{what} {o.median:,.1f} vs {b.median:,.1f} {unit}: {change}; {c.power}"
-    if c.single_pair:
-        return _single_pair(c, evidence)
     matters = 1 / (1 - claimed_saving) if claimed_saving is not None and claimed_saving < 1 else MIN_GAIN
-    if c.noise and c.detectable > matters:
-        return Finding(f"{COULD_NOT_TELL} ({unseen(c, f'no {what} saving detected')})", evidence)
+    untold = _untold(c, matters, evidence, f"no {what} saving detected")
+    if untold:
+        return untold
     if c.noise or abs(saving) < tolerance:
         return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
     if c.direction == "worse":
@@ -194,10 +176,16 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     return Finding(f"holds ({saving:.0%} less {what})", evidence)
 
 
-def _single_pair(c: Comparison, evidence: str) -> Finding:
-    return Finding(f"{COULD_NOT_TELL} (a single pair, {c.ratio:.2f}x: one side is one run, not interleaved with the "
-                   f"other, so the machine's drift between them cannot be told from an effect; not recorded)",
-                   evidence, recorded=False)
+def _untold(c: Comparison, matters: float, evidence: str, what: str = "no difference detected",
+            on_gpu: bool = False) -> Finding | None:
+    """"could not tell here" when the comparison could not have seen a gain of `matters`; a single pair is never
+    recorded. None when it could have seen it."""
+    if c.single_pair:
+        return Finding(f"{COULD_NOT_TELL} (a single pair, {c.ratio:.2f}x: {c.unseen}; not recorded)", evidence,
+                       recorded=False)
+    if c.noise and c.detectable > matters:
+        return Finding(f"{COULD_NOT_TELL} ({unseen(c, what, on_gpu)})", evidence)
+    return None
 
 
 def verdict_conditions(findings: dict[str, Finding]) -> Finding:
@@ -262,9 +250,6 @@ def _context(results: Sequence[RunResult]) -> tuple[str, str]:
     for r in results:
         if r.env:
             return r.env.get("device_name", "?"), r.env.get("profile", "?")
-    from .config import active_profile
-    from .measure import device_name, resolve_device
-
     return device_name(resolve_device()), active_profile()
 
 
@@ -290,19 +275,12 @@ def store_path() -> Path:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock beside the store, so two kernels appending at once both keep their verdict."""
+    """An exclusive lock beside the store (released when its file closes): two kernels appending both keep theirs."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: appends are still atomic, only a race could lose one
-            yield
-            return
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _entries(path: Path) -> list | None:
@@ -329,20 +307,6 @@ def load_verdicts(path: str | os.PathLike | None = None) -> list[Verdict]:
     return out
 
 
-def _write(path: Path, verdicts: list[Verdict]) -> None:
-    doc = {"schema_version": STORE_VERSION, "verdicts": [asdict(v) for v in verdicts[-MAX_KEPT:]]}
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def record(verdict: Verdict) -> Verdict:
     """Append a verdict to the store (atomically: a reader never sees half a file). Returns it."""
     path = store_path()
@@ -352,7 +316,8 @@ def record(verdict: Verdict) -> Verdict:
             os.replace(path, aside)
             print(f"fastlab: {path} is not a verdict store this version reads (corrupt, or another version's); "
                   f"kept it as {aside.name} and started a new one")
-        _write(path, load_verdicts(path) + [verdict])
+        kept = load_verdicts(path) + [verdict]
+        write_json(path, {"schema_version": STORE_VERSION, "verdicts": [asdict(v) for v in kept[-MAX_KEPT:]]})
     return verdict
 
 

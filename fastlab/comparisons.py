@@ -35,7 +35,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
     times (interleaved); False for one run each (e.g. one per seed, already counted in `arms`)."""
     if ":" not in name:
         raise ValueError(f"comparison names look like 'NN_notebook:what', got {name!r}")
-    if arms is not None and not callable(arms) and (isinstance(arms, bool) or not isinstance(arms, int) or arms < 1):
+    if not (arms is None or callable(arms) or (type(arms) is int and arms >= 1)):
         raise ValueError(f"comparison({name!r}, arms={arms!r}) is not allowed: None, an integer >= 1 or a function "
                          f"of the base config")
 
@@ -43,8 +43,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         @functools.wraps(fn)
         def sized_and_tagged(base: TrainConfig | None = None, progress: bool = True,
                              **options: Any) -> list[RunResult]:
-            base = base or config_for()
-            calibration = None
+            base, calibration = base or config_for(), None
             if arms is not None:
                 count = arms(base) if callable(arms) else arms
                 base, calibration = sized(base, max(1, count) * (comparison_repeats(base) if repeated else 1))

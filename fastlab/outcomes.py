@@ -98,6 +98,11 @@ class TimeToAccuracy:
         """Best held-out accuracy over the seeds evaluated at all (a trap may stop before its first)."""
         return Spread.of([b for r in self.runs if (b := r.extras["tta"]["best_accuracy"]) is not None])
 
+    @property
+    def why_not(self) -> str:
+        """Why seeds did not reach the target ("step budget spent; diverged"), each reason once."""
+        return "; ".join(sorted({w for r in self.runs if (w := r.extras["tta"]["why_not"])}))
+
     def summary(self) -> str:
         n = len(self.runs)
         b = self.best_accuracy
@@ -106,8 +111,7 @@ class TimeToAccuracy:
         if self.seeds_not_run:
             return f"{self.label}: target {self.target:.0%} not reached ({self.seeds_not_run}); {best}"
         if self.reached == 0:
-            why = "; ".join(sorted({r.extras["tta"]["why_not"] for r in self.runs}))
-            return f"{self.label}: target {self.target:.0%} not reached in any of {n} seeds ({why}); {best}"
+            return f"{self.label}: target {self.target:.0%} not reached in any of {n} seeds ({self.why_not}); {best}"
         s, st = self.seconds, self.steps
         text = (f"{self.label}: {s.median:.1f} s of training to {self.target:.0%} (min {s.low:.1f}, max {s.high:.1f}; "
                 f"median {st.median:.0f} steps), reached in {self.reached} of {n} seeds")
@@ -123,8 +127,7 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
     settings = tta_settings(config)
     every = eval_every or settings["eval_every"]
     steps = max(max_steps or settings["max_steps"], config.warmup_steps + 1)
-    timed = steps - config.warmup_steps
-    # windows of about `every` steps: a run that stops early still has some
+    timed = steps - config.warmup_steps  # in windows of about `every` steps: a run that stops early has some
     changes: dict[str, Any] = dict(steps=timed, windows=max(1, timed // every))
     if dataset is None and "eval_images" in settings:
         changes["eval_images"] = min(config.eval_images, settings["eval_images"])
@@ -167,10 +170,9 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
 
 @dataclass(frozen=True)
 class TrapLimits:
-    """How the ladders cut a rung short: each seed stops after `max_training_seconds` of training. A first seed
-    that diverged, failed, or was stopped by that limit slower per image than `max_seconds_per_image` (or before
-    its first synchronised window) is a trap: its other seeds are not run. The harness's budget never makes one.
-    Per image, because a larger batch makes a longer step."""
+    """How the ladders cut a rung short: each seed stops after `max_training_seconds` of training. A first seed that
+    diverged, failed, or was stopped by that limit slower per image (a larger batch makes a longer step) than
+    `max_seconds_per_image`, or before its first window, is a trap: its other seeds are not run."""
 
     max_training_seconds: float | None = None
     max_seconds_per_image: float | None = None
@@ -228,11 +230,7 @@ def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     return record
 
 
-# ---------------------------------------------------------------- judging two runs, or two times to accuracy
-
-
-def _why_not(t: TimeToAccuracy) -> str:
-    return "; ".join(sorted({r.extras["tta"]["why_not"] for r in t.runs if r.extras["tta"]["why_not"]}))
+# ---------------------------------------------------------------- judging two times to accuracy
 
 
 @dataclass(frozen=True)
@@ -266,7 +264,7 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     if diverged:
         return TtaVerdict(False, f"{other.label} diverged in {diverged} of {n} seeds", evidence)
     if other.reached == 0:
-        return TtaVerdict(False, f"{other.label} did not reach {other.target:.0%} in any seed: {_why_not(other)}",
+        return TtaVerdict(False, f"{other.label} did not reach {other.target:.0%} in any seed: {other.why_not}",
                           evidence)
     if base.reached == 0:
         return TtaVerdict(True, f"{other.label} reached {other.target:.0%} in {other.reached} of {n} seeds, "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
+import statistics
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,6 @@ class RunResult:
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
-            import statistics
-
             step = statistics.median(self.step_seconds) if self.step_seconds else float("nan")
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
                     f"({self.error or 'stopped early'}; median step {step:.2f} s over {self.steps_done} steps, "
@@ -168,36 +167,26 @@ def merge_repeats(repeats: list[RunResult]) -> RunResult:
 
 
 def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[str, Any] | None = None) -> Path:
-    """Write results as JSON atomically: a reader never sees half a file, a crash keeps the old one."""
-    path = Path(path)
+    """Write results as JSON atomically (write_json)."""
+    return write_json(Path(path), {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},
+                                   "results": [r.to_dict() for r in results]})
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    """Write doc as JSON atomically: a reader never sees half a file, a crash keeps the old one. The file is
+    created by open(), so it gets the mode the umask gives any other file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},
-           "results": [r.to_dict() for r in results]}
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, allow_nan=True)
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
             f.flush()
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a result is shared like any output
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (os.umask can only set it)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and restore at once
-    os.umask(mask)
-    return mask
 
 
 def load_document(path: str | os.PathLike) -> dict[str, Any]:
@@ -231,12 +220,9 @@ def load_reference() -> dict[str, list[RunResult]]:
 
 def reference_for(comparison: str) -> dict[str, list[RunResult]]:
     """Bundled reference results of one comparison (results' extras["comparison"]), by device name."""
-    out = {}
-    for device, results in load_reference().items():
-        matching = [r for r in results if r.extras.get("comparison") == comparison]
-        if matching:
-            out[device] = matching
-    return out
+    matching = {device: [r for r in results if r.extras.get("comparison") == comparison]
+                for device, results in load_reference().items()}
+    return {device: results for device, results in matching.items() if results}
 
 
 def reference_summary(*comparisons: str) -> str:

@@ -1,17 +1,7 @@
-"""Is B better than A? One answer, typed, by the one noise rule (is_noise).
+"""Is B better than A? One typed answer (Comparison: verdict, runs_verdict) by the one noise rule (is_noise).
 
-    c = verdict(a.throughput, b.throughput)            # two Spreads of a rate: higher is better
-    c = verdict(eager_ms, compiled_ms, unit="ms", higher_is_better=False, quantity="latency")
-    c = runs_verdict(base_run, other_run)              # two runs (or lists of runs): their timed windows
-    c.direction                                        # "better", "worse", "noise" or "not_comparable"
-    print(c)                                           # the sentence: "1.42x (faster); 410 vs 289 images/s ..."
-
-A difference is `noise` when the noise rule says so (the intervals of the medians overlap, interleaved repeats
-disagree, or a side is one run not interleaved with the other: a single pair, which cannot tell the machine's drift
-from an effect); `not_comparable` when a side measured nothing or a run diverged or failed (its speed is never
-credited), with the reason. Every comparison carries `detectable`, the smallest ratio it could have told from noise
-(detectable_ratio: inf for a single pair), and its words say it. Callers decide on `direction`,
-`ratio`, `detectable` and `single_pair`, never on the words.
+Every comparison carries its direction ("better", "worse", "noise", "not_comparable") and the smallest ratio it
+could have told from noise (detectable). Callers decide on those fields, never on the words (print(c)).
 """
 
 from __future__ import annotations
@@ -32,17 +22,12 @@ CREDITED = ("ok", "time_limited")  # a time-limited run keeps the windows it fin
 
 
 def single_pair(a: Spread, b: Spread) -> bool:
-    """Whether a side is one run that was not interleaved with the other side's (a Spread of one run's windows
-    holds that run as its only repeat: RunResult.throughput): a trap's one demonstration, a run started by hand,
-    FASTLAB_REPEATS=1. Its windows sit in one stretch of the machine's time, so their spread says nothing of how
-    the machine drifted between it and the other side."""
+    """Whether a side is one run not interleaved with the other: its windows say nothing of the machine's drift."""
     return 1 in (len(a.repeats), len(b.repeats))
 
 
 def paired(a: Spread, b: Spread) -> bool:
-    """Whether the two sides were interleaved in repeats that each have a spread of their own (two timed windows
-    or more): then each repeat is judged against its partner. A repeat of one window has no spread to judge by,
-    so its side is judged as a whole, by how far its repeats differ from each other."""
+    """Whether the sides were interleaved in repeats of two windows or more each, judged repeat by repeat."""
     return (len(a.repeats) >= 2 and len(a.repeats) == len(b.repeats)
             and all(r.n >= 2 for r in (*a.repeats, *b.repeats)))
 
@@ -67,11 +52,8 @@ def is_noise(a: Spread, b: Spread) -> bool:
 
 
 def detectable_ratio(a: Spread, b: Spread) -> float:
-    """The smallest ratio of the two medians that the noise rule could have told from noise with these spreads:
-    each side's interval of the median kept as measured, relative to its median, the other median moved up (or
-    down, whichever needs more) until the intervals no longer touch; with interleaved repeats, the largest such
-    ratio over the repeats (every one must show it). inf for a single pair: drift between two runs can be any size.
-    A difference under it reads noise whatever the technique does; over it, the rule would have seen it."""
+    """The smallest ratio of the medians the noise rule could have told from noise with these spreads (each
+    interval kept as measured, relative to its median; the largest over paired repeats); inf for a single pair."""
     if single_pair(a, b):
         return math.inf
     return max(_clearing_ratio(x, y) for x, y in (zip(a.repeats, b.repeats) if paired(a, b) else [(a, b)]))
@@ -130,8 +112,10 @@ class Comparison:
 
     @property
     def variation(self) -> float:
-        """How far the intervals of the median reach from their medians (0.3: ±30%): the spread behind detectable."""
-        return _varied(self.base, self.other)
+        """How far the intervals of the median reach from their medians (0.3: ±30%), the widest side or repeat."""
+        parts = [*self.base.repeats, *self.other.repeats] if paired(self.base, self.other) else [self.base, self.other]
+        return max((max(s.interval[1] / s.median - 1, 1 - s.interval[0] / s.median) for s in parts if s.median > 0),
+                   default=math.nan)
 
     @property
     def words(self) -> str:
@@ -145,15 +129,9 @@ class Comparison:
             head += f", {len(b.repeats)} interleaved repeats"
         rate = self.unit.endswith("/s")
         lead = f"{self.ratio:.2f}x" + (f" the {self.quantity}" if self.quantity and not rate else "")
-        if self.single_pair:
-            sides = "each side is" if len(b.repeats) == len(o.repeats) else "one side is"
-            return (f"{lead}: noise, cannot tell drift from an effect: {sides} one run, not interleaved with the other, "
-                    f"so a change in the machine's load between the runs reads as a difference (run both in turns, "
-                    f"2 repeats or more: fastlab.compare); {head}")
         if self.noise:
-            return (f"{lead}: noise (no difference detected: on this machine now, a change under {self.detectable:.2f}x "
-                    f"could not have been seen; measurements varied ±{self.variation:.0%} about their medians"
-                    f"{_dissent(b, o)}); {head}")
+            rerun = "; run both in turns, 2 repeats or more: fastlab.compare" if self.single_pair else ""
+            return f"{lead}: noise (no difference detected: {self.unseen}{self._dissent()}{rerun}); {head}"
         up, down = ("faster", "slower") if rate else ("higher", "lower")
         return f"{lead} ({up if self.ratio > 1 else down}); {head}; {self.power}"
 
@@ -164,13 +142,34 @@ class Comparison:
             return "no change would have shown apart from the machine's drift"
         return f"a change over {self.detectable:.2f}x would have shown here"
 
+    @property
+    def unseen(self) -> str:
+        """What this measurement could not have seen, and why: the words of "no difference detected"."""
+        if self.single_pair:
+            sides = "each side is" if len(self.base.repeats) == len(self.other.repeats) else "one side is"
+            return f"{sides} one run, not interleaved with the other: it cannot tell drift from an effect of any size"
+        return (f"on this machine now a change under {self.detectable:.2f}x could not have been seen: measurements "
+                f"varied ±{self.variation:.0%}")
+
+    def _dissent(self) -> str:
+        """Which interleaved repeat did not show the pooled difference: inside its own spread, or the other way."""
+        if not paired(self.base, self.other):
+            return ""
+        up, said, n = self.other.median > self.base.median, [], len(self.base.repeats)
+        for i, (rb, ro) in enumerate(zip(self.base.repeats, self.other.repeats), 1):
+            r = ro.median / rb.median if rb.median > 0 else math.nan
+            if _overlap(rb.interval, ro.interval):
+                said.append(f"repeat {i} of {n} read {r:.2f}x, inside its spread")
+            elif (ro.median > rb.median) != up:
+                said.append(f"repeat {i} of {n} read {r:.2f}x, the other way")
+        return "; the repeats disagreed: " + ", ".join(said) if said else ""
+
     def __str__(self) -> str:
         return self.words
 
 
 def ratio_of(base: Spread, other: Spread) -> Spread:
-    """other / base as a Spread: the ratio of the medians, and the lowest and highest ratios their ranges allow (a
-    speed-up with its range, bars normalised to a baseline)."""
+    """other / base as a Spread: the ratio of the medians, and the lowest and highest ratios their ranges allow."""
     if not (base.n and other.n and base.median > 0 and base.low > 0):
         return Spread.of([])
     return Spread(other.median / base.median, other.low / base.high, other.high / base.low, min(base.n, other.n))
@@ -200,37 +199,13 @@ def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_be
     return Comparison("better" if up == higher_is_better else "worse", ratio, base, other, **kw)
 
 
-def _varied(base: Spread, other: Spread) -> float:
-    """How far the intervals of the median reach from their medians (0.3: ±30%), the wider side (or the widest
-    repeat, where the repeats are paired)."""
-    parts = [*base.repeats, *other.repeats] if paired(base, other) else [base, other]
-    return max((max(hi / s.median - 1, 1 - lo / s.median) for s in parts if s.median > 0
-                for lo, hi in (s.interval,)), default=math.nan)
-
-
-def _dissent(base: Spread, other: Spread) -> str:
-    """Which interleaved repeat did not show the pooled difference: inside its own spread, or the other way."""
-    if not paired(base, other):
-        return ""
-    up = other.median > base.median
-    said = []
-    for i, (rb, ro) in enumerate(zip(base.repeats, other.repeats), 1):
-        r = ro.median / rb.median if rb.median > 0 else math.nan
-        if _overlap(rb.interval, ro.interval):
-            said.append(f"repeat {i} of {len(base.repeats)} read {r:.2f}x, inside its spread")
-        elif (ro.median > rb.median) != up:
-            said.append(f"repeat {i} of {len(base.repeats)} read {r:.2f}x, the other way")
-    return "; the repeats disagreed: " + ", ".join(said) if said else ""
-
-
 def _runs(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
     return [runs] if isinstance(runs, RunResult) else list(runs)
 
 
 def pooled_throughput(runs: RunResult | Sequence[RunResult], *, interleaved: bool = False) -> Spread:
-    """Images/s over every timed window of the runs (several seeds pool into one median with its range). One run
-    keeps its own interleaved repeats (RunResult.throughput); `interleaved`: the runs are repeats of one arm run
-    in turns with the other arm's (A B, A B, ...), and the noise rule pairs them."""
+    """Images/s over every timed window of the runs (seeds pool into one median); one run keeps its own repeats.
+    interleaved: the runs are repeats of one arm run in turns with the other arm's, and the noise rule pairs them."""
     runs = _runs(runs)
     if len(runs) == 1:
         return runs[0].throughput
@@ -239,15 +214,12 @@ def pooled_throughput(runs: RunResult | Sequence[RunResult], *, interleaved: boo
 
 
 def uncredited(runs: Sequence[RunResult]) -> tuple[RunResult, str] | None:
-    """The first run whose speed cannot be credited, and why: it diverged, failed or was stopped, or it
-    finished no timed window."""
+    """The first run whose speed cannot be credited (diverged, failed, stopped, or no timed window), and why."""
     for r in runs:
-        if r.status == "diverged":
-            step = getattr(r, "diverged_step", None)
-            at = f" at step {step}" if step is not None else ""
-            return r, f"'{r.label}' diverged{at} ({r.error or 'non-finite loss'}); its speed is not credited"
         if r.status not in CREDITED:
-            return r, f"'{r.label}' {r.status} ({r.error or 'stopped early'}); its speed is not credited"
+            at = f" at step {r.diverged_step}" if r.diverged_step is not None else ""
+            why = r.error or ("non-finite loss" if r.status == "diverged" else "stopped early")
+            return r, f"'{r.label}' {r.status}{at} ({why}); its speed is not credited"
         if not r.window_throughput:
             return r, f"'{r.label}' finished no timed window ({r.status}: {r.error or 'stopped early'})"
     return None

@@ -102,8 +102,10 @@ def test_outcome_verdicts_use_the_spread_over_seeds():
     a = [_result("ok", 100, acc) for acc in (0.80, 0.84, 0.86)]
     b = [_result("ok", 100, acc) for acc in (0.82, 0.85, 0.88)]
     c = [_result("ok", 100, acc) for acc in (0.95, 0.96, 0.97)]
-    assert "noise" in fastlab.outcome_verdict(a, b)
-    assert "higher" in fastlab.outcome_verdict(a, c)
+    assert fastlab.outcome_verdict(a, b).endswith("the same within seed noise")
+    assert fastlab.outcome_verdict(a, c).endswith("higher, outside the seeds' spread")
+    assert fastlab.outcome_verdict(c, a).endswith("lower, outside the seeds' spread")
+    assert fastlab.outcome_verdict([], c) == "accuracy not measured"
     assert "single runs" in fastlab.outcome_verdict(a[:1], c[:1])
     assert "diverged" in fastlab.outcome_verdict(a, [_result("diverged", 500, 0.1)])
     assert fastlab.accuracy_spread(a) == Spread(0.84, 0.80, 0.86, 3)
