@@ -355,9 +355,8 @@ def report_markdown(doc: dict[str, Any]) -> str:
 def _heading(what: str, first: RunResult, extra: str = "") -> str:
     """A table's first line: what ran where, on which data."""
     env = first.env
-    data = "SYNTHETIC data" if first.synthetic else f"real {first.dataset.get('name', '?')}"
     return (f"fastlab {what} on {env.get('device_name')}, torch {env.get('torch')}, profile {env.get('profile')}, "
-            f"model {first.config.get('model')}, {data}, {extra}{env.get('date')}")
+            f"model {first.config.get('model')}, {first.data_name}, {extra}{env.get('date')}")
 
 
 def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | None = None) -> str:
@@ -463,8 +462,7 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
     ax.set_ylabel("training seconds to target (lower is better)")
     first = ttas[0].runs[0] if ttas and ttas[0].runs else None
     if first is not None:
-        data = "SYNTHETIC data" if first.synthetic else first.dataset.get("name", "?")
-        title = f"{title}: {ttas[0].target:.0%} held-out accuracy, {first.env.get('device_name')}, {data}"
+        title = f"{title}: {ttas[0].target:.0%} held-out accuracy, {first.env.get('device_name')}, {first.data_name}"
     ax.set_title(title, fontsize=9)
     fig.legend(handles=legend_handles(kinds, marks, than="the rung it builds on", markers=markers), fontsize=7,
                loc="outside lower center")

@@ -154,7 +154,7 @@ def checklist_markdown(rows: Sequence[ChecklistRow], results: Sequence[RunResult
     devices = sorted({d for row in rows for d in row.reference})
     first = results[0] if results else None
     here = first.env.get("device_name", "this machine") if first else "this machine"
-    data = ("SYNTHETIC data" if first.synthetic else first.dataset.get("name", "?")) if first else "?"
+    data = first.data_name if first else "?"
     outcome = any(row.outcome for row in rows)
     heads = ["technique", "applies here?", f"measured effect here, images/s ({here}, {data})"]
     heads += ["effect here on time to accuracy (over seeds)"] if outcome else []

@@ -30,7 +30,7 @@ class ShownFigure(Figure):
 
 
 def data_note(results: list[RunResult]) -> str:
-    names = {("SYNTHETIC data" if r.synthetic else r.dataset.get("name", "?")) for r in results if r.dataset}
+    names = {r.data_name for r in results if r.dataset}
     devices = {r.env.get("device_name", "?") for r in results}
     return f"{' / '.join(sorted(names))} on {' / '.join(sorted(devices))}"
 
@@ -324,8 +324,7 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
     ax_m.set_xticks(range(n))
     ax_m.set_xticklabels([r.label for r in results], rotation=30, ha="right", fontsize=8)
     devices = " / ".join(sorted({r.env.get("device_name", "?") for r in results}))
-    data = " / ".join(sorted({"SYNTHETIC data" if r.synthetic else f"real data ({r.dataset.get('name', '?')})"
-                              for r in results if r.dataset})) or "data not recorded"
+    data = " / ".join(sorted({r.data_name for r in results if r.dataset})) or "data not recorded"
     fig.suptitle(f"{title or 'the ladder'}: cumulative speed-up\n{devices} - {data}", fontsize=10)
     return fig
 

@@ -148,7 +148,7 @@ def plot_profile_steps(profiles: list[ProfileResult], title: str = ""):
         ax.set_title(p.label, fontsize=9)
     axes[0].set_ylabel("ms per step (profiler on)")
     axes[0].legend(fontsize=8)
-    names = {("SYNTHETIC data" if p.run.synthetic else p.run.dataset.get("name", "?")) for p in profiles}
+    names = {p.run.data_name for p in profiles}
     devices = {p.run.env.get("device_name", "?") for p in profiles}
     fig.suptitle(f"{title + ' - ' if title else ''}data wait vs compute per step - {' / '.join(sorted(names))} "
                  f"on {' / '.join(sorted(devices))}", fontsize=10)

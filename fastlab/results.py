@@ -84,6 +84,11 @@ class RunResult:
     def synthetic(self) -> bool:
         return bool(self.dataset.get("synthetic"))
 
+    @property
+    def data_name(self) -> str:
+        """What a plot or table says of the data: SYNTHETIC in capitals, so no one reads it as CIFAR-10."""
+        return "SYNTHETIC data" if self.synthetic else f"real {self.dataset.get('name', '?')}"
+
     def data_wait_fraction(self) -> float:
         """Share of timed step time spent waiting for data: sum(data wait) / sum(step time)."""
         warm = int(self.config.get("warmup_steps", 0))

@@ -73,4 +73,4 @@ def test_real_data_is_named_as_real():
     results = ladder()[:2]
     for r in results:
         r.dataset = {"name": "cifar10", "synthetic": False}
-    assert "real data (cifar10)" in plot_waterfall(results).get_suptitle()
+    assert "real cifar10" in plot_waterfall(results).get_suptitle()
