@@ -9,7 +9,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from . import measure
 from .config import TrainConfig, time_sizing
 from .measure import resolve_device
+from .results import write_json
 
 CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
 CALIBRATION_STEPS = 4  # timed steps, each a window of its own
@@ -59,11 +59,7 @@ def cache_path() -> Path:
 def _write_cache(path: Path, entries: dict[str, Any]) -> None:
     """Atomically: two kernels calibrating at once never leave half a file."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, entries)
     except OSError:  # a read-only home: the calibration still holds for this kernel
         pass
 

@@ -177,14 +177,15 @@ def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[s
                                    "results": [r.to_dict() for r in results]})
 
 
-def write_json(path: Path, doc: dict[str, Any]) -> Path:
+def write_json(path: Path, doc: dict[str, Any], sort_keys: bool = False) -> Path:
     """Write doc as JSON atomically: a reader never sees half a file, a crash keeps the old one. The file is
     created by open(), so it gets the mode the umask gives any other file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
+            json.dump(doc, f, indent=1, sort_keys=sort_keys)
+            f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

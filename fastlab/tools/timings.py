@@ -8,9 +8,10 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ..results import write_json
 
 TIMINGS_VERSION = 1
 TIMINGS_NAME = "timings.json"
@@ -54,16 +55,7 @@ def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds:
     entry.update({k: round(float(v), 1) for k, v in optional.items() if v is not None})
     notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
     doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json(path, doc, sort_keys=True)
 
 
 def _duration(seconds: float) -> str:
