@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from . import measure
-from .config import TrainConfig, time_sizing
+from .config import TrainConfig, positive_int, time_sizing
 from .measure import resolve_device
 from .results import write_json
 
@@ -112,8 +112,7 @@ def seconds_per_run(profile: str, arms: int) -> float | None:
     sizing = time_sizing(profile)
     if sizing is None:
         return None
-    if isinstance(arms, bool) or not isinstance(arms, int) or arms < 1:
-        raise ValueError(f"arms={arms!r} is not allowed: an integer >= 1 (the runs in the comparison)")
+    positive_int("arms", arms, why=" (the runs in the comparison)")
     return min(sizing["run_seconds"], sizing["comparison_seconds"] / arms)
 
 

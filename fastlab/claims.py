@@ -21,7 +21,7 @@ from typing import NamedTuple
 from .config import active_profile
 from .measure import Spread, device_name, resolve_device
 from .results import RunResult, write_json
-from .verdicts import CREDITED, Comparison, _runs, runs_verdict, verdict
+from .verdicts import CREDITED, Comparison, as_runs, runs_verdict, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
 try:
@@ -104,7 +104,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
 
     A run that diverged or stopped early is not credited. knob: when every `other` run recorded it as a no-op, the
     verdict is "no-op here (why)"."""
-    base, other = _runs(base_runs), _runs(other_runs)
+    base, other = as_runs(base_runs), as_runs(other_runs)
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
     if knob and all(knob in r.no_ops for r in other):

@@ -121,6 +121,13 @@ def _check_names(names: Any) -> None:
         raise ValueError(f"unknown TrainConfig field(s) {unknown}; fields are: {', '.join(sorted(field_names()))}")
 
 
+def positive_int(what: str, value: Any, minimum: int = 1, why: str = "") -> int:
+    """value, or a ValueError naming `what` was given it and what is allowed."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what}={value!r} is not allowed: an integer >= {minimum}{why}")
+    return value
+
+
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise ValueError(f"TrainConfig.{name}={value!r} is not allowed: {allowed}")
 
@@ -131,9 +138,7 @@ def _validate(c: TrainConfig) -> None:
         if value not in allowed:
             _fail(name, value, "choose one of " + ", ".join(repr(a) for a in allowed))
     for name, low in MINIMUMS.items():
-        value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            _fail(name, value, f"an integer >= {low}")
+        positive_int(f"TrainConfig.{name}", getattr(c, name), low)
     for f in dataclasses.fields(c):
         value = getattr(c, f.name)
         if f.type == "bool" and not isinstance(value, bool):

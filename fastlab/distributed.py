@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, add_config_flags
+from .config import TrainConfig, add_config_flags, positive_int
 from .parallel import (
     BACKENDS,
     BATCH_MODES,
@@ -82,8 +82,7 @@ def default_nproc() -> int:
 
 def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
     """torchrun under this interpreter; --standalone picks a free port, --max-restarts=0: a crashed rank ends it."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc={nproc!r} is not allowed: an integer >= 1 (processes to start)")
+    positive_int("nproc", nproc, why=" (processes to start)")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "--max-restarts=0", "--monitor-interval=0.5", "-m", "fastlab.distributed", *worker_args]
 

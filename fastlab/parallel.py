@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .config import TrainConfig
+from .config import TrainConfig, positive_int
 from .results import RunResult
 
 
@@ -107,8 +107,7 @@ def plan_batches(config: TrainConfig, world_size: int, options: DDPOptions | Non
     """Per-rank and global batch, and the learning rate, for `config` over `world_size` ranks; lr_scaling scales
     config.lr by global batch / one process's batch, linearly (SGD) or by its square root (Adam)."""
     options = options or DDPOptions()
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} is not allowed: an integer >= 1 (the number of processes)")
+    positive_int("world_size", world_size, why=" (the number of processes)")
     per_rank = config.batch_size
     if options.batch == "global":
         if config.batch_size % world_size:

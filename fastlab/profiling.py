@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import isolation
-from .config import TrainConfig
+from .config import TrainConfig, positive_int
 from .measure import resolve_device
 from .results import RunResult
-from .watch import _length, _spans, positive_int, safe_name
+from .watch import event_spans, safe_name, spans_length
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"
@@ -95,7 +95,7 @@ def _step_split(events) -> tuple[list[float], list[float]]:
     """Each ProfilerStep's span and the DataLoader fetch time inside it, in ms (from the trace's own clock)."""
     steps = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep"))
     fetches = [e for e in events if e.name.startswith(DATALOADER_RANGE)]
-    return [(end - start) / 1000 for start, end in steps], [_length(_spans(fetches, *s)) / 1000 for s in steps]
+    return [(end - start) / 1000 for start, end in steps], [spans_length(event_spans(fetches, *s)) / 1000 for s in steps]
 
 
 def profile_run(cfg: TrainConfig, *, label: str = "run", steps: int = 5, trace_dir: str | Path | None = None,

@@ -199,14 +199,14 @@ def verdict(base: Spread, other: Spread, unit: str = "images/s", *, higher_is_be
     return Comparison("better" if up == higher_is_better else "worse", ratio, base, other, **kw)
 
 
-def _runs(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
+def as_runs(runs: RunResult | Sequence[RunResult]) -> list[RunResult]:
     return [runs] if isinstance(runs, RunResult) else list(runs)
 
 
 def pooled_throughput(runs: RunResult | Sequence[RunResult], *, interleaved: bool = False) -> Spread:
     """Images/s over every timed window of the runs (seeds pool into one median); one run keeps its own repeats.
     interleaved: the runs are repeats of one arm run in turns with the other arm's, and the noise rule pairs them."""
-    runs = _runs(runs)
+    runs = as_runs(runs)
     if len(runs) == 1:
         return runs[0].throughput
     return Spread.of([w for r in runs for w in r.window_throughput],
@@ -229,7 +229,7 @@ def runs_verdict(base: RunResult | Sequence[RunResult], other: RunResult | Seque
                  interleaved: bool = False, unit: str = "images/s") -> Comparison:
     """B against A from runs: their pooled timed windows (pooled_throughput), or not_comparable, naming the run,
     when a run diverged, failed or finished no timed window. The changed side is checked first."""
-    b, o = _runs(base), _runs(other)
+    b, o = as_runs(base), as_runs(other)
     for side, runs in (("other", o), ("base", b)):
         bad = uncredited(runs) if runs else None
         if bad is not None or not runs:

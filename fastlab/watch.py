@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from .clocks import DivergenceWatch, window_ends
+from .config import positive_int
 from .loop_facts import FirstStepFacts
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .results import RunResult
@@ -62,13 +63,6 @@ _EARLIER: deque[dict[str, Any]] = deque(maxlen=20)
 def safe_name(label: str) -> str:
     """A label as a plain file name (a trace file's)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "run"
-
-
-def positive_int(what: str, value: Any, minimum: int = 1, why: str = "") -> int:
-    """value, or a ValueError naming `what` was given it and what is allowed."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{what}={value!r} is not allowed: an integer >= {minimum}{why}")
-    return value
 
 
 def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -130,7 +124,7 @@ class SyncCounter:
                 "where": [[w, n] for w, n in self.where.most_common(5)]}
 
 
-def _spans(events: Iterable[Any], lo: float, hi: float) -> list[tuple[float, float]]:
+def event_spans(events: Iterable[Any], lo: float, hi: float) -> list[tuple[float, float]]:
     """The events' time ranges clipped to [lo, hi], merged where they overlap."""
     out: list[tuple[float, float]] = []
     for start, end in sorted((max(e.time_range.start, lo), min(e.time_range.end, hi)) for e in events):
@@ -156,7 +150,7 @@ def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> lis
     return out
 
 
-def _length(spans: list[tuple[float, float]]) -> float:
+def spans_length(spans: list[tuple[float, float]]) -> float:
     return sum(end - start for start, end in spans)
 
 
@@ -167,17 +161,17 @@ def idle_breakdown(events: Any, cuda: bool) -> dict[str, Any]:
     if not steps:
         return {}
     lo, hi = min(e.time_range.start for e in steps), max(e.time_range.end for e in steps)
-    data = _spans([e for e in events if e.name == DATA_RANGE], lo, hi)
+    data = event_spans([e for e in events if e.name == DATA_RANGE], lo, hi)
     if cuda:
         busy_kind = "GPU kernels and copies"
-        busy = _spans([e for e in events if getattr(e.device_type, "name", "") == "CUDA"], lo, hi)
+        busy = event_spans([e for e in events if getattr(e.device_type, "name", "") == "CUDA"], lo, hi)
     else:
         busy_kind = "CPU operators outside the data fetches"
-        busy = _subtract(_spans([e for e in events if not e.name.startswith("ProfilerStep") and e.name != DATA_RANGE],
+        busy = _subtract(event_spans([e for e in events if not e.name.startswith("ProfilerStep") and e.name != DATA_RANGE],
                                 lo, hi), data)
     ms = 1000.0  # profiler times are in microseconds
-    total, busy_ms = (hi - lo) / ms, _length(busy) / ms
-    data_idle = _length(_subtract(data, busy)) / ms
+    total, busy_ms = (hi - lo) / ms, spans_length(busy) / ms
+    data_idle = spans_length(_subtract(data, busy)) / ms
     return {"steps": len(steps), "span_ms": total, "busy": busy_kind, "busy_ms": busy_ms,
             "idle_waiting_for_data_ms": data_idle, "idle_waiting_on_host_ms": max(0.0, total - busy_ms - data_idle)}
 

@@ -10,7 +10,7 @@ from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_lim
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
-from ..config import TrainConfig, thorough
+from ..config import TrainConfig, positive_int, thorough
 from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
@@ -92,8 +92,7 @@ def checklist(results: list[RunResult], base: TrainConfig,
 def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
                    progress: bool = True) -> list[tuple[str, list[RunResult]]]:
     """Up to `limit` dropped rungs retried on top of the ladder, interleaved: (rung title, [top, top + change])."""
-    if limit < 0:
-        raise ValueError(f"limit={limit!r} is not allowed: an integer >= 0")
+    positive_int("limit", limit, 0)
     by_name = {r.name: r for r in rungs}
     top = top_config(results)
     out: list[tuple[str, list[RunResult]]] = []
@@ -376,8 +375,7 @@ def compile_check_skip(base: TrainConfig) -> str | None:
 def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compact",
                        progress: bool = False) -> list[RunResult]:
     """bf16 autocast eager, then compiled, `steps` steps each on base's device ([] without native bf16)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"compile_bf16_check: steps={steps!r} is not allowed: an integer >= 1")
+    positive_int("compile_bf16_check: steps", steps)
     if not bf16_supported(resolve_device(base.device)):
         return []
     cfg = base.replace(**{**COMPILE_CHECK, "model": model}, steps=steps, amp="bf16", compile="off")

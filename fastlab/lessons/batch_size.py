@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .. import claims, outcomes
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import TrainConfig
+from ..config import TrainConfig, positive_int
 from ..measure import Spread, resolve_device
 from ..outcomes import time_to_accuracy, tta_groups
 from ..results import RunResult
@@ -213,8 +213,7 @@ def scaled_lr(lr: float, from_batch: int, to_batch: int, rule: str = "linear") -
     if rule not in LR_RULES:
         raise ValueError(f"scaled_lr: rule={rule!r} is not allowed: choose one of {', '.join(map(repr, LR_RULES))}")
     for name, value in (("from_batch", from_batch), ("to_batch", to_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"scaled_lr: {name}={value!r} is not allowed: an integer >= 1")
+        positive_int(f"scaled_lr: {name}", value)
     k = to_batch / from_batch
     return lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[rule]
 
@@ -228,8 +227,7 @@ def same_images(base: TrainConfig, batch_size: int) -> TrainConfig:
 
 def lr_demo_configs(base: TrainConfig, factor: int = LR_DEMO_FACTOR, rule: str | None = None) -> list[tuple[str, TrainConfig]]:
     """(label, config) for: the base batch; factor x the batch at the same lr; at the lr scaled by `rule`."""
-    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
-        raise ValueError(f"lr_demo_configs: factor={factor!r} is not allowed: an integer >= 2")
+    positive_int("lr_demo_configs: factor", factor, 2)
     rule = rule or DEFAULT_RULE[base.optimizer]
     small = base.batch_size
     big = small * factor

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..comparisons import comparison
-from ..config import TrainConfig, config_for
+from ..config import TrainConfig, config_for, positive_int
 from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, run_ddp
 from ..measure import Spread
 from ..results import RunResult
@@ -35,8 +35,8 @@ def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
     not put two ranks on one GPU); the gpu profile then falls back to the cpu profile's sizes."""
     import torch
 
-    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2):
-        raise ValueError(f"nproc={nproc!r} is not allowed: an integer >= 2 (the demo compares 1 process with nproc)")
+    if nproc is not None:
+        positive_int("nproc", nproc, 2, why=" (the demo compares 1 process with nproc)")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if base.device != "cpu" and gpus >= 2:
         n = nproc or gpus

@@ -14,7 +14,7 @@ from torch import nn
 from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import TrainConfig, preferred_amp
+from ..config import TrainConfig, positive_int, preferred_amp
 from ..measure import Spread, resolve_device
 from ..models import build_model
 from ..plots import ShownFigure, data_note
@@ -211,8 +211,7 @@ def kept_graph_memory(keep: str, steps: int = 8, backward: bool = False, batch_s
         raise ValueError(f"kept_graph_memory: keep={keep!r} is not allowed: choose one of "
                          f"{', '.join(map(repr, KEEP_CHOICES))}")
     for name, value in (("steps", steps), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"kept_graph_memory: {name}={value!r} is not allowed: an integer >= 1")
+        positive_int(f"kept_graph_memory: {name}", value)
     torch.manual_seed(seed)
     net = build_model(model)
     params = {p.data_ptr() for p in net.parameters()}

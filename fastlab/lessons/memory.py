@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from .. import claims
 from ..claims import Finding
+from ..config import positive_int
 from ..measure import Spread, now, resolve_device, synchronize
 from ..models import build_model
 from ..plots import ShownFigure
@@ -26,11 +27,6 @@ COLORS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state"
 def _check(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed: choose one of {', '.join(map(repr, allowed))}")
-
-
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is not allowed: an integer >= 1")
 
 
 def _bytes(tensors) -> int:
@@ -49,7 +45,7 @@ class Segmented(nn.Module):
 
     def __init__(self, net: nn.Module, segments: int = 2) -> None:
         super().__init__()
-        _positive("segments", segments)
+        positive_int("segments", segments)
         self.net, self.segments = net, segments
         self.kept: list[torch.Tensor] = []
         if not (hasattr(net, "features") and hasattr(net, "head")) and not hasattr(net, "layer1"):
@@ -117,7 +113,7 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
     """Take one training step apart into MemoryBreakdown's components, after a first step made the optimiser state."""
     _check("amp", amp, tuple(AMP_DTYPES))
     _check("optimizer", optimizer, OPTIMIZERS)
-    _positive("batch_size", batch_size)
+    positive_int("batch_size", batch_size)
     dev = resolve_device(device)
     dtype = AMP_DTYPES[amp]
     torch.manual_seed(seed)
@@ -231,7 +227,7 @@ def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
 def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool = False, segments: int = 2,
                repeats: int = 8, warmup: int = 2, device: str = "cpu", seed: int = 0) -> Spread:
     """Milliseconds per training step (forward, backward, Adam step), each step timed alone, synchronised."""
-    _positive("repeats", repeats)
+    positive_int("repeats", repeats)
     dev = resolve_device(device)
     torch.manual_seed(seed)
     base = build_model(model).to(dev)

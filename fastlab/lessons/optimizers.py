@@ -11,7 +11,7 @@ import torch
 
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import CHOICES, TrainConfig, as_run_here
+from ..config import CHOICES, TrainConfig, as_run_here, positive_int
 from ..measure import Spread, now, resolve_device
 from ..models import build_model
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_groups
@@ -166,8 +166,7 @@ def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
 
 def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = SCHEDULES) -> dict[str, list[float]]:
     """The learning rate at each of `total_steps` steps per schedule, from fastlab.run's scheduler, stepped alike."""
-    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 2:
-        raise ValueError(f"lr_schedules: total_steps={total_steps!r} is not allowed: an integer >= 2")
+    positive_int("lr_schedules: total_steps", total_steps, 2)
     out = {}
     for name in names:
         cfg = base.replace(scheduler=name, opt_impl="default")
