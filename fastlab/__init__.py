@@ -5,6 +5,7 @@ RunResult with save_results / load_results (what was measured). The notebook wid
 fastlab.widgets, which alone imports ipywidgets.
 """
 
+from . import cpu_kind  # noqa: F401  (first: FASTLAB_CPU_KIND caps torch's kernels before torch is imported)
 from .advisor import advise, verify  # fastlab.advise(result), fastlab.verify(result)
 from .code import code, code_diff
 from .config import PROFILES, TrainConfig, active_profile, config_for

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from . import cpu_kind
+
 
 def mps_available() -> bool:
     """Whether this machine has an Apple GPU torch can use (PyTorch's `mps` device)."""
@@ -211,7 +213,10 @@ def _cpuinfo_field(text: str | None, *names: str) -> str:
 
 
 def cpu_flags(text: str | None = None) -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on Arm); empty where unreadable."""
+    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on Arm); empty where unreadable. This
+    machine's are those of FASTLAB_CPU_KIND where it is set (fastlab.cpu_kind)."""
+    if text is None and (kind := cpu_kind.kind_flags()) is not None:
+        return kind
     return set(_cpuinfo_field(text, "flags", "Features").split())
 
 

@@ -40,3 +40,16 @@ def native_bf16(monkeypatch):
         monkeypatch.setattr(measure, "cpu_native_bf16", lambda flags=None: native)
 
     return set_native
+
+
+def pytest_report_header(config):
+    """Which kind of CPU the suite runs as: this machine's own, or FASTLAB_CPU_KIND's caps (checked to hold)."""
+    import torch
+
+    from fastlab import cpu_kind, measure
+
+    kind = cpu_kind.active_kind()
+    isa = measure.cpu_isa()
+    native = "native bf16" if measure.cpu_native_bf16() else "no native bf16"
+    return (f"fastlab CPU: {measure.cpu_model()}, torch kernels {isa}, {native}, torch {torch.__version__}"
+            + (f" (run as FASTLAB_CPU_KIND={kind})" if kind else ""))
