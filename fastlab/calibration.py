@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import measure
+from . import budget, measure
 from .config import TrainConfig, positive_int, time_sizing
 from .measure import resolve_device
 from .results import write_json
@@ -126,7 +126,7 @@ def steps_for(cal: Calibration, seconds: float, profile: str, windows: int = 1) 
 def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple[TrainConfig, dict[str, Any] | None]:
     """`base` with the steps that fit its profile's time for one of `arms` runs, and how (None: fixed steps)."""
     seconds = seconds_per_run(base.profile, arms)
-    if seconds is None:
+    if seconds is None or budget.refusal("calibration") is not None:  # fixed steps, or the notebook's time is up
         return base, None
     from .train import check_gpu_profile_here
 

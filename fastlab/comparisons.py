@@ -10,8 +10,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import budget
 from .calibration import sized
-from .config import TrainConfig, comparison_repeats, config_for
+from .config import TrainConfig, comparison_repeats, config_for, time_sizing
 from .results import RunResult
 
 ComparisonFn = Callable[..., list[RunResult]]
@@ -26,6 +27,31 @@ class NamedComparison(Protocol):
     repeated: bool
 
     def __call__(self, base: TrainConfig | None = None, progress: bool = True, **options: Any) -> list[RunResult]: ...
+
+
+REGISTERED: dict[str, NamedComparison] = {}  # every comparison by name: a notebook's share its budget among them
+
+
+def comparisons_of(notebook: str) -> list[str]:
+    """The names of the registered comparisons of `notebook` ("01_data_loading")."""
+    return [n for n in REGISTERED if n.split(":", 1)[0] == notebook]
+
+
+def fit_to_budget(name: str, base: TrainConfig, runs_per_repeat: int, repeats: int,
+                  calibration: dict[str, Any]) -> tuple[TrainConfig, int | None]:
+    """`base` with the timed steps, and the repeats (None: not cut), that fit the comparison's share of the
+    notebook's budget (fastlab.budget); each cut is said in one line."""
+    share = budget.share_for(name, len(comparisons_of(name.split(":", 1)[0])))
+    sizing = time_sizing(base.profile)
+    if share is None or sizing is None:
+        return base, None
+    fit = budget.fit(share, runs_per_repeat=runs_per_repeat, repeats=repeats, steps=base.steps,
+                     fewest_steps=max(base.windows, int(sizing["min_steps"])), warmup_steps=base.warmup_steps,
+                     step_seconds=calibration["step_seconds"])
+    if fit.line:
+        print(f"{name}: {fit.line}", flush=True)
+        calibration.update(budget_cuts=list(fit.cuts), budget_share_seconds=round(fit.share_seconds, 1))
+    return base.replace(steps=fit.steps), (fit.repeats if fit.repeats < repeats else None)
 
 
 def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[[ComparisonFn], NamedComparison]:
@@ -43,11 +69,14 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         @functools.wraps(fn)
         def sized_and_tagged(base: TrainConfig | None = None, progress: bool = True,
                              **options: Any) -> list[RunResult]:
-            base, calibration = base or config_for(), None
+            base, calibration, cap = base or config_for(), None, None
             if arms is not None:
-                count = arms(base) if callable(arms) else arms
-                base, calibration = sized(base, max(1, count) * (comparison_repeats(base) if repeated else 1))
-            results = fn(base, progress=progress, **options)
+                count, repeats = max(1, arms(base) if callable(arms) else arms), comparison_repeats(base)
+                base, calibration = sized(base, count * (repeats if repeated else 1))
+                if calibration is not None:
+                    base, cap = fit_to_budget(name, base, count, repeats if repeated else 1, calibration)
+            with budget.within(name, cap if repeated else None):
+                results = fn(base, progress=progress, **options)
             for r in results:
                 r.extras["comparison"] = name
                 if calibration is not None:
@@ -56,6 +85,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
 
         wrapped: Any = sized_and_tagged
         wrapped.name, wrapped.arms, wrapped.repeated = name, arms, repeated
+        REGISTERED[name] = wrapped
         return wrapped
 
     return named

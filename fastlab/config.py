@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from . import budget
 from .measure import bf16_is_trap, bf16_supported, cpu_isa, cpu_model, mps_available, resolve_device
 
 PROFILES = ("smoke", "cpu", "gpu", "mps")
@@ -238,12 +239,12 @@ def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
 
 
 # Runs sized by time (fastlab.calibration): seconds of timed steps for one run and for a whole comparison, turned
-# into steps within min_steps and max_steps. None: fixed `steps` (smoke: nbval's outputs must not depend on speed).
+# into steps within min_steps and max_steps; notebook_seconds: a notebook's budget (fastlab.budget), the fast version. None: fixed `steps` (smoke: nbval's outputs must not depend on speed).
 TIME_SIZING: dict[str, dict[str, float] | None] = {
     "smoke": None,
-    "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60),
-    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400),
-    "mps": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=20, max_steps=200),
+    "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60, notebook_seconds=240.0),
+    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400, notebook_seconds=180.0),
+    "mps": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=20, max_steps=200, notebook_seconds=240.0),
     "custom": None,
 }
 
@@ -268,7 +269,7 @@ def time_sizing(profile: str) -> dict[str, float] | None:
     sizing = TIME_SIZING[profile]
     if sizing is None or not thorough():
         return sizing
-    scaled = {k: sizing[k] * THOROUGH_SCALE for k in ("run_seconds", "comparison_seconds")}
+    scaled = {k: sizing[k] * THOROUGH_SCALE for k in ("run_seconds", "comparison_seconds", "notebook_seconds")}
     return {**sizing, **scaled, "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
 
 
@@ -278,13 +279,17 @@ COMPARISON_REPEATS: dict[str, int] = {"smoke": 2, "cpu": 2, "gpu": 3, "mps": 2, 
 
 
 def comparison_repeats(config: TrainConfig) -> int:
-    """FASTLAB_REPEATS if set (a positive integer), else the profile's COMPARISON_REPEATS."""
+    """FASTLAB_REPEATS if set (a positive integer), else the profile's COMPARISON_REPEATS; fewer where the
+    notebook's budget cut them for the comparison running now (fastlab.budget)."""
     raw = os.environ.get("FASTLAB_REPEATS", "").strip()
     if raw:
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError(f"FASTLAB_REPEATS={raw!r} is not allowed: a positive whole number of repeats")
-        return int(raw)
-    return COMPARISON_REPEATS.get(config.profile, 2)
+        repeats = int(raw)
+    else:
+        repeats = COMPARISON_REPEATS.get(config.profile, 2)
+    cap = budget.repeats_cap()
+    return repeats if cap is None else min(repeats, cap)
 
 
 # ------------------------------------------------------------------ what a knob means on this device

@@ -119,10 +119,10 @@ class RunResult:
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
-            step = statistics.median(self.step_seconds) if self.step_seconds else float("nan")
+            steps = (f"; median step {statistics.median(self.step_seconds):.2f} s over {self.steps_done} steps, "
+                     "warm-up included" if self.step_seconds else "; no step ran")
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
-                    f"({self.error or 'stopped early'}; median step {step:.2f} s over {self.steps_done} steps, "
-                    f"warm-up included), {data}")
+                    f"({self.error or 'stopped early'}{steps}), {data}")
         t, wait, copy = self.throughput, self.data_wait_fraction(), self.copy_fraction()  # NaN: not measured
         split = f"data wait {'not measured' if wait != wait else f'{wait:.0%}'}"
         split += "" if copy != copy else f", copy to device {copy:.0%}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import isolation
+from . import budget, isolation
 from .clocks import Checkpoints
 from .config import TrainConfig, comparison_repeats, demonstration_config, no_op_reasons, plan_arm
 from .data import Data, ImageSet
@@ -44,7 +44,12 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
 
 
 def _run(training: TrainingRun, comparison: str | None = None, cold_compile_caches: bool = False) -> RunResult:
-    """One run, alone in this process's queue, in a fresh process (or, where it cannot go to one, a thread)."""
+    """One run, alone in this process's queue, in a fresh process (or, where it cannot go to one, a thread); not
+    started once the notebook's budget is spent (fastlab.budget)."""
+    refused = budget.refusal(training.result.label)
+    if refused is not None:
+        print(f"budget: {refused}", flush=True)
+        return not_started(training.cfg, training.result.label, refused, comparison)
     check_gpu_profile_here(training.cfg, training.device)
     with exclusive_run(training.result.label):
         result = isolation.execute(training, cold_compile_caches)
@@ -180,6 +185,17 @@ def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
                      error=f"every change is a no-op here ({reason})",
                      no_ops=no_op_reasons(arm, dev), env=environment(dev, arm.profile),
                      images_per_step=arm.batch_size * arm.grad_accum_steps, extras={"not_trained": reason})
+
+
+def not_started(cfg: TrainConfig, label: str, reason: str, comparison: str | None = None) -> RunResult:
+    """The result of a run the notebook's budget did not let start: time_limited, no step, the reason."""
+    dev = resolve_device(cfg.device)
+    result = RunResult(config=cfg.to_dict(), label=label, status="time_limited", error=reason,
+                       no_ops=no_op_reasons(cfg, dev), env=environment(dev, cfg.profile),
+                       images_per_step=cfg.batch_size * cfg.grad_accum_steps, extras={"budget": "not started"})
+    if comparison:
+        result.extras["comparison"] = comparison
+    return result
 
 
 def describe_changes(changes: dict[str, Any]) -> str:

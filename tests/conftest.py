@@ -19,6 +19,15 @@ import pytest  # noqa: E402
 import fastlab  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_notebook_budget_left_behind():
+    """A budget a test starts (fastlab.budget) ends with it: it would refuse the runs of the tests after it."""
+    yield
+    from fastlab import budget
+
+    budget.stop()
+
+
 @pytest.fixture
 def smoke():
     """The smoke config, shortened further where a test only needs a run to happen."""

@@ -120,12 +120,22 @@ def main(argv: list[str] | None = None) -> int:
             seconds, status, load, first, core = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout,
                                                                Path(args.keep) if args.keep else None)
             key = f"{profile}-thorough" if args.thorough else profile
-            record_timing(args.out, name, key, seconds, status, where, load=load, first_result=first, core_path=core)
+            record_timing(args.out, name, key, seconds, status, where, load=load, first_result=first, core_path=core,
+                          step_seconds=step_seconds(profile))
             shown = f", first result after {first:.0f} s" if first is not None else ""
             shown += f", core path {core:.0f} s" if core is not None else ""
             print(f"{name} [{key}]: {seconds:.0f} s{shown}, {status}, load average {load:.1f}", flush=True)
     write_workshop_table(Path(args.out))
     return 0
+
+
+def step_seconds(profile: str) -> float | None:
+    """This machine's calibrated step of the profile's config (None: fixed steps), which scales a notebook's time
+    to another machine (fastlab.tools.timings.begin_notebook)."""
+    from fastlab.calibration import calibrate
+    from fastlab.config import config_for, time_sizing
+
+    return calibrate(config_for(profile)).step_seconds if time_sizing(profile) else None
 
 
 def write_workshop_table(timings_file: Path) -> None:

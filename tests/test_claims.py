@@ -258,7 +258,7 @@ def test_technique_notebook_scaffolding(name):
     text, src = markdown(name), code(name)
     first = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"][0]
     assert first["cell_type"] == "markdown" and "What you will learn" in "".join(first["source"])
-    assert f'notebook_time("{name}")' in src
+    assert f'begin_notebook("{name}")' in src  # its first line: the budget, the estimate here, the time elsewhere
     assert len(re.findall(r"^### Exercise \d", text, re.M)) >= 2
     assert text.count("<details>") >= 2 and "Predict" in text
     assert re.search(r"\*\*Next:\*\*", text) and "## Guard rails" in text

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .. import budget
 from ..results import write_json
 
 TIMINGS_VERSION = 1
@@ -44,22 +45,50 @@ def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, d
 
 def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
                   machine: str, date: str | None = None, load: float | None = None,
-                  first_result: float | None = None, core_path: float | None = None) -> None:
+                  first_result: float | None = None, core_path: float | None = None,
+                  step_seconds: float | None = None) -> None:
     """Set one notebook's time on one profile, atomically, keeping the other entries. load: the 1-minute load
-    average while it ran; first_result: seconds to its tagged first result; core_path: seconds to "## Going further"."""
+    average while it ran; first_result: seconds to its tagged first result; core_path: seconds to "## Going further";
+    step_seconds: the calibrated step of the profile's config on that machine (scales the time to another)."""
     path = Path(path)
     notebooks = load_timings(path)
     entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
              "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     optional = {"load": load, "first_result": first_result, "core_path": core_path}
     entry.update({k: round(float(v), 1) for k, v in optional.items() if v is not None})
+    if step_seconds is not None:
+        entry["step_seconds"] = float(f"{step_seconds:.4g}")
     notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
     doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
     write_json(path, doc, sort_keys=True)
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+def begin_notebook(notebook: str, profile: str | None = None) -> str:
+    """A notebook's first line: start its time budget (fastlab.budget; none on smoke) and say the budget, the time
+    estimated for this machine now (the time measured elsewhere, scaled by this machine's calibrated step against
+    that machine's), and the time measured elsewhere."""
+    from ..calibration import calibrate
+    from ..config import active_profile, config_for, time_sizing
+
+    profile = profile or active_profile()
+    seconds = (time_sizing(profile) or {}).get("notebook_seconds")
+    budget.start(notebook, profile, seconds)
+    entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile) or {}
+    estimate = None
+    if seconds is not None and _number(entry.get("seconds")) and _number(entry.get("step_seconds")):
+        here = calibrate(config_for(profile)).step_seconds
+        estimate = entry["seconds"] * here / entry["step_seconds"]
+    elif seconds is not None and entry:
+        estimate_note = "not estimated here: the time measured elsewhere was recorded without that machine's step time"
+        return budget.describe_estimate(seconds, None, f"{estimate_note}; {notebook_time(notebook, profile)}")
+    return budget.describe_estimate(seconds, estimate, notebook_time(notebook, profile))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+_duration = budget.duration
 
 
 def notebook_time(notebook: str, profile: str | None = None) -> str:

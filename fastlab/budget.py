@@ -1,0 +1,162 @@
+"""A notebook's time budget: started by its first cell (tools.timings.notebook_time), split among the notebook's
+comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
+refusing to start a run once the budget is spent. So no cell runs past the budget by more than the longest single
+run it holds. Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+RUN_OVERHEAD_SECONDS = 1.0  # a run's start, model build and evaluation beyond its steps (a laptop CPU, measured)
+
+
+@dataclass
+class NotebookBudget:
+    """The seconds a notebook may take on this machine, from `started` on the monotonic clock."""
+
+    notebook: str
+    profile: str
+    seconds: float
+    started: float
+    clock: Callable[[], float] = time.monotonic
+    comparisons_done: set[str] = field(default_factory=set)
+    repeats_cap: int | None = None  # fewer interleaved repeats for the comparison running now
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def remaining(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def spent(self) -> bool:
+        return self.remaining() <= 0
+
+    def describe(self) -> str:
+        return f"notebook {self.notebook}'s budget of {duration(self.seconds)} on profile {self.profile}"
+
+
+_ACTIVE: NotebookBudget | None = None
+
+
+def start(notebook: str, profile: str, seconds: float | None,
+          clock: Callable[[], float] = time.monotonic) -> NotebookBudget | None:
+    """Start `notebook`'s budget of `seconds` now (replacing any earlier one in this kernel); None: no budget."""
+    global _ACTIVE
+    _ACTIVE = None if seconds is None else NotebookBudget(notebook.removesuffix(".ipynb"), profile, float(seconds),
+                                                           clock(), clock)
+    return _ACTIVE
+
+
+def active() -> NotebookBudget | None:
+    return _ACTIVE
+
+
+def stop() -> None:
+    """End the active budget (a test, or a notebook run outside its budget)."""
+    global _ACTIVE
+    _ACTIVE = None
+
+
+def refusal(label: str) -> str | None:
+    """Why the run `label` must not start (the notebook's budget is spent), or None."""
+    b = _ACTIVE
+    if b is None or not b.spent():
+        return None
+    return (f"not started: {b.describe()} was spent after {duration(b.elapsed())}; '{label}' would have run past it "
+            f"(FASTLAB_THOROUGH=1 gives the thorough version more time)")
+
+
+def repeats_cap() -> int | None:
+    """The repeats the comparison running now may have under the budget (None: the profile's own)."""
+    return None if _ACTIVE is None else _ACTIVE.repeats_cap
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a comparison fits its share: its timed steps a run and repeats, and the line saying each cut."""
+
+    steps: int
+    repeats: int
+    share_seconds: float
+    estimate_seconds: float
+    cuts: tuple[str, ...] = ()
+
+    @property
+    def line(self) -> str | None:
+        if not self.cuts:
+            return None
+        return (f"budget: this comparison's share is {duration(self.share_seconds)}, so "
+                + "; ".join(self.cuts) + f" (estimated {duration(self.estimate_seconds)} after the cuts)")
+
+
+def run_seconds(step_seconds: float, steps: int, warmup_steps: int) -> float:
+    """A run's estimated wall time: its warm-up and timed steps at the calibrated step time, and its overhead."""
+    return (warmup_steps + steps) * step_seconds + RUN_OVERHEAD_SECONDS
+
+
+def fit(share: float, *, runs_per_repeat: int, repeats: int, steps: int, fewest_steps: int, warmup_steps: int,
+        step_seconds: float) -> Fit:
+    """The most of (steps, repeats) that fits `share` seconds: timed steps cut first (down to fewest_steps), then
+    repeats (down to 2, which the noise rule needs to tell drift from an effect, then 1)."""
+    def cost(s: int, r: int) -> float:
+        return runs_per_repeat * r * run_seconds(step_seconds, s, warmup_steps)
+
+    kept_steps, kept_repeats, cuts = steps, repeats, []
+    if cost(kept_steps, kept_repeats) > share:
+        per_run = share / (runs_per_repeat * kept_repeats) - RUN_OVERHEAD_SECONDS
+        kept_steps = max(fewest_steps, min(steps, math.floor(per_run / step_seconds) - warmup_steps))
+    while cost(kept_steps, kept_repeats) > share and kept_repeats > 1:
+        kept_repeats -= 1
+    if kept_steps < steps:
+        cuts.append(f"{kept_steps} timed steps a run instead of {steps} (each median rests on fewer steps: a smaller "
+                    "difference may not be told apart)")
+    if kept_repeats < repeats:
+        what = ("a single pair of runs: drift cannot be told from an effect of any size, so its verdict cannot tell"
+                if kept_repeats == 1 else "a verdict that can no longer tell says so")
+        cuts.append(f"{kept_repeats} interleaved repeat{'s' if kept_repeats > 1 else ''} instead of {repeats} ({what})")
+    return Fit(kept_steps, kept_repeats, share, cost(kept_steps, kept_repeats), tuple(cuts))
+
+
+def share_for(name: str, comparisons_of_notebook: int) -> float | None:
+    """Seconds of the remaining budget for the comparison `name`: an even split among the notebook's comparisons
+    not yet run (None without a budget, or for another notebook's comparison)."""
+    b = _ACTIVE
+    if b is None or not name.startswith(b.notebook + ":"):
+        return None
+    left = max(1, comparisons_of_notebook - len(b.comparisons_done - {name}))
+    return max(0.0, b.remaining()) / left
+
+
+@contextlib.contextmanager
+def within(name: str, repeats: int | None) -> Iterator[None]:
+    """While the comparison `name` runs: its repeats capped (None: not cut), and counted as run afterwards."""
+    b = _ACTIVE
+    if b is None:
+        yield
+        return
+    b.repeats_cap = repeats
+    try:
+        yield
+    finally:
+        b.repeats_cap = None
+        b.comparisons_done.add(name)
+
+
+def describe_estimate(budget_seconds: float | None, estimate: float | None, measured: str) -> str:
+    """The notebook's first line: its budget, the time estimated here now, and the time measured elsewhere."""
+    parts = []
+    if budget_seconds is not None:
+        parts.append(f"budget {duration(budget_seconds)} (runs are cut to fit, each cut said)")
+    if estimate is not None:
+        parts.append(f"estimated here now before cuts: {duration(estimate)}")
+    parts.append(measured)
+    return "; ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """Seconds below 90, else minutes with one decimal."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"

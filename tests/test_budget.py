@@ -1,0 +1,115 @@
+"""A notebook's time budget (fastlab.budget): split among its comparisons before each starts, cuts said in a line,
+and no run started once it is spent. Constructed clocks and runs: the mechanism, never a speed."""
+
+from __future__ import annotations
+
+import pytest
+
+import fastlab
+from fastlab import budget, comparisons, train
+from fastlab.calibration import Calibration
+from fastlab.config import comparison_repeats, config_for
+from fastlab.results import RunResult
+from fastlab.tools import timings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_comparison_that_fits_its_share_is_not_cut():
+    f = budget.fit(1000.0, runs_per_repeat=2, repeats=3, steps=20, fewest_steps=10, warmup_steps=3, step_seconds=0.1)
+    assert (f.steps, f.repeats, f.cuts, f.line) == (20, 3, (), None)
+
+
+def test_steps_are_cut_first_then_repeats_and_each_cut_is_said():
+    kw = dict(runs_per_repeat=2, repeats=3, steps=40, fewest_steps=10, warmup_steps=3, step_seconds=1.0)
+    steps_only = budget.fit(2 * 3 * (3 + 25 + budget.RUN_OVERHEAD_SECONDS), **kw)
+    assert (steps_only.steps, steps_only.repeats) == (25, 3)
+    assert steps_only.estimate_seconds <= steps_only.share_seconds
+    assert "25 timed steps a run instead of 40" in steps_only.line and "repeat" not in steps_only.line
+    both = budget.fit(2 * 2 * (3 + 10 + budget.RUN_OVERHEAD_SECONDS), **kw)
+    assert (both.steps, both.repeats) == (10, 2)
+    assert "10 timed steps a run instead of 40" in both.line and "2 interleaved repeats instead of 3" in both.line
+    single = budget.fit(30.0, **kw)
+    assert single.repeats == 1 and "its verdict cannot tell" in single.line  # what the cut costs, said
+
+
+def test_a_spent_budget_refuses_a_run_without_starting_it(quick, monkeypatch):
+    clock = Clock()
+    budget.start("01_data_loading", "cpu", 60.0, clock)
+    monkeypatch.setattr(train.isolation, "execute", lambda *a, **k: pytest.fail("a run started past the budget"))
+    clock.now += 61
+    r = fastlab.run(quick, label="late", progress=False)
+    assert r.status == "time_limited" and r.extras["budget"] == "not started" and not r.step_seconds
+    assert "budget of 60 s on profile cpu was spent" in r.error
+    assert "no step ran" in r.summary() and " s over 0 steps" not in r.summary()  # no figure for what never ran
+
+
+def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, monkeypatch):
+    clock, started = Clock(), []
+    budget.start("01_data_loading", "cpu", 12.0, clock)
+
+    def five_seconds(training, cold=False):
+        started.append((training.result.label, clock.now - 1000.0))
+        clock.now += 5.0
+        return RunResult(config=training.cfg.to_dict(), label=training.result.label, window_throughput=[1.0])
+
+    monkeypatch.setattr(train.isolation, "execute", five_seconds)
+    monkeypatch.setattr(train, "check_gpu_profile_here", lambda cfg, dev: None)
+    out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=3, progress=False)
+    assert [at for _, at in started] == [0.0, 5.0, 10.0]  # the fourth would have started at 15 s, past 12 s
+    assert budget.active().elapsed() <= 12.0 + 5.0  # the budget, plus the longest single run
+    assert len(out) == 2 and out[0].status == "time_limited"  # the refused repeat marks its arm
+
+
+def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch, capsys):
+    clock, seen = Clock(), {}
+    base = config_for("cpu", device="cpu")
+
+    @comparisons.comparison("99_test_notebook:first", arms=2)
+    def first(cfg, progress=True):
+        seen.update(steps=cfg.steps, repeats=comparison_repeats(cfg))
+        return []
+
+    @comparisons.comparison("99_test_notebook:second", arms=2)
+    def second(cfg, progress=True):
+        return []
+
+    try:
+        monkeypatch.setattr(comparisons, "sized", lambda cfg, arms: (cfg.replace(steps=40), {"step_seconds": 1.0}))
+        budget.start("99_test_notebook", "cpu", 100.0, clock)
+        first(base, progress=False)
+        line = capsys.readouterr().out
+        assert line.startswith("99_test_notebook:first: budget: this comparison's share is 50 s")  # 100 s for two
+        assert seen["steps"] < 40 and seen["repeats"] < comparison_repeats(base)
+        assert comparison_repeats(base) == 2  # the cap holds only while that comparison runs
+        assert budget.active().comparisons_done == {"99_test_notebook:first"}
+        seen.clear()
+        budget.stop()
+        first(base, progress=False)  # no budget (smoke, custom): nothing cut, nothing said
+        assert seen == {"steps": 40, "repeats": 2} and capsys.readouterr().out == ""
+    finally:
+        for name in ("99_test_notebook:first", "99_test_notebook:second"):
+            comparisons.REGISTERED.pop(name, None)
+
+
+def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, monkeypatch):
+    path = tmp_path / "timings.json"
+    monkeypatch.setenv("FASTLAB_TIMINGS", str(path))
+    timings.record_timing(path, "01_data_loading", "cpu", 120.0, "ok", "CPU (x, AVX512, 2 cores usable), no GPU",
+                          "2026-12-01T00:00", step_seconds=0.2)
+    cal = Calibration(step_seconds=0.5, workload={}, fingerprint={}, steps_measured=4, measured_at="now")
+    monkeypatch.setattr("fastlab.calibration.calibrate", lambda cfg, measure=None: cal)
+    line = timings.begin_notebook("01_data_loading", "cpu")
+    assert line.startswith("budget 4.0 min (runs are cut to fit, each cut said); estimated here now before cuts: "
+                           "5.0 min; 01_data_loading took 2.0 min")  # 120 s x 0.5 / 0.2
+    assert budget.active().notebook == "01_data_loading" and budget.active().seconds == 240.0
+    timings.record_timing(path, "01_data_loading", "cpu", 120.0, "ok", "CPU (x)", "2026-12-01T00:00")
+    assert "not estimated here" in timings.begin_notebook("01_data_loading", "cpu")
+    assert timings.begin_notebook("01_data_loading", "smoke").startswith("01_data_loading: not measured yet")
+    assert budget.active() is None  # smoke's steps are fixed: no budget
