@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab bench dashboard test lint overhead gpu-check clean
+.PHONY: lab bench dashboard test test-cpu-kinds lint overhead gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ lint: $(STAMP)
 
 test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval over notebooks/ (smoke profile)
 	FASTLAB_PROFILE=smoke FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
+
+# The suite as each kind of CPU these machines bring (fastlab/cpu_kind.py: torch's and oneDNN's instruction sets
+# capped, fastlab reading that kind's flags), one after another on this machine; CPU_KINDS="avx2" for one kind.
+CPU_KINDS ?= avx2 avx512 avx512_bf16 amx
+test-cpu-kinds: lint
+	@for kind in $(CPU_KINDS); do \
+		echo "== make test as FASTLAB_CPU_KIND=$$kind"; \
+		FASTLAB_CPU_KIND=$$kind $(MAKE) --no-print-directory test || exit 1; \
+	done
 
 overhead: $(STAMP)  ## the harness against a bare hand-written loop
 	$(PY) tests/benchmark_overhead.py

@@ -211,7 +211,8 @@ def test_both_notebook_comparisons_are_named_for_their_reference_results():
     from fastlab.lessons import own_model
 
     assert at.run_all_together.name == at.NAME == "09_all_together:ladder"
-    assert at.run_all_together.arms is None  # run_ladder sizes its rungs itself: not sized twice
+    base = fastlab.config_for("cpu")
+    assert at.run_all_together.arms(base) == len(at.rungs_for(base))  # sized by time as one comparison of its rungs
     assert own_model.first_steps_demo.name == own_model.NAME == "10_your_own_model:first_steps"
 
 

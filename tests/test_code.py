@@ -149,6 +149,10 @@ RUNNER = textwrap.dedent('''
 ''')
 
 
+# The instruction-set caps this suite runs under (FASTLAB_CPU_KIND, fastlab.cpu_kind): a script rounds as fastlab does.
+KERNEL_CAPS = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ}
+
+
 def run_scripts(scripts: list[str], folder: Path) -> list[tuple[int | str, str]]:
     """(exit status, output) of each script, run as described above."""
     paths = []
@@ -157,7 +161,8 @@ def run_scripts(scripts: list[str], folder: Path) -> list[tuple[int | str, str]]
         path.write_text(text)
         paths.append(str(path))
     out = subprocess.run([sys.executable, "-I", "-c", RUNNER, *paths], cwd=folder, capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(folder), "OMP_NUM_THREADS": "2"}, timeout=1200)
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(folder), "OMP_NUM_THREADS": "2", **KERNEL_CAPS},
+                         timeout=1200)
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert rows and "fastlab_importable" not in rows[0], f"fastlab was importable for the scripts: {out.stderr}"
     assert len(rows) == len(paths), out.stderr[-3000:]

@@ -4,6 +4,7 @@ and the torch.compile + bf16 check (fastlab.lessons.all_together)."""
 import pytest
 
 import fastlab
+from fastlab import measure
 from fastlab.claims import check_verdict
 from fastlab.lessons import all_together as at
 
@@ -183,7 +184,12 @@ def test_compile_check_guards(smoke, monkeypatch):
     assert "has no native bf16" in at.describe_compile_check([], smoke)
 
 
+NATIVE_BF16 = measure.cpu_native_bf16()  # avx512_bf16 or amx_bf16 here (FASTLAB_CPU_KIND overrides it)
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not NATIVE_BF16, reason="needs a CPU with native bf16 (avx512_bf16 or amx_bf16); the other "
+                    "branch is test_compile_check_without_native_bf16_runs_nothing")
 def test_compile_check_runs_for_real(quick):
     # a torch.compile of the tiny net on a 2-core CPU: over a minute with a cold inductor cache
     runs = at.compile_bf16_check(quick.replace(device="cpu"), steps=2, model="tiny")
@@ -192,6 +198,15 @@ def test_compile_check_runs_for_real(quick):
     assert runs[0].config["compile"] == "off" and runs[1].config["compile"] == "default"
     assert all(r.status in ("ok", "diverged") for r in runs)
     assert at.describe_compile_check(runs).splitlines()[-1].startswith("-> ")
+
+
+def test_compile_check_without_native_bf16_runs_nothing(quick, native_bf16, monkeypatch):
+    """On every CPU: without native bf16 the case does not arise (bf16 is a trap there), nothing runs, and it says so."""
+    native_bf16(False)
+    monkeypatch.setattr(at, "run", lambda *a, **k: pytest.fail("a run started without native bf16"))
+    assert at.compile_bf16_check(quick.replace(device="cpu"), steps=2, model="tiny") == []
+    said = at.describe_compile_check([], quick.replace(device="cpu"))
+    assert said.startswith("not checked: ") and "has no native bf16" in said
 
 
 def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch):

@@ -33,9 +33,10 @@ def rungs_for(base: TrainConfig) -> list[Rung]:
     return select_rungs(ladder(base), skip=list(skipped_rungs(base)))
 
 
-@comparison(NAME)  # not sized here: run_ladder sizes every rung alike from the naive rung's calibration
+@comparison(NAME, arms=lambda base: len(rungs_for(base)))  # every rung the same steps, sized by time
 def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """The ladder of `python -m fastlab bench` on base (less the profile's skips), tagged with this comparison."""
+    """The ladder of `python -m fastlab bench` on base (less the profile's skips), tagged with this comparison:
+    every rung gets the steps that fit the profile's comparison time (and the notebook's budget) on this machine."""
     results = run_ladder(base, rungs_for(base), progress=progress)
     for r in results:
         r.extras["comparison"] = NAME
