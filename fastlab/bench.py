@@ -31,7 +31,7 @@ from .outcomes import (
 from .plots import KINDS, ShownFigure, _short_label, figure_png, kind_hatch, legend_handles, own_knobs, plot_waterfall
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run, skip_or_demonstrate
-from .verdicts import turns, verdict
+from .verdicts import step_slowdown, turns, verdict
 
 # Naive and large batch size per profile (and model): the naive rung uses the small one.
 LADDER_BATCH = {"smoke": (32, 64), "cpu": (64, 128), "gpu": (128, 512), "gpu compact": (128, 1024)}
@@ -125,13 +125,20 @@ DROP_BELOW_RATIO = 0.5
 
 
 def drop_reason(result: RunResult, below: RunResult | None) -> str | None:
-    """Why a rung's change should not be carried up the ladder, or None; a stop by the harness's budget is no trap."""
+    """Why a rung's change should not be carried up the ladder, or None. A stop by the harness's budget is judged by
+    what it measured: its windows, else its step time against the rung below's (a rung too slow to time a window
+    is a trap when its steps are), else it is not measured, and not carried up."""
     if below is None:
         return None
     budget_stop = stopped_by_harness_budget(result)
     if budget_stop and not result.window_throughput:
-        return (f"not measured: the harness's time budget ran out before its first timed window ({result.error}); "
-                "not a trap, but nothing measured to carry up")
+        slowdown, steps = step_slowdown(below, result)
+        ran_out = f"the harness's time budget ran out before its first timed window ({result.error})"
+        if slowdown > 1 / DROP_BELOW_RATIO:
+            return (f"{1 / slowdown:.2f}x the rung below it by step time (under {DROP_BELOW_RATIO}x; {steps}): a trap "
+                    f"on this machine; {ran_out}")
+        against = "against the rung below, " if slowdown == slowdown else ""  # nan: a side has no step time
+        return f"not measured: {ran_out}; {against}{steps}"
     if result.status in ("failed", "diverged") or (result.status == "time_limited" and not budget_stop) \
             or not result.window_throughput:
         return f"{result.status}: {result.error or 'no timed window finished'}"
@@ -407,7 +414,7 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
 
 def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
     """A time-to-accuracy rung's kind (plots.KINDS) by tta_verdict against the rung it builds on (v None: first);
-    a gain the verdict does not credit is "noise"."""
+    a gain the verdict does not credit, or a verdict that could not tell, is "noise"."""
     if any(r.status == "diverged" for r in t.runs):
         return "diverged"
     if not t.reached:
@@ -416,7 +423,7 @@ def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
         return "base"
     if v.faster:
         return "better"
-    return "worse" if v.seconds is None or v.seconds.direction == "worse" else "noise"
+    return "worse" if v.told and (v.seconds is None or v.seconds.direction == "worse") else "noise"
 
 
 def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy", not_run: dict[str, str] | None = None):

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from .config import active_profile
 from .measure import Spread, device_name, resolve_device
 from .results import RunResult, write_json
-from .verdicts import CREDITED, Comparison, as_runs, runs_verdict, verdict
+from .verdicts import CREDITED, Comparison, as_runs, runs_verdict, step_slowdown, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 
 try:
@@ -117,8 +117,19 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
     if c.side == "base":
         return Finding(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
     if c.status in CREDITED:
-        return Finding("does not hold here (no timed window finished: slower than the time budget allows)", summaries)
+        return _no_window(base, other, c.status, summaries)
     return Finding(f"does not hold here ({c.reason})", summaries)
+
+
+def _no_window(base: list[RunResult], other: list[RunResult], status: str, summaries: str) -> Finding:
+    """The changed side finished no timed window: its step time, against the baseline's, is the speed it has."""
+    x, steps = step_slowdown(base, other)
+    none = "no timed window finished" + (" within the time budget" if status == "time_limited" else "")
+    if x > 1:
+        return Finding(f"does not hold here: {steps}; {none}", summaries)
+    if x <= 1:
+        return Finding(f"{COULD_NOT_TELL} ({steps}, but {none}; to tell: a longer time budget)", summaries)
+    return Finding(f"does not hold here ({none}; {steps}: no step time to compare)", summaries)
 
 
 def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
@@ -137,8 +148,8 @@ def _faster(c: Comparison, claimed_ratio: float | None, what: str, on_gpu: bool)
     if untold:
         return untold
     if c.noise:
-        return Finding(f"does not hold here (no difference outside the spread: {ratio:.2f}x, where a {matters:g}x "
-                       f"gain would have been seen: under {c.detectable:.2f}x could not)", evidence)
+        return Finding(f"does not hold here ({ratio:.2f}x, not told apart from noise: {c.unseen}; a {matters:g}x "
+                       f"gain would have shown)", evidence)
     if c.direction == "worse":
         return Finding(f"does not hold here (slower: {ratio:.2f}x)", evidence)
     if claimed_ratio is not None and ratio < claimed_ratio:

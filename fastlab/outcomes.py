@@ -20,6 +20,7 @@ from .models import ModelArg
 from .results import RunResult
 from .train import Checkpoints, TrainingRun, _run
 from .verdicts import Comparison, pooled_throughput, verdict
+from .verdicts import median_step_seconds as median_step_seconds  # the lessons read a run's step time here
 
 DEFAULT_SEEDS = (0, 1, 2)
 
@@ -102,6 +103,14 @@ class TimeToAccuracy:
     def why_not(self) -> str:
         """Why seeds did not reach the target ("step budget spent; diverged"), each reason once."""
         return "; ".join(sorted({w for r in self.runs if (w := r.extras["tta"]["why_not"])}))
+
+    @property
+    def first_check_steps(self) -> list[int]:
+        """The steps of the first checkpoint, when every seed that reached the target reached it there (nothing is
+        known of when it got there: any time up to that check); [] when one needed a later check, or none reached."""
+        firsts = [r.extras["tta"]["curve"][0][1] for r in self.runs if r.extras["tta"]["reached"]
+                  and r.extras["tta"].get("curve") and r.extras["tta"]["steps"] == r.extras["tta"]["curve"][0][1]]
+        return sorted({int(s) for s in firsts}) if firsts and len(firsts) == self.reached else []
 
     def summary(self) -> str:
         n = len(self.runs)
@@ -209,12 +218,6 @@ def seconds_per_image(r: RunResult) -> float | None:
     return statistics.median(per_window) if per_window else None
 
 
-def median_step_seconds(r: RunResult) -> float:
-    """Median step time of the timed steps, or of every step (warm-up included) when no timed step finished."""
-    steps = r.step_seconds[int(r.config.get("warmup_steps", 0)):] or r.step_seconds
-    return statistics.median(steps) if steps else float("nan")
-
-
 def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     """A run's time-to-accuracy figures, from its checkpoint curve."""
     curve = r.tta_curve
@@ -275,6 +278,13 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     c = verdict(base.seconds, other.seconds, "s", higher_is_better=False, quantity="training seconds to target",
                 fmt=".1f")
     ratio = c.gain  # how many times faster to the target
+    first = [base.first_check_steps, other.first_check_steps]
+    if all(first):  # the seconds are those of the checkpoint interval, not of the technique
+        steps = " and ".join(f"{s:.0f}" for s in sorted({*first[0], *first[1]}))
+        return TtaVerdict(False, f"{ratio:.2f}x in seconds to {other.target:.0%}, but both reached {other.target:.0%} "
+                                 f"at the first check, after {steps} steps: the ratio measures the checkpoint "
+                                 f"interval, not the change; evaluate more often or set a higher target", evidence, c,
+                          told=False)
     if c.noise and c.detectable > MIN_GAIN:
         return TtaVerdict(False, unseen(c), evidence, c, told=False)
     if c.noise:

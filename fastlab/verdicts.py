@@ -7,6 +7,7 @@ could have told from noise (detectable). Callers decide on those fields, never o
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -119,7 +120,8 @@ class Comparison:
 
     @property
     def words(self) -> str:
-        """The plain sentence: ratio, its direction (or "noise"), the medians and ranges it rests on."""
+        """The plain sentence, in this order: what was measured (the ratio, the medians and ranges it rests on),
+        whether it could be told apart (its direction, or "noise: could not be told apart"), then why."""
         if not self.comparable:
             return f"no comparison: {self.reason}"
         f, b, o = self.fmt, self.base, self.other
@@ -131,38 +133,59 @@ class Comparison:
         lead = f"{self.ratio:.2f}x" + (f" the {self.quantity}" if self.quantity and not rate else "")
         if self.noise:
             rerun = "; run both in turns, 2 repeats or more: fastlab.compare" if self.single_pair else ""
-            return f"{lead}: noise (no difference detected: {self.unseen}{self._dissent()}{rerun}); {head}"
+            return f"{lead}: noise; {head}; could not be told apart: {self.unseen}{rerun}"
         up, down = ("faster", "slower") if rate else ("higher", "lower")
         return f"{lead} ({up if self.ratio > 1 else down}); {head}; {self.power}"
 
     @property
+    def shift(self) -> float:
+        """How far apart the medians are, either way (>= 1): the ratio or its inverse; nan without a ratio."""
+        return max(self.ratio, 1 / self.ratio) if self.ratio > 0 else math.nan
+
+    @property
     def power(self) -> str:
-        """What this measurement could see: 'a change over 1.12x would have shown here' (every comparison)."""
+        """What this measurement could see: 'a change over 1.12x would have shown here' (every comparison); with
+        interleaved repeats, a change that every repeat shows."""
         if self.single_pair or not math.isfinite(self.detectable):
             return "no change would have shown apart from the machine's drift"
-        return f"a change over {self.detectable:.2f}x would have shown here"
+        every = " in every repeat" if paired(self.base, self.other) else ""
+        return f"a change over {self.detectable:.2f}x{every} would have shown here"
 
     @property
     def unseen(self) -> str:
-        """What this measurement could not have seen, and why: the words of "no difference detected"."""
+        """Why no difference was told, the one place these words are built. One run a side: drift. Interleaved
+        repeats of which some showed the difference and some did not: the repeats that disagreed (the noise rule's
+        reason), then, only where the measured ratio is within it, the smallest change the spreads could have
+        shown. Otherwise that smallest change, which the measured ratio is within; it is never said of a ratio
+        beyond it (a repeat-by-repeat rule can pool to one): then each repeat's reading is the reason."""
         if self.single_pair:
             sides = "each side is" if len(self.base.repeats) == len(self.other.repeats) else "one side is"
             return f"{sides} one run, not interleaved with the other: it cannot tell drift from an effect of any size"
-        return (f"on this machine now a change under {self.detectable:.2f}x could not have been seen: measurements "
-                f"varied ±{self.variation:.0%}")
+        limit = (f"on this machine now a change under {self.detectable:.2f}x could not have been seen: measurements "
+                 f"varied ±{self.variation:.0%}")
+        within = self.shift <= self.detectable
+        said, disagreed = self._dissent()
+        if disagreed:
+            return f"the repeats disagreed: {said}" + (f"; and {limit}" if within else "")
+        if said and not within:
+            return f"no repeat read a difference outside its own spread: {said}"
+        return limit
 
-    def _dissent(self) -> str:
-        """Which interleaved repeat did not show the pooled difference: inside its own spread, or the other way."""
+    def _dissent(self) -> tuple[str, bool]:
+        """Which interleaved repeats did not show the pooled difference (inside their own spread, or the other way),
+        and whether the repeats disagreed: one of them showed it, or one showed the opposite. ("", False) unpaired."""
         if not paired(self.base, self.other):
-            return ""
+            return "", False
         up, said, n = self.other.median > self.base.median, [], len(self.base.repeats)
+        inside = 0
         for i, (rb, ro) in enumerate(zip(self.base.repeats, self.other.repeats), 1):
             r = ro.median / rb.median if rb.median > 0 else math.nan
             if _overlap(rb.interval, ro.interval):
                 said.append(f"repeat {i} of {n} read {r:.2f}x, inside its spread")
+                inside += 1
             elif (ro.median > rb.median) != up:
                 said.append(f"repeat {i} of {n} read {r:.2f}x, the other way")
-        return "; the repeats disagreed: " + ", ".join(said) if said else ""
+        return ", ".join(said), bool(said) and inside < n
 
     def __str__(self) -> str:
         return self.words
@@ -211,6 +234,43 @@ def pooled_throughput(runs: RunResult | Sequence[RunResult], *, interleaved: boo
         return runs[0].throughput
     return Spread.of([w for r in runs for w in r.window_throughput],
                      [r.window_throughput for r in runs] if interleaved else None)
+
+
+def median_step_seconds(runs: RunResult | Sequence[RunResult]) -> float:
+    """Median step time over the runs: each run's timed steps (past its warm-up), or every step it finished, warm-up
+    included, when it timed none (a run too slow to finish a timed window still says how slow it was); nan when no
+    step finished. Host wall time, data wait included, as RunResult.step_seconds records it."""
+    steps = [s for r in as_runs(runs) for s in (_timed_steps(r) or r.step_seconds)]
+    return statistics.median(steps) if steps else math.nan
+
+
+def _timed_steps(r: RunResult) -> list[float]:
+    return r.step_seconds[int(r.config.get("warmup_steps", 0)):]
+
+
+def step_slowdown(base: RunResult | Sequence[RunResult], other: RunResult | Sequence[RunResult]) -> tuple[float, str]:
+    """How many times longer `other`'s median step is than `base`'s (median_step_seconds), and its words:
+    '11.2x slower a step (45.2 s vs 4.0 s a step, median)'. For a side that timed no window the step time is the
+    only speed there is; where a side finished no step: (nan, the side that has no step time)."""
+    b, o = as_runs(base), as_runs(other)
+    sb, so = median_step_seconds(b), median_step_seconds(o)
+    missing = [repr(runs[0].label) if runs else "a side" for runs, s in ((o, so), (b, sb)) if not s > 0]
+    if missing:
+        return math.nan, f"no step time recorded for {' and '.join(missing)}"
+    warm = [r.label for r in (*o, *b) if r.step_seconds and not _timed_steps(r)]
+    runs = f" ({len(warm)} runs)" if len(warm) > 1 else ""
+    note = f"; warm-up steps included for {warm[0]!r}{runs}, which timed no step past them" if warm else ""
+    x = so / sb
+    way = f"{_times(x)} slower" if x >= 1 else f"{_times(1 / x)} faster"
+    return x, f"{way} a step ({_secs(so)} vs {_secs(sb)} a step, median{note})"
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x" if x < 10 else f"{x:.1f}x"
+
+
+def _secs(s: float) -> str:
+    return f"{s:.1f} s" if s >= 1 else f"{s * 1000:.0f} ms" if s >= 0.01 else f"{s * 1000:.2f} ms"
 
 
 def uncredited(runs: Sequence[RunResult]) -> tuple[RunResult, str] | None:

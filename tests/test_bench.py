@@ -143,3 +143,29 @@ def test_rung_descriptions_say_what_the_rung_does_on_this_device(smoke, monkeypa
     monkeypatch.setattr(bench, "preferred_amp", lambda device: "bf16")
     gpu = {r.name: r.why for r in ladder(smoke)}
     assert "asynchronously" in gpu["workers"] and "tensor cores" in gpu["amp"] and "no-op" not in gpu["cudnn"]
+
+
+def test_a_rung_stopped_before_its_first_window_is_judged_by_its_step_time():
+    # bf16 autocast on a CPU without bf16 kernels: the harness's budget ran out before its first timed window,
+    # but each step it took was timed: far slower a step than the rung below is a trap, and said with its figures
+    from fastlab.bench import DROP_BELOW_RATIO, drop_reason
+    from fastlab.results import RunResult
+
+    below = RunResult(config={"warmup_steps": 1}, label="below", window_throughput=[100.0, 101.0],
+                      step_seconds=[6.0, 4.0, 4.0, 4.0])
+
+    def stopped(steps: list[float]) -> RunResult:
+        return RunResult(config={"warmup_steps": 1}, label="+bf16", status="time_limited", stopped_by="max_seconds",
+                         error="stopped at its max_seconds=60 budget", step_seconds=steps)
+
+    trap = drop_reason(stopped([50.0, 47.0, 49.0]), below)
+    assert trap.startswith(f"0.08x the rung below it by step time (under {DROP_BELOW_RATIO}x; 12.0x slower a step "
+                           "(48.0 s vs 4.0 s a step, median)): a trap on this machine; the harness's time budget ran "
+                           "out before its first timed window (stopped at its max_seconds=60 budget)"), trap
+    mild = drop_reason(stopped([6.0, 5.0]), below)  # slower, but not past the trap ratio: not measured, no verdict
+    assert mild.startswith("not measured: the harness's time budget ran out before its first timed window") and \
+        mild.endswith("against the rung below, 1.25x slower a step (5.0 s vs 4.0 s a step, median)")
+    nothing = drop_reason(stopped([]), below)  # no step finished: nothing known either way
+    assert nothing.startswith("not measured:") and nothing.endswith("no step time recorded for '+bf16'")
+    for said in (mild, nothing):
+        assert "trap" not in said, said

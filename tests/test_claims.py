@@ -30,6 +30,30 @@ def arm(label: str, windows: list[float], **extra) -> RunResult:
     return merge_repeats([fake(label, windows, **extra), fake(label, windows, **extra)])
 
 
+def test_a_side_that_timed_no_window_is_judged_by_its_step_time():
+    # fp16 autocast on a CPU without fp16 kernels (a slow AVX2 CPU): 35-47 s a step against 4 s in fp32, so the
+    # time budget ran out before one timed window; each step's time was recorded, warm-up included
+    fp32 = [fake("fp32", [8.0, 8.1], step_seconds=[6.0, 4.0, 4.1, 3.9, 4.0]) for _ in range(2)]
+    fp16 = [fake("fp16", [], status="time_limited", error="stopped at its max_seconds=60 budget",
+                 step_seconds=[47.0, 45.2, 46.0, 44.0]) for _ in range(2)]
+    for r in (*fp32, *fp16):
+        r.config["warmup_steps"] = 1
+    f = claims.verdict_speedup(fp32, fp16)
+    assert f.verdict == ("does not hold here: 11.3x slower a step (45.2 s vs 4.0 s a step, median); no timed "
+                         "window finished within the time budget"), f.verdict
+    claims.check_verdict(f.verdict)
+    for r in fp16:  # every step it finished was a warm-up step: still its step time, and said so
+        r.config["warmup_steps"] = 5
+    assert "(45.6 s vs 4.0 s a step, median; warm-up steps included for 'fp16' (2 runs), which timed no step past them)" in \
+        claims.verdict_speedup(fp32, fp16).verdict
+    quick = fake("bf16", [], status="time_limited", step_seconds=[3.0, 3.0])  # a faster step, yet no window
+    assert claims.verdict_speedup(fp32, quick).verdict.startswith("could not tell here (1.33x faster a step (3.0 s")
+    # only where no step finished at all is there no step time
+    none = claims.verdict_speedup(fp32, fake("fp16", [], status="time_limited"))
+    assert none.verdict == ("does not hold here (no timed window finished within the time budget; no step time "
+                            "recorded for 'fp16': no step time to compare)")
+
+
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTLAB_RESULTS_DIR", str(tmp_path / "results"))
@@ -52,7 +76,7 @@ def test_speedup_verdicts():
     assert claims.verdict_speedup(base, arm("x", [250, 260, 270]), 2.0).verdict.startswith("holds (")
     short = claims.verdict_speedup(base, arm("x", [150, 155, 160]), 2.0).verdict
     assert short.startswith("does not hold here as stated") and "claimed 2x" in short
-    assert "no difference outside the spread" in claims.verdict_speedup(base, arm("x", [104, 106, 108])).verdict
+    assert "not told apart from noise" in claims.verdict_speedup(base, arm("x", [104, 106, 108])).verdict
     assert "slower" in claims.verdict_speedup(base, arm("x", [50, 55, 60])).verdict
     noop = claims.verdict_speedup(base, fake("x", [100], no_ops={"pin_memory": "no GPU"}), knob="pin_memory")
     assert noop.verdict == "no-op here (no GPU)"
@@ -337,7 +361,8 @@ def test_a_claim_is_judged_only_where_its_test_could_have_seen_it():
     tight = arm("base", [100, 101, 102])
     assert claims.verdict_speedup(tight, arm("x", [200, 202, 204]), 2.0).verdict.startswith("holds (2.00x")
     same = claims.verdict_speedup(tight, arm("x", [100, 102, 103]), 2.0).verdict
-    assert same.startswith("does not hold here (no difference outside the spread: 1.01x, where a 2x gain would")
+    assert same.startswith("does not hold here (1.01x, not told apart from noise: on this machine now a change under")
+    assert same.endswith("a 2x gain would have shown)")
     # memory: a claimed 50% saving measured by spreads that could not see it
     m = claims.verdict_less(Spread.of([400.0, 1000.0, 1600.0]), Spread.of([380.0, 950.0, 1500.0]), 0.5)
     assert m.verdict.startswith("could not tell here (no memory saving detected")

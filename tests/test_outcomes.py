@@ -308,3 +308,38 @@ def test_the_limits_come_from_the_rung_below():
     limits = bench.tta_limits(below)
     assert limits.max_training_seconds == 28.0 and limits.max_seconds_per_image == pytest.approx(0.06)
     assert bench.tta_limits(None) is None and bench.tta_limits(fastlab.TimeToAccuracy("none", 0.5)) is None
+
+
+def _seeds(label: str, seconds: list[float], speed: float, checks: list[list[float]]) -> fastlab.TimeToAccuracy:
+    """Seeds that reached 50% at the last of `checks` ([steps, accuracy] each), after `seconds` of training."""
+    runs = []
+    for i, s in enumerate(seconds):
+        curve = [[s * steps / checks[-1][0], steps, acc] for steps, acc in checks]
+        r = RunResult(config={"warmup_steps": 0}, label=f"{label} (seed {i})",
+                      window_throughput=[speed * k for k in (0.99, 1.0, 1.01)], images_per_step=32)
+        r.extras["tta"] = {"target": 0.5, "reached": True, "seconds": s, "steps": checks[-1][0], "images": None,
+                           "best_accuracy": checks[-1][1], "curve": curve, "why_not": None}
+        runs.append(r)
+    return fastlab.TimeToAccuracy(label, 0.5, runs)
+
+
+def test_time_to_accuracy_reached_at_the_first_check_measures_the_checkpoint_interval():
+    # both sides reach 50% at their first evaluation, after 10 steps: "2x faster to 50%" would be the 2x faster
+    # step over a fixed 10 steps, when either may have reached 50% at step 1
+    first = [[10, 0.6]]
+    base, other = _seeds("naive", [10.0, 11.0, 12.0], 100.0, first), _seeds("+bf16", [5.0, 5.5, 6.0], 200.0, first)
+    v = outcomes.tta_verdict(base, other)
+    assert not v.faster and not v.told and v.seconds is not None
+    assert v.finding.verdict == ("could not tell here (2.00x in seconds to 50%, but both reached 50% at the first check, "
+                                 "after 10 steps: the ratio measures the checkpoint interval, not the change; evaluate "
+                                 "more often or set a higher target)"), v.finding.verdict
+    assert bench.tta_kind(other, v) == "noise"
+    slower = outcomes.tta_verdict(base, _seeds("+compile", [20.0, 21.0, 22.0], 50.0, first))
+    assert not slower.told and bench.tta_kind(other, slower) == "noise"  # not "worse" either: it cannot tell
+    # the same runs with a check before the target (not reached there): the seconds are the change's, credited
+    later = [[5, 0.3], [10, 0.6]]
+    told = outcomes.tta_verdict(_seeds("naive", [10.0, 11.0, 12.0], 100.0, later),
+                                _seeds("+bf16", [5.0, 5.5, 6.0], 200.0, later))
+    assert told.faster and told.finding.verdict.startswith("holds (2.00x faster to 50%")
+    # only where both sides reached it at their first check: a side that needed a later check is judged as before
+    assert outcomes.tta_verdict(_seeds("naive", [10.0, 11.0, 12.0], 100.0, later), other).faster

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -104,7 +105,7 @@ def test_the_words_follow_the_fields(other):
 def test_claims_take_the_direction_from_the_verdict():
     base = arm("a", [100, 105, 110], [100, 105, 110])
     same = arm("b", [104, 106, 108], [104, 106, 108])
-    assert claims.verdict_speedup(base, same).verdict.startswith("does not hold here (no diff")
+    assert claims.verdict_speedup(base, same).verdict.startswith("does not hold here (1.01x, not told apart from noise")
     assert claims.verdict_speedup(base, arm("b", [300, 310, 320], [300, 310, 320])).verdict == "holds (2.95x faster)"
     no_base = claims.verdict_speedup(run("a", [1.0], status="diverged"), run("b", [300, 310]))
     assert no_base.verdict.startswith("not testable here (no baseline to compare with: 'a' diverged")
@@ -134,7 +135,8 @@ def test_every_comparison_says_the_smallest_difference_it_could_have_seen():
     # both sides' intervals of the median reach ±30%: under (1.3 / 0.7)x apart they touch, whatever B does
     wide = verdict(Spread(100.0, 70.0, 130.0, 5), Spread(110.0, 77.0, 143.0, 5))
     assert wide.noise and wide.detectable == pytest.approx(1.3 / 0.7)
-    assert "no difference detected: on this machine now a change under 1.86x could not have been seen" in wide.words
+    assert wide.words.startswith("1.10x: noise; 110 vs 100 images/s")  # what was measured first, then the why
+    assert "could not be told apart: on this machine now a change under 1.86x could not have been seen" in wide.words
     assert "measurements varied ±30%" in wide.words
     # tight windows: a small difference is seen, and the detectable ratio says how small
     tight = verdict(Spread(100.0, 99.0, 101.0, 5), Spread(110.0, 109.0, 111.0, 5))
@@ -178,3 +180,64 @@ def test_repeats_of_one_window_each_are_judged_by_how_far_the_repeats_differ():
     tight = verdict(Spread.of([100, 101, 200, 201], [[100, 101], [200, 201]]),
                     Spread.of([60, 61, 120, 121], [[60, 61], [120, 121]]))
     assert tight.direction == "worse" and tight.detectable < 1.05
+
+
+# ---------------------------------------------------------------- the order of a verdict's words
+
+UNSEEABLE = re.compile(r"under (\d+\.\d\d)x could not")  # "a change under 1.32x could not have been seen"
+LAYOUTS = ("pooled", "one run each", "repeats agree", "repeat 2 inside", "repeat 2 the other way")
+
+
+def _windows(level: float, spread: float) -> list[float]:
+    return [level * (1 - spread), level, level * (1 + spread)]
+
+
+def _pair(layout: str, ratio: float, spread: float) -> Comparison:
+    """B at `ratio` times A, each window ±spread; in repeats, the machine 20% slower in the second (drift)."""
+    b, o = _windows(100.0, spread), _windows(100.0 * ratio, spread)
+    if layout == "pooled":
+        return verdict(Spread.of(b), Spread.of(o))
+    if layout == "one run each":
+        return verdict(Spread.of(b, [b]), Spread.of(o, [o]))
+    second = {"repeats agree": ratio, "repeat 2 inside": 1.0, "repeat 2 the other way": 1 / ratio}[layout]
+    b2, o2 = _windows(80.0, spread), _windows(80.0 * second, spread)
+    return verdict(Spread.of(b + b2, [b, b2]), Spread.of(o + o2, [o, o2]))
+
+
+CASES = [(layout, ratio, spread) for layout in LAYOUTS for ratio in (0.5, 0.8, 0.97, 1.0, 1.03, 1.33, 1.6, 3.0)
+         for spread in (0.005, 0.1, 0.3)]
+
+
+def _printed(c: Comparison) -> list[str]:
+    """Every sentence built from the comparison: its words, and the claims' findings (verdict and evidence)."""
+    texts = [c.words]
+    for f in [claims.verdict_faster(c.base, c.other, claimed) for claimed in (None, 1.25, 2.0)] + \
+            [claims.verdict_less(c.base, c.other, what="latency", unit="ms")]:
+        texts += [f.verdict, f.evidence]
+    return texts + ([claims.unseen(c)] if c.noise else [])
+
+
+@pytest.mark.parametrize(("layout", "ratio", "spread"), CASES, ids=[f"{a}-{r}x-{s:.1%}" for a, r, s in CASES])
+def test_no_sentence_says_a_change_of_the_measured_size_could_not_have_been_seen(layout, ratio, spread):
+    c = _pair(layout, ratio, spread)
+    shift = float(f"{max(c.ratio, 1 / c.ratio):.2f}")  # the measured ratio either way, as printed
+    for text in _printed(c):
+        for m in UNSEEABLE.finditer(text):
+            said = float(m.group(1))
+            assert said >= shift, f"measured {shift}x, yet 'a change under {said}x could not have been seen': {text}"
+            if "disagreed" in text:  # the reason the noise rule gave first, then what the spreads could show
+                assert text.index("disagreed") < m.start(), text
+    if c.noise:  # what was measured, then that it could not be told apart, then why
+        figures, told = c.words.index(f"{c.other.median:,.0f} vs {c.base.median:,.0f}"), c.words.index("could not be told apart")
+        assert c.words.startswith(f"{c.ratio:.2f}x") and figures < told, c.words
+
+
+def test_the_cases_hold_noise_beyond_the_ratio_the_spreads_could_show():
+    # the tester's case: 1.33x read as noise because a repeat disagreed, where a change over 1.32x would have shown
+    beyond = [c for c in (_pair(*case) for case in CASES) if c.noise and max(c.ratio, 1 / c.ratio) > c.detectable]
+    assert beyond and all("repeat" in c.unseen for c in beyond)
+    c = _pair("repeat 2 inside", 1.6, 0.1)
+    assert c.noise and c.ratio > c.detectable + 0.05, (c.ratio, c.detectable)
+    assert c.words.startswith(f"{c.ratio:.2f}x: noise; 116 vs 89 images/s")
+    assert c.words.endswith("could not be told apart: the repeats disagreed: repeat 2 of 2 read 1.00x, inside its spread")
+    assert "could not have been seen" not in c.words and "in every repeat would have shown" in c.power
