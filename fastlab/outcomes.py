@@ -209,12 +209,6 @@ def seconds_per_image(r: RunResult) -> float | None:
     return statistics.median(per_window) if per_window else None
 
 
-def median_step_seconds(r: RunResult) -> float:
-    """Median step time of the timed steps, or of every step (warm-up included) when no timed step finished."""
-    steps = r.step_seconds[int(r.config.get("warmup_steps", 0)):] or r.step_seconds
-    return statistics.median(steps) if steps else float("nan")
-
-
 def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     """A run's time-to-accuracy figures, from its checkpoint curve."""
     curve = r.tta_curve

@@ -119,10 +119,8 @@ class RunResult:
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
-            step = statistics.median(self.step_seconds) if self.step_seconds else float("nan")
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
-                    f"({self.error or 'stopped early'}; median step {step:.2f} s over {self.steps_done} steps, "
-                    f"warm-up included), {data}")
+                    f"({self.error or 'stopped early'}; {step_time(self)}), {data}")
         t, wait, copy = self.throughput, self.data_wait_fraction(), self.copy_fraction()  # NaN: not measured
         split = f"data wait {'not measured' if wait != wait else f'{wait:.0%}'}"
         split += "" if copy != copy else f", copy to device {copy:.0%}"
@@ -151,6 +149,23 @@ class RunResult:
             if key in extras and key not in data:
                 kept[key] = extras.pop(key)
         return cls(**{**kept, "extras": extras})
+
+
+def median_step_seconds(r: RunResult) -> float:
+    """A run's one step-time figure: the median of its timed steps, or of every step it finished (warm-up included)
+    when no timed step finished (a trap's short run)."""
+    steps = r.step_seconds[int(r.config.get("warmup_steps", 0)):] or r.step_seconds
+    return statistics.median(steps) if steps else float("nan")
+
+
+def step_time(r: RunResult) -> str:
+    """median_step_seconds in words, and over which steps: what every summary, report and plot says of a run's step."""
+    timed = len(r.step_seconds[int(r.config.get("warmup_steps", 0)):])
+    if not r.step_seconds:
+        return "no step finished"
+    over = (f"{timed} timed step{'s' if timed != 1 else ''}" if timed else
+            f"{len(r.step_seconds)} warm-up step{'s' if len(r.step_seconds) != 1 else ''}, no timed step finished")
+    return f"median step {median_step_seconds(r):.2f} s ({over})"
 
 
 def merge_repeats(repeats: list[RunResult]) -> RunResult:
