@@ -147,6 +147,19 @@ TECHNIQUES: dict[str, Technique] = {
 }
 
 
+def brief(technique: str, *, trap: str | None = None, helps: str = "") -> str:
+    """What an exercise asks, printed where it is given: the technique's line. Where this machine marks the technique
+    a known trap (trap: why, from config.trap_reasons), it says so, that the learner's loop will then run slower
+    (the check still says whether it is written correctly), and what helps here instead."""
+    t = TECHNIQUES[technique]
+    ask = f"write it yourself: {t.line}"
+    if trap is None:
+        return ask
+    return (f"{ask}\nON THIS MACHINE IT IS A KNOWN TRAP: {trap}.\nSo your loop will run slower than the given one: the "
+            f"check still says whether you wrote it correctly (the watch sees it in the first step) and measures by "
+            f"how much it is slower here.\nWhat helps here instead: {helps or 'leave it out on this machine'}.")
+
+
 def technique_shown(technique: str, comparison: LoopComparison) -> tuple[bool | None, str]:
     """Whether the edited loop's first step shows `technique` (TECHNIQUES), and what the watch saw, in words."""
     t = TECHNIQUES[technique]
@@ -227,6 +240,6 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     return result
 
 
-__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "check", "final_loss", "images", "learning_rate", "loop_source",
+__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "brief", "check", "final_loss", "images", "learning_rate", "loop_source",
            "peak_memory", "pick", "saved_activations",
            "solution_diff", "solution_runs", "technique_shown", "unchanged"]

@@ -119,7 +119,8 @@ def _recorder(w: Watch, res: RunResult) -> Callable[[dict[str, Any]], None]:
     def log(entry: dict[str, Any]) -> None:
         step = entry.get("step", res.steps_done)
         if "loss" in entry:
-            w.divergence.loss(step, entry["loss"])
+            res.losses.append((step, float(entry["loss"])))  # kept as read: a run ended mid-step keeps them
+            w.divergence.loss(step, entry["loss"])  # (the watch's end rewrites the list whole, the same values)
         if "grad_scale" in entry:
             res.grad_scale.append(float(entry["grad_scale"]))
             w.divergence.grad_scale(step, float(entry["grad_scale"]))

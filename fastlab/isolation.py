@@ -1,7 +1,10 @@
 """Every run in a fresh process (a forkserver's child), so that two compared runs share no state: cuDNN plans,
 OpenMP teams, the allocator, compile caches and globals all outlive a thread. Ctrl-C or a stop ends the child's run
-at its next step; a second Ctrl-C, or STOP_GRACE_SECONDS of silence after a stop, kills it. What a child cannot
-import (a class from __main__, a lambda) runs in a fresh thread instead, and `extras["isolation"]` says why.
+at its next step; a second Ctrl-C, STOP_GRACE_SECONDS of silence after a stop, or a step still running
+BUDGET_GRACE_SECONDS past the run's time budget (config.max_seconds) kills it, with the processes it started. The
+child streams each step (its time, data wait, memory, loss), so a run killed mid-step keeps its finished steps. What
+a child cannot import (a class from __main__, a lambda) runs in a fresh thread instead, and `extras["isolation"]`
+says why; a thread cannot be killed, so there the budget holds between steps only.
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ from typing import Any, TypeVar
 
 import torch
 
+from .clocks import window_ends
 from .data import load_data
 from .harness import TrainingRun, cold_compile_caches, progress_bar
+from .results import RunResult
 
 PRELOAD = ["torchvision", "torch._dynamo", "torch._inductor.config", "fastlab.harness"]  # imported once, by the server
 _context: Any = None
 T = TypeVar("T")
 STOP_GRACE_SECONDS = 30.0  # after a stop, a run's process that sends nothing for this long is killed
+BUDGET_GRACE_SECONDS = 3.0  # a step still running this long past the run's time budget is ended mid-step
+STREAMED = ("step_seconds", "data_wait_seconds", "memory_trace_mb")  # per-step lists a child sends with each step
 
 
 _RUN_LOCK = threading.Lock()
@@ -172,12 +179,40 @@ def _start(target: Callable[..., None], name: str, *args: Any) -> tuple[Any, Any
     return child, here
 
 
+class BudgetClock:
+    """The run's time budget as its parent keeps it: the streamed seconds of the timed steps (after the warm-up, as
+    the watch counts them; time paused for evaluation is in no step), plus the time since the last step ended. The
+    child checks its budget between steps; this clock ends a step that runs past it."""
+
+    def __init__(self, max_seconds: float, warmup_steps: int) -> None:
+        self.limit, self.warmup = max_seconds, warmup_steps
+        self.spent = 0.0  # seconds of the timed steps finished
+        self.since: float | None = None  # when the last step ended, once timed steps have begun
+        self.stepping = True  # False once the child said it takes no more steps (its last, or a stop)
+
+    def step(self, step: int, facts: dict[str, Any]) -> None:
+        if step > self.warmup:
+            self.spent += facts["step_seconds"]
+        self.since = time.monotonic() if step >= self.warmup else None
+        self.stepping = not facts["last"]
+
+    def over(self) -> bool:
+        """Whether the step in progress has run BUDGET_GRACE_SECONDS past the budget."""
+        return (bool(self.limit) and self.stepping and self.since is not None
+                and self.spent + time.monotonic() - self.since > self.limit + BUDGET_GRACE_SECONDS)
+
+    def reason(self, done: int) -> str:
+        return (f"stopped at its {self.limit:g} s budget during step {done + 1}: its process was ended "
+                f"{BUDGET_GRACE_SECONDS:g} s past the budget, mid-step, keeping the {done} steps it finished")
+
+
 def _run_child(training: Any, spec: RunSpec) -> Any:
     stop = StopFlag(_mp_context())
     child, here = _start(_child_main, f"fastlab-run {spec.label}", stop, spec)
     bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
-    done, outcome, killed = 0, None, None
+    done, outcome, killed, over_budget = 0, None, None, False
     heard = None  # when the child was last heard from, once a stop was asked
+    clock = BudgetClock(spec.config.max_seconds, spec.config.warmup_steps)
     try:
         while outcome is None:
             try:
@@ -189,7 +224,9 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                     if heard is not None:
                         heard = time.monotonic()
                     if message[0] == "step":
-                        _, step, total = message
+                        _, step, total, facts = message
+                        keep_step(training.result, step, facts)
+                        clock.step(step, facts)
                         bar = bar or progress_bar(total, spec.label, training.progress)
                         bar.update(step - done)
                         done = step
@@ -201,6 +238,9 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                     break
                 elif heard is not None and time.monotonic() - heard > STOP_GRACE_SECONDS:
                     killed = f"as it sent nothing for {STOP_GRACE_SECONDS:g} s after a stop"
+                    break
+                elif clock.over():
+                    killed, over_budget = clock.reason(done), True
                     break
             except KeyboardInterrupt:  # the caller's Ctrl-C: the child stops at its next step and reports
                 if heard is not None:
@@ -216,9 +256,71 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
         here.close()
         child.join(timeout=0 if killed else 30)
         if child.is_alive():
-            child.kill()
-            child.join()
+            kill_with_its_processes(child)
+    if over_budget:
+        return _over_budget(training, killed)
     return _outcome(training, outcome, child.exitcode, done, killed)
+
+
+def kill_with_its_processes(child: Any) -> None:
+    """SIGKILL a run's process and every process it started (DataLoader workers), and wait for them: nothing of
+    the run goes on using the CPU or the GPU."""
+    import psutil
+
+    try:
+        started = psutil.Process(child.pid).children(recursive=True)
+    except psutil.Error:  # already gone
+        started = []
+    child.kill()
+    child.join()
+    for p in started:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(started, timeout=5)
+
+
+def step_facts(result: RunResult, step: int, total: int) -> dict[str, Any]:
+    """What a child sends of its step `step`: this step's entry of each STREAMED list, its loss when it was read,
+    whether it takes another step, and (with the first step) what the run's data and memory meter are."""
+    facts: dict[str, Any] = {name: getattr(result, name)[-1] for name in STREAMED
+                             if len(getattr(result, name)) == step}
+    facts["loss"] = result.losses[-1][1] if result.losses and result.losses[-1][0] == step - 1 else None
+    facts["last"] = step >= total or bool(result.stopped_by) or result.status != "ok"
+    if step == 1:
+        facts.update(dataset=result.dataset, memory_kind=result.memory_kind)
+    return facts
+
+
+def keep_step(result: RunResult, step: int, facts: dict[str, Any]) -> None:
+    """The parent's copy of a streamed step, on the result it returns if the child ends without one."""
+    for name in STREAMED:
+        if name in facts:
+            getattr(result, name).append(facts[name])
+    if facts["loss"] is not None:
+        result.losses.append((step - 1, facts["loss"]))
+    if step == 1:
+        result.dataset, result.memory_kind = facts["dataset"], facts["memory_kind"]
+    result.steps_done = step
+
+
+def _over_budget(training: Any, reason: str | None) -> RunResult:
+    """A run ended mid-step at its time budget: time_limited, with the steps it streamed and the windows they
+    closed (a window's time is the sum of its steps' times: the watch reads its clock once per step)."""
+    result, cfg = training.result, training.cfg
+    result.status, result.stopped_by, result.error = "time_limited", "max_seconds", reason
+    result.warmup_seconds = sum(result.step_seconds[:cfg.warmup_steps])
+    result.peak_memory_mb = max(result.memory_trace_mb, default=0.0)
+    start = cfg.warmup_steps
+    for end in sorted(window_ends(cfg.warmup_steps, cfg.steps, cfg.windows)):
+        if end > result.steps_done:
+            break
+        seconds = sum(result.step_seconds[start:end])
+        result.window_seconds.append(seconds)
+        result.window_throughput.append(result.images_per_step * (end - start) / seconds)
+        start = end
+    result.timed_seconds = sum(result.window_seconds)
+    result.extras["isolation"] = "process"
+    return result
 
 
 @contextlib.contextmanager
@@ -244,7 +346,7 @@ def _without_main() -> Any:
 def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int, killed: str | None = None) -> Any:
     if outcome is None:  # the child died: what it streamed is what we know
         result = training.result
-        result.status, result.steps_done = "failed", done
+        result.status = "failed"
         result.error = f"the run's process ended without a result ({describe_exit(exitcode)}) after {done} steps"
         if killed:
             result.error += f"; killed here {killed}"
@@ -361,8 +463,10 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
     try:
         layout = _begin(spec.setup)
         model, dataset = pickle.loads(spec.payload)
-        training = TrainingRun(spec.config, spec.label, model, dataset, False, stop,
-                               lambda step, total: conn.send(("step", step, total)), checkpoints=spec.checkpoints)
+        training = TrainingRun(spec.config, spec.label, model, dataset, False, stop, None,
+                               checkpoints=spec.checkpoints)
+        training.on_step = lambda step, total: conn.send(("step", step, total,
+                                                          step_facts(training.result, step, total)))
         training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
         training.result.extras["run_pid"] = os.getpid()
         training.result.extras["layout_shift"] = {"pages": layout[0], "heap_bytes": layout[1]}

@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from .measure import Spread
-from .results import RunResult
+from .results import RunResult, median_step_seconds, step_time
 from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, uncredited
 
 
@@ -185,6 +185,39 @@ def plot_comparison(results: list[RunResult], title: str = "", reference: list[R
     fig.legend(handles=handles, fontsize=7.5, loc="outside lower left", ncols=2)  # below the axes: never over a bar
     note = f"\nreference: {data_note(reference)}" if reference else ""
     fig.suptitle(f"{title + ' - ' if title else ''}{data_note(results)}{note}", fontsize=10)
+    return fig
+
+
+TRAP_WORDS = "trap demonstration: one short run (its steps, timed window or not)"
+
+
+def plot_step_times(results: list[RunResult], title: str = ""):
+    """Seconds a step, one row per run: results.median_step_seconds (whiskers: the min and max of the steps it is the
+    median of), written as results.step_time. A trap's short demonstration run is hatched and marked, with how many
+    times the first row's step of the same images a step it took: its slowdown shows even without a timed window."""
+    fig = ShownFigure(figsize=(10, max(2.6, 0.5 * len(results) + 1.8)), layout="constrained")
+    ax = fig.subplots()
+    steps = [r.step_seconds[int(r.config.get("warmup_steps", 0)):] or r.step_seconds or [0.0] for r in results]
+    med = [median_step_seconds(r) if r.step_seconds else 0.0 for r in results]
+    err = [[m - min(s) for m, s in zip(med, steps)], [max(s) - m for m, s in zip(med, steps)]]
+    traps = [bool(r.extras.get("trap")) for r in results]
+    ax.barh(range(len(results)), med, xerr=err, capsize=3, color=["tab:red" if t else "tab:gray" for t in traps],
+            hatch=["xx" if t else "" for t in traps], edgecolor="black", linewidth=0.6)
+    right = max([m + e for m, e in zip(med, err[1])] + [1e-3])
+    for i, r in enumerate(results):
+        first = next(b for b in results if b.images_per_step == r.images_per_step)
+        ratio = (f", {med[i] / med[results.index(first)]:.1f}x the step of {first.label}"
+                 if first is not r and med[results.index(first)] > 0 else "")
+        ax.text(med[i] + err[1][i] + 0.02 * right, i, f"{step_time(r)}{ratio}" + (", TRAP" if traps[i] else ""),
+                va="center", fontsize=8)
+    ax.set_xlim(0, right * 1.9)  # room for the words right of the whiskers
+    ax.set_yticks(range(len(results)))
+    ax.set_yticklabels([_short_label(r.label) for r in results], fontsize=8)
+    ax.invert_yaxis()  # the first result on top
+    ax.set_xlabel("host seconds a step (median; whiskers: min and max of those steps)")
+    if any(traps):
+        ax.legend(handles=[Patch(facecolor="tab:red", hatch="xx", edgecolor="black", label=TRAP_WORDS)], fontsize=8)
+    ax.set_title(f"{title + ' - ' if title else ''}seconds a step\n{data_note(results)}", fontsize=10)
     return fig
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import statistics
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,10 +120,8 @@ class RunResult:
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:
-            steps = (f"; median step {statistics.median(self.step_seconds):.2f} s over {self.steps_done} steps, "
-                     "warm-up included" if self.step_seconds else "; no step ran")
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
-                    f"({self.error or 'stopped early'}{steps}), {data}")
+                    f"({self.error or 'stopped early'}; {step_time(self)}), {data}")
         t, wait, copy = self.throughput, self.data_wait_fraction(), self.copy_fraction()  # NaN: not measured
         split = f"data wait {'not measured' if wait != wait else f'{wait:.0%}'}"
         split += "" if copy != copy else f", copy to device {copy:.0%}"
@@ -151,6 +150,29 @@ class RunResult:
             if key in extras and key not in data:
                 kept[key] = extras.pop(key)
         return cls(**{**kept, "extras": extras})
+
+
+def timed_steps(r: RunResult) -> list[float]:
+    """The seconds of a run's steps past its warm-up."""
+    return r.step_seconds[int(r.config.get("warmup_steps", 0)):]
+
+
+def median_step_seconds(runs: RunResult | Sequence[RunResult]) -> float:
+    """The one step-time figure of a run (or of runs pooled): the median of each run's timed steps, or of every step
+    it finished (warm-up included) when no timed step finished (a trap's short run); nan when no step finished. Host
+    wall time, data wait included, as RunResult.step_seconds records it."""
+    steps = [s for r in ([runs] if isinstance(runs, RunResult) else runs) for s in (timed_steps(r) or r.step_seconds)]
+    return statistics.median(steps) if steps else float("nan")
+
+
+def step_time(r: RunResult) -> str:
+    """median_step_seconds in words, and over which steps: what every summary, report and plot says of a run's step."""
+    timed = len(timed_steps(r))
+    if not r.step_seconds:
+        return "no step finished"
+    over = (f"{timed} timed step{'s' if timed != 1 else ''}" if timed else
+            f"{len(r.step_seconds)} warm-up step{'s' if len(r.step_seconds) != 1 else ''}, no timed step finished")
+    return f"median step {median_step_seconds(r):.2f} s ({over})"
 
 
 def merge_repeats(repeats: list[RunResult]) -> RunResult:

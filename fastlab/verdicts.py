@@ -7,13 +7,12 @@ could have told from noise (detectable). Callers decide on those fields, never o
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from .measure import Spread
-from .results import RunResult
+from .results import RunResult, median_step_seconds, timed_steps
 
 Direction = Literal["better", "worse", "noise", "not_comparable"]
 CREDITED = ("ok", "time_limited")  # a time-limited run keeps the windows it finished; other statuses are not credited
@@ -236,18 +235,6 @@ def pooled_throughput(runs: RunResult | Sequence[RunResult], *, interleaved: boo
                      [r.window_throughput for r in runs] if interleaved else None)
 
 
-def median_step_seconds(runs: RunResult | Sequence[RunResult]) -> float:
-    """Median step time over the runs: each run's timed steps (past its warm-up), or every step it finished, warm-up
-    included, when it timed none (a run too slow to finish a timed window still says how slow it was); nan when no
-    step finished. Host wall time, data wait included, as RunResult.step_seconds records it."""
-    steps = [s for r in as_runs(runs) for s in (_timed_steps(r) or r.step_seconds)]
-    return statistics.median(steps) if steps else math.nan
-
-
-def _timed_steps(r: RunResult) -> list[float]:
-    return r.step_seconds[int(r.config.get("warmup_steps", 0)):]
-
-
 def step_slowdown(base: RunResult | Sequence[RunResult], other: RunResult | Sequence[RunResult]) -> tuple[float, str]:
     """How many times longer `other`'s median step is than `base`'s (median_step_seconds), and its words:
     '11.2x slower a step (45.2 s vs 4.0 s a step, median)'. For a side that timed no window the step time is the
@@ -257,7 +244,7 @@ def step_slowdown(base: RunResult | Sequence[RunResult], other: RunResult | Sequ
     missing = [repr(runs[0].label) if runs else "a side" for runs, s in ((o, so), (b, sb)) if not s > 0]
     if missing:
         return math.nan, f"no step time recorded for {' and '.join(missing)}"
-    warm = [r.label for r in (*o, *b) if r.step_seconds and not _timed_steps(r)]
+    warm = [r.label for r in (*o, *b) if r.step_seconds and not timed_steps(r)]
     runs = f" ({len(warm)} runs)" if len(warm) > 1 else ""
     note = f"; warm-up steps included for {warm[0]!r}{runs}, which timed no step past them" if warm else ""
     x = so / sb

@@ -29,9 +29,8 @@ from .config import (
 )
 from .isolation import active_run
 from .measure import Spread
-from .outcomes import median_step_seconds
 from .plots import figure_png, plot_comparison
-from .results import RunResult
+from .results import RunResult, median_step_seconds
 from .train import describe_changes, run
 from .verdicts import single_pair, verdict
 

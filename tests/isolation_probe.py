@@ -114,3 +114,27 @@ class HangsAtForward(TinyNet):
 
 def hangs_at_forward() -> nn.Module:
     return HangsAtForward()
+
+
+class SleepsAtThirdStep(TinyNet):
+    """Reports its process, then sleeps SLEEP_AT_THIRD_STEP_S inside its third training step: a step far longer
+    than any time budget (a trap's 35-47 s step on a CPU without fast kernels for its dtype)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == 3:
+                _report(sleeping=True, run_pid=os.getpid())
+                time.sleep(SLEEP_AT_THIRD_STEP_S)
+        return super().forward(x)
+
+
+SLEEP_AT_THIRD_STEP_S = 20.0
+
+
+def sleeps_at_third_step() -> nn.Module:
+    return SleepsAtThirdStep()

@@ -47,7 +47,7 @@ def test_a_spent_budget_refuses_a_run_without_starting_it(quick, monkeypatch):
     r = fastlab.run(quick, label="late", progress=False)
     assert r.status == "time_limited" and r.extras["budget"] == "not started" and not r.step_seconds
     assert "budget of 60 s on profile cpu was spent" in r.error
-    assert "no step ran" in r.summary() and " s over 0 steps" not in r.summary()  # no figure for what never ran
+    assert "no step finished" in r.summary() and " s over 0 steps" not in r.summary()  # no figure for what never ran
 
 
 def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, monkeypatch):

@@ -225,3 +225,36 @@ def test_a_second_ctrl_c_kills_the_child(quick, tmp_path, monkeypatch):
     _when_hanging(probe, twice)
     r = fastlab.run(quick, model=isolation_probe.hangs_at_forward, progress=False)
     assert r.status == "failed" and "killed here on a second Ctrl-C" in r.error
+
+
+def test_a_step_past_the_time_budget_is_ended_mid_step_keeping_the_steps_streamed(quick, tmp_path, monkeypatch):
+    """The run's budget holds inside a step: its process (and its DataLoader worker) ends at the budget plus the
+    stated grace, not when the step would have finished; the result is time_limited with the finished steps."""
+    import time
+
+    import psutil
+
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("FASTLAB_PROBE_FILE", str(probe))
+    monkeypatch.setattr(isolation, "BUDGET_GRACE_SECONDS", 1.0)
+    cfg = quick.replace(warmup_steps=1, steps=4, windows=1, max_seconds=1.0, num_workers=1)
+    seen: dict = {}
+
+    def note_the_processes() -> None:  # while the third step sleeps: the run's process and its worker
+        line = probe_lines(probe)[0]
+        seen["at"] = time.monotonic()
+        seen["processes"] = [psutil.Process(line["run_pid"]), *psutil.Process(line["run_pid"]).children(True)]
+
+    _when_hanging(probe, note_the_processes)
+    r = fastlab.run(cfg, model=isolation_probe.sleeps_at_third_step, progress=False)
+    ended = time.monotonic()
+    assert r.status == "time_limited" and r.stopped_by == "max_seconds" and r.extras["isolation"] == "process"
+    assert r.error.startswith("stopped at its 1 s budget during step 3"), r.error
+    # ended within the budget and its grace (the third step alone would have slept 20 s), with a margin for a busy box
+    assert ended - seen["at"] < 1.0 + 1.0 + 6.0
+    assert r.steps_done == 2 and len(r.step_seconds) == 2 and len(r.data_wait_seconds) == 2
+    assert [step for step, _ in r.losses] == [0, 1] and all(loss > 0 for _, loss in r.losses)
+    assert r.dataset.get("synthetic") and r.peak_memory_mb > 0 and not r.window_throughput
+    assert len(seen["processes"]) >= 2  # the run's process and its DataLoader worker: none goes on running
+    _, alive = psutil.wait_procs(seen["processes"], timeout=5)
+    assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), alive

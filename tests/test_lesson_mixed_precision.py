@@ -5,7 +5,7 @@ import torch
 
 import fastlab.models
 from fastlab.lessons import mixed_precision as mp
-from fastlab.results import RunResult
+from fastlab.results import RunResult, median_step_seconds, step_time
 
 
 def test_fp16_flushes_small_gradients_and_the_scale_saves_them():
@@ -55,9 +55,9 @@ def test_batch_pairs_pair_each_batch_with_its_fp32_run():
 def test_final_loss_and_step_time_of_a_time_limited_run():
     r = _run("bf16", 8, [], losses=[(i, float(i)) for i in range(10)], status="time_limited", steps=(3.0, 5.0, 4.0))
     assert mp.final_loss(r, last=2) == pytest.approx(8.5)
-    assert mp.median_step_seconds(r) == 4.0
+    assert median_step_seconds(r) == 4.0
     report = mp.precision_report([_run("off", 8, [10, 11], steps=(1.0, 1.0)), r])
-    assert "hit the time budget: a median step took 4.00 s vs 1.00 s" in report
+    assert "hit the time budget: median step 4.00 s (3 timed steps) against median step 1.00 s (2 timed steps)" in report
     assert "no timed window" in report
     with pytest.raises(ValueError, match="last"):
         mp.final_loss(r, last=0)
@@ -149,3 +149,71 @@ def test_c5_is_labelled_a_demonstration_and_adds_the_nets_own_share(smoke):
     assert f"in a real run of the workbook net, {net.share:.2%}" in f.verdict and net.summary() in f.evidence
     with pytest.raises(ValueError, match="steps"):
         mp.net_gradient_underflow(smoke, steps=0)
+
+
+# ---------------------------------------------------------------- a trap's short run, described once everywhere
+
+
+def _trap_run(steps=(47.40, 45.17)):
+    """A trap's demonstration stopped at its budget: one warm-up step and one timed step, no timed window."""
+    return RunResult(config={"amp": "bf16", "batch_size": 8, "warmup_steps": 1}, label="bf16 (trap demonstration)",
+                     status="time_limited", error="stopped at its 10 s budget during step 3", images_per_step=8,
+                     step_seconds=list(steps), extras={"trap": "no native bf16 here"})
+
+
+def test_a_trap_run_without_a_timed_window_has_one_step_time_everywhere():
+    base = RunResult(config={"amp": "off", "batch_size": 8, "warmup_steps": 1}, label="fp32", images_per_step=8,
+                     window_throughput=[2.0, 2.1], step_seconds=[5.0, 4.0, 4.0, 4.0])
+    trap = _trap_run()
+    said = step_time(trap)
+    assert said == "median step 45.17 s (1 timed step)"  # the timed step's, not the warm-up's
+    assert said in trap.summary() and said in mp.versus(base, trap) and "nothing measured" not in mp.versus(base, trap)
+    report = mp.precision_report([base, trap])
+    assert said in report and "nothing measured" not in report
+    only_warmup = _trap_run(steps=(47.40,))
+    assert step_time(only_warmup) == "median step 47.40 s (1 warm-up step, no timed step finished)"
+    assert step_time(only_warmup) in only_warmup.summary()
+
+
+def test_the_speed_plot_draws_a_traps_step_time_marked_as_a_trap():
+    from fastlab import plots
+
+    base = RunResult(config={"amp": "off", "warmup_steps": 1}, label="fp32", images_per_step=8,
+                     window_throughput=[2.0, 2.1], step_seconds=[5.0, 4.0, 4.0])
+    figures = mp.speed_figures([base, _trap_run()], "t")
+    assert len(figures) == 2 and len(mp.speed_figures([base], "t")) == 1  # the step times only beside a trap
+    ax = figures[1].axes[0]
+    assert [round(bar.get_width(), 2) for bar in ax.patches[:2]] == [4.0, 45.17]
+    words = [t.get_text() for t in ax.texts]
+    assert "median step 45.17 s (1 timed step), 11.3x the step of fp32, TRAP" in words
+    assert ax.get_legend().get_texts()[0].get_text() == plots.TRAP_WORDS
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_exercise_says_when_its_half_precision_is_a_trap_here_and_what_helps(native_bf16, smoke, native):
+    native_bf16(native)
+    cpu = torch.device("cpu")
+    brief = mp.exercise_brief(smoke, cpu)
+    assert brief.startswith("this device's half precision: bf16 (dtype=torch.bfloat16), without a GradScaler")
+    assert "torch.autocast(device.type" in brief
+    if native:
+        assert mp.exercise_trap(smoke, cpu) is None and "TRAP" not in brief
+        return
+    why = mp.exercise_trap(smoke, cpu)
+    assert why and why in brief and "KNOWN TRAP" in brief
+    assert "your loop will run slower than the given one" in brief and "whether you wrote it correctly" in brief
+    assert "What helps here instead: the autocast dtype fastlab picks for this device" in brief
+    assert "none, fp32" in brief  # config.describe_amp: no autocast on this CPU
+
+
+def test_notebook_02s_core_path_ends_with_its_verdict_and_its_headings_count_up():
+    import json
+    import re
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "02_mixed_precision.ipynb").read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    further = next(i for i, t in enumerate(text) if t.startswith("## Going further"))
+    assert cells[further - 1]["cell_type"] == "code" and "claims.conclude(" in text[further - 1]
+    numbers = [int(m.group(1)) for t in text if (m := re.match(r"## (\d+)\.", t))]
+    assert numbers == list(range(1, len(numbers) + 1))

@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import claims
+from .. import claims, exercise
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import THOROUGH_SEEDS, TrainConfig, low_precision, thorough, trap_reasons
+from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, thorough, trap_reasons
 from ..measure import Spread, resolve_device
-from ..outcomes import accuracy_spread, describe_accuracy, median_step_seconds, outcome_verdict
-from ..plots import data_note
-from ..results import RunResult
+from ..outcomes import accuracy_spread, describe_accuracy, outcome_verdict
+from ..plots import data_note, plot_comparison, plot_step_times
+from ..results import RunResult, step_time
 from ..train import interleave
-from ..verdicts import verdict
+from ..verdicts import runs_verdict, verdict
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # below about half of this, an fp16 value rounds to exactly zero
 FP16_SMALLEST_NORMAL = float(torch.finfo(torch.float16).tiny)  # 2**-14: below it fp16 loses precision
@@ -109,20 +109,38 @@ def precision_report(results: list[RunResult]) -> str:
         if runs is base:
             continue
         if runs[0].extras.get("trap"):
-            lines.append(f"    a trap here, shown in one short run instead of {len(base)} full ones: a median step "
-                         f"took {median_step_seconds(runs[0]):.2f} s vs {median_step_seconds(base[0]):.2f} s in "
-                         f"{base_name} ({runs[0].extras['trap']}); its accuracy after so few steps is not compared")
+            lines.append(f"    a trap here, shown in one short run instead of {len(base)} full ones: "
+                         f"{versus(base[0], runs[0])} ({runs[0].extras['trap']}); its accuracy after so few steps "
+                         f"is not compared")
             continue
         lines.append(f"    vs {base_name}: speed {claims.verdict_speedup(base, runs).verdict}; outcome: "
                      f"{outcome_verdict(base, runs)}")
         limited = [r for r in runs if r.status == "time_limited"]
         if limited:
-            lines.append(f"    {len(limited)} run(s) hit the time budget: a median step took "
-                         f"{median_step_seconds(limited[0]):.2f} s vs {median_step_seconds(base[0]):.2f} s in fp32")
+            lines.append(f"    {len(limited)} run(s) hit the time budget: {step_time(limited[0])} against "
+                         f"{step_time(base[0])} in {base_name}")
         no_ops = {k: v for r in runs for k, v in r.no_ops.items()}
         if no_ops:
             lines.append("    no-ops: " + "; ".join(f"{k}: {v}" for k, v in no_ops.items()))
     return "\n".join(lines)
+
+
+def versus(base: RunResult, other: RunResult) -> str:
+    """`other` against `base` in one line. A trap's short run, or a run that finished no timed window, by both runs'
+    step times (results.step_time, the one description of a run's step everywhere), never "nothing measured"; else
+    the verdict on their timed windows."""
+    if other.extras.get("trap") or not other.window_throughput:
+        return f"{step_time(other)} against {step_time(base)} in {base.label}"
+    return str(runs_verdict(base, other))
+
+
+def speed_figures(results: list[RunResult], title: str) -> list:
+    """The speed plot: images/s and peak memory (plots.plot_comparison), and, where a run is a trap's short
+    demonstration, every run's step time (plots.plot_step_times): a trap's slowdown, with or without a timed window."""
+    figures = [plot_comparison(results, title=title)]
+    if any(r.extras.get("trap") for r in results):
+        figures.append(plot_step_times(results, title=title))
+    return figures
 
 
 def batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
@@ -131,6 +149,26 @@ def batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResul
     for r in results:
         runs.setdefault(int(r.config["batch_size"]), {}).setdefault(r.config["amp"] == "off", r)
     return {batch: (pair[True], pair[False]) for batch, pair in runs.items() if len(pair) == 2}
+
+
+# ---------------------------------------------------------------- write it yourself
+
+
+def exercise_trap(cfg: TrainConfig, device: torch.device) -> str | None:
+    """Why autocast in this device's half precision (low_precision) is a known trap here (config.trap_reasons),
+    or None where it is not."""
+    return trap_reasons(cfg.replace(amp=low_precision(device)), device).get("amp")
+
+
+def exercise_brief(cfg: TrainConfig, device: torch.device) -> str:
+    """The autocast exercise's instructions on this device: the dtype and whether GradScaler goes with it, and where
+    that is a known trap here, that it is, why, and what helps instead (exercise.brief)."""
+    amp = low_precision(device)
+    scaler = ("with a torch.amp.GradScaler (fp16's narrow range)" if amp == "fp16" else
+              "without a GradScaler (bf16 has fp32's range)")
+    helps = f"the autocast dtype fastlab picks for this device (config.preferred_amp): {describe_amp(device)}"
+    return (f"this device's half precision: {amp} (dtype=torch.{'float16' if amp == 'fp16' else 'bfloat16'}), "
+            f"{scaler}\n" + exercise.brief("autocast", trap=exercise_trap(cfg, device), helps=helps))
 
 
 # ---------------------------------------------------------------- why fp16 needs GradScaler
