@@ -28,7 +28,17 @@ from .outcomes import (
     tta_groups,
     tta_verdict,
 )
-from .plots import KINDS, ShownFigure, _short_label, figure_png, kind_hatch, legend_handles, own_knobs, plot_waterfall
+from .plots import (
+    KINDS,
+    NO_OP_WORDS,
+    ShownFigure,
+    _short_label,
+    figure_png,
+    kind_hatch,
+    legend_handles,
+    own_knobs,
+    plot_waterfall,
+)
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run, skip_or_demonstrate
 from .verdicts import step_slowdown, turns, verdict
@@ -461,7 +471,7 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
     for j, why in enumerate((not_run or {}).values(), start=len(ttas)):
         kinds.append("no-op")
         ax.plot(j, 0, marker=KINDS["no-op"][2], color="black", markerfacecolor="white", ms=10, clip_on=False)
-        ax.annotate("no-op, not trained:\n" + _short_label(why, 18, 4), (j, 0), textcoords="offset points",
+        ax.annotate(f"{NO_OP_WORDS}:\n" + _short_label(why, 18, 4), (j, 0), textcoords="offset points",
                     xytext=(0, 9), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_xlim(-0.6, len(names) - 0.4)  # a last rung with no bar keeps its "not reached" inside the axes

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import budget
-from .measure import bf16_is_trap, bf16_supported, cpu_isa, cpu_model, mps_available, resolve_device
+from .measure import bf16_is_trap, bf16_supported, cpu_flags, cpu_isa, cpu_model, mps_available, resolve_device
 
 PROFILES = ("smoke", "cpu", "gpu", "mps")
 
@@ -54,7 +54,7 @@ class TrainConfig:
     # --- precision ---
     amp: str = "off"  # autocast dtype: "fp16" (with GradScaler) or "bf16"
     tf32: bool = True  # cuDNN convolutions may use TF32 on Ampere+ GPUs (torch's default); False: strict fp32
-    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: "high"/"medium" allow TF32 (bf16 on CPU)
+    matmul_precision: str = "highest"  # set_float32_matmul_precision: "high"/"medium" allow TF32 (CPU: cpu_matmul_no_op)
     # --- kernels ---
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms per input shape and keep the fastest
     channels_last: bool = False  # NHWC memory format for model and inputs (tensor cores prefer it)
@@ -308,6 +308,31 @@ def fused_optimizer_devices() -> tuple[str, ...]:
         return ("cuda", "cpu", "mps")
 
 
+# torch's CPU checks (aten/src/ATen/native/mkldnn/Matmul.cpp, Utils.h) for running fp32 matmuls in lower precision:
+# "high" asks oneDNN for TF32, used only on x86 CPUs with AMX-FP16; "medium" asks for bf16, allowed where oneDNN has
+# bf16 support (x86: AVX-512 BW/VL/DQ or AVX-NE-CONVERT; Arm: bf16).
+_CPU_TF32_FLAGS = ("amx_fp16",)
+_CPU_BF16_FLAG_SETS = ({"avx512bw", "avx512vl", "avx512dq"}, {"avx_ne_convert"}, {"bf16"})
+
+
+def cpu_matmul_no_op(precision: str, flags: set[str] | None = None) -> str | None:
+    """Why matmul_precision=`precision` does nothing on this CPU (flags: its feature flags, default this machine's),
+    or None where it may act. On a CPU, torch.set_float32_matmul_precision sets oneDNN's fp32 matmul precision:
+    "high" means TF32, which torch uses only with AMX-FP16; "medium" means bf16 where oneDNN supports bf16 (it may
+    still run such matmuls in fp32 where it has no kernel for it), and nothing elsewhere (unread flags: may act)."""
+    if precision == "highest":
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if precision == "high" and not any(f in flags for f in _CPU_TF32_FLAGS):
+        return ("on a CPU, 'high' asks oneDNN for TF32 matmuls, which torch uses only on CPUs with AMX-FP16; this "
+                f"CPU ({cpu_model()}) has none, so fp32 matmuls run as with 'highest'")
+    if precision == "medium" and flags and not any(need <= flags for need in _CPU_BF16_FLAG_SETS):
+        return ("on a CPU, 'medium' lets oneDNN run fp32 matmuls in bf16 only where it supports bf16 (AVX-512 or "
+                f"AVX-NE-CONVERT on x86, bf16 on Arm); this CPU ({cpu_model()}) has neither, so fp32 matmuls run as "
+                "with 'highest'")
+    return None
+
+
 def no_op_reasons(config: TrainConfig, device: torch.device | str,
                   capability: tuple[int, int] | None = None) -> dict[str, str]:
     """Knob -> why it does nothing on `device`. `capability`: the CUDA compute capability (queried when None)."""
@@ -342,6 +367,8 @@ def no_op_reasons(config: TrainConfig, device: torch.device | str,
         out["cudnn_benchmark"] = f"cuDNN runs only on NVIDIA GPUs; this run is on {where}"
     if _changed(config, "tf32"):
         out["tf32"] = f"TF32 is a mode of NVIDIA Ampere-or-newer GPUs; this run is on {where}"
+    if kind == "cpu" and (why := cpu_matmul_no_op(config.matmul_precision)):
+        out["matmul_precision"] = why
     if config.opt_impl == "fused" and kind not in fused_optimizer_devices():
         out["opt_impl"] = f"this torch has no fused optimiser kernels for {where}; torch's default is used"
     if config.compile in CUDA_GRAPH_MODES:

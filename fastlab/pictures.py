@@ -54,14 +54,50 @@ def step_anatomy(r: RunResult) -> dict[str, float]:
 
 
 def describe_anatomy(results: list[RunResult]) -> str:
-    """Each run's step anatomy as a line of milliseconds and shares."""
+    """Each run's step anatomy as a line of milliseconds and shares; for two runs, how far the parts their
+    difference does not touch moved (drift_note)."""
     lines = []
     for r in results:
         parts = step_anatomy(r)
         total = sum(parts.values())
         shares = ", ".join(f"{k} {v:.1f} ms ({v / total:.0%})" for k, v in parts.items())
         lines.append(f"{r.label}: {total:.1f} ms a sampled step = {shares}")
-    return "\n".join(lines)
+    drift = drift_note(*results) if len(results) == 2 else ""
+    return "\n".join(lines + ([drift] if drift else []))
+
+
+_DATA_KNOBS = ("loader", "num_workers", "pin_memory", "non_blocking", "persistent_workers", "prefetch_factor")
+_OPTIMISER_KNOBS = ("optimizer", "opt_impl", "lr", "weight_decay", "momentum", "scheduler", "set_to_none")
+# The parts of a step each knob acts on. A knob not named (model, batch, precision, layout, compile) may act on all.
+KNOB_PARTS: dict[str, tuple[str, ...]] = {**dict.fromkeys(_DATA_KNOBS, ("data wait", "copy", "data wait + copy")),
+                                          **dict.fromkeys(_OPTIMISER_KNOBS, ("optimiser",)),
+                                          "log_every": ("loss read / sync",), "log_loss": ("loss read / sync",)}
+_NOT_KNOBS = ("seed", "max_seconds", "profile", "steps", "windows", "eval_images")  # the same computation per step
+_CATCH_ALL = ("other", "loss read / sync")  # the step's remainders: any change can move them
+
+
+def untouched_parts(a: RunResult, b: RunResult) -> list[str]:
+    """The parts of a step that no knob differing between the two runs acts on (KNOB_PARTS); none where a
+    differing knob may act on every part."""
+    touched: set[str] = set()
+    for knob in (k for k in {**a.config, **b.config} if a.config.get(k) != b.config.get(k) and k not in _NOT_KNOBS):
+        if knob not in KNOB_PARTS:
+            return []
+        touched.update(KNOB_PARTS[knob])
+    return [p for p in PARTS if p not in touched and p not in _CATCH_ALL]
+
+
+def drift_note(a: RunResult, b: RunResult) -> str:
+    """How far the parts of a step the change between `a` and `b` does not touch moved between the two sampled
+    runs: a difference of that size in any part is the machine drifting, not the change. "" where none is untouched."""
+    pa, pb = step_anatomy(a), step_anatomy(b)
+    moved = [(p, pa[p], pb[p]) for p in untouched_parts(a, b) if p in pa and p in pb and pa[p] > 0]
+    if not moved:
+        return ""
+    worst = max(abs(y / x - 1) for _, x, y in moved)
+    parts = ", ".join(f"{p} {x:.1f} -> {y:.1f} ms ({y / x - 1:+.0%})" for p, x, y in moved)
+    return (f"Parts the change does not touch moved by up to {worst:.0%} between the two samples ({parts}): "
+            f"differences of that size here are drift, not the change.")
 
 
 def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"):

@@ -92,11 +92,24 @@ def kind_words(kind: str, r: RunResult, c: Comparison | None) -> str:
     if kind == "diverged":
         return "DIVERGED, not credited"
     if kind == "no-op":
-        return f"no-op, not trained: {r.extras.get('not_trained') or r.error or 'every change is a no-op here'}"
+        return f"{NO_OP_WORDS}: {r.extras.get('not_trained') or r.error or 'every change is a no-op here'}"
     if kind == "not_comparable":
         side = "its baseline " if c is not None and c.side == "base" else ""
         return f"not comparable: {side}{(c.status if c is not None and c.status else r.status).replace('_', '-')}"
     return ""
+
+
+NO_OP_WORDS = "no-op here, not trained"  # what every plot writes of a run that was not trained: no change acts here
+
+
+def run_label(r: RunResult) -> str:
+    """A run's name on an axis or in a legend: its label, marked as a no-op where it was not trained."""
+    return f"{r.label} ({NO_OP_WORDS})" if r.status == "no_op" else r.label
+
+
+def own_no_ops(r: RunResult, built_on: RunResult | None) -> list[str]:
+    """The knobs this trained run changed from the run it is compared with that did nothing here (its no-ops)."""
+    return [] if r.status == "no_op" else [k for k in own_knobs(r, built_on) if k in r.no_ops]
 
 
 def marks_of(r: RunResult) -> list[str]:
@@ -173,6 +186,8 @@ def plot_comparison(results: list[RunResult], title: str = "", reference: list[R
         if kinds[i] in ("better", "worse", "noise") and isinstance(paired.get("comparison"), Comparison):
             text = f"{paired['label']} (paired)"  # the panel's words: the median of its pairs' ratios
         text += "".join(f", {m.replace('_', '-')}" for m in marks[i])
+        noop = own_no_ops(r, results[0]) if i else []
+        text += f", no-op here: {', '.join(noop)}" if noop else ""
         ax_t.text(ends[i] + 0.02 * right, i, text, va="center", fontsize=8)
     ax_t.set_xlim(0, right * 1.5)  # room for the text right of the whiskers
     ax_t.set_yticks(y)
@@ -242,7 +257,7 @@ def plot_step_split(results: list[RunResult], title: str = ""):
     ax.bar(x, computes, bottom=[w + c for w, c in zip(waits, copies)], label="compute (the rest of the step)",
            color="tab:blue")
     ax.set_xticks(list(x))
-    ax.set_xticklabels([r.label for r in results], rotation=25, ha="right", fontsize=8)
+    ax.set_xticklabels([run_label(r) for r in results], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("ms per step (median)")
     return _finish(fig, ax, title, "where a step's time goes", results)
 
@@ -256,7 +271,7 @@ def plot_timeline(results: list[RunResult], title: str = ""):
             ax.set_xlabel("seconds")
         else:
             busy = [100 * (1 - w / s) if s else 0 for w, s in zip(r.data_wait_seconds, r.step_seconds)]
-            ax.plot(range(len(busy)), busy, marker=".", label=f"{r.label} (busy share of step)")
+            ax.plot(range(len(busy)), busy, marker=".", label=f"{run_label(r)} (busy share of step)")
             ax.set_xlabel("step")
     ax.set_ylim(-5, 105)
     ax.set_ylabel("% busy")
@@ -268,6 +283,8 @@ def plot_losses(results: list[RunResult], title: str = "", by: str = "step"):
     fig, (ax,) = new_figure(1, width=7)
     for r in results:
         if not r.losses:
+            if r.status == "no_op":  # named in the legend, with nothing to draw
+                ax.plot([], [], linestyle="none", label=run_label(r))
             continue
         xs = [s for s, _ in r.losses]
         if by == "time":
@@ -283,7 +300,7 @@ def plot_memory_trace(results: list[RunResult], title: str = ""):
     """Memory in use after each step (CUDA allocated, or process RSS on CPU)."""
     fig, (ax,) = new_figure(1, width=7)
     for r in results:
-        ax.plot(range(1, len(r.memory_trace_mb) + 1), r.memory_trace_mb, label=r.label)
+        ax.plot(range(1, len(r.memory_trace_mb) + 1), r.memory_trace_mb, label=run_label(r))
     ax.set_xlabel("step")
     ax.set_ylabel(f"MiB ({results[0].memory_kind.replace('_', ' ')})" if results else "MiB")
     return _finish(fig, ax, title, "memory over steps", results)
@@ -319,7 +336,7 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
         notes = [f"{speed:.2f}x"] if speed == speed else []
         notes += [_short_label(kind_words(kind, r, c) if kind not in ("better", "worse", "base") else "", 18, 5)]
         notes += [m.replace("_", "-") for m in own]
-        noop = [k for k in own_knobs(r, built_on) if k in r.no_ops] if r.status != "no_op" else []
+        noop = own_no_ops(r, built_on)
         notes += [f"no-op:\n{', '.join(noop)}" if noop else ""]
         text = "\n".join(x for x in notes if x)
         face, hatch, marker, _ = KINDS[kind]

@@ -113,6 +113,40 @@ class RunResult:
         total = sum(self.sampled_step_seconds)
         return sum(self.optimizer_step_seconds) / total if total else float("nan")
 
+    def _stopped(self) -> str:
+        """Why the run stopped short: its status and error, in the words summary() uses."""
+        if self.status == "no_op":
+            return f"NOT TRAINED: {self.error or 'every change is a no-op here'}"
+        return f"{self.status.upper().replace('_', ' ')}: {self.error or 'stopped early'}"
+
+    def warmup_words(self) -> str:
+        """'warm-up 1.23 s for 5 steps' (the untimed warm-up's wall time), or why this run has no warm-up figure: it
+        never trained (a no-op) or stopped before its warm-up ended. A figure is printed only for what ran."""
+        if self.status == "no_op":
+            return f"warm-up did not run ({self._stopped()})"
+        warm = self.config.get("warmup_steps")
+        if warm is not None and self.steps_done < int(warm):
+            return f"warm-up did not finish ({self.steps_done} of its {warm} steps ran; {self._stopped()})"
+        if warm == 0:
+            return "no warm-up steps"
+        return f"warm-up {self.warmup_seconds:.2f} s" + (f" for {warm} steps" if warm else "")
+
+    def timed_steps(self) -> int | None:
+        """Steps inside the timed windows (images timed / images per step), None where that cannot be read."""
+        if not self.images_per_step or len(self.window_seconds) != len(self.window_throughput):
+            return None
+        return round(sum(t * s for t, s in zip(self.window_throughput, self.window_seconds)) / self.images_per_step)
+
+    def timed_words(self) -> str:
+        """'timed 4.56 s for 60 steps' (the timed windows' wall time), or why there is no timed figure: no timed
+        window finished (not trained, stopped, failed)."""
+        if not self.window_throughput:
+            return f"no timed window ({self._stopped()})"
+        steps = self.timed_steps()
+        n = len(self.window_throughput)
+        over = f"{steps} steps" if steps is not None else f"{n} window{'s' if n > 1 else ''}"
+        return f"timed {self.timed_seconds:.2f} s for {over}"
+
     def summary(self) -> str:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
         if self.status == "failed":

@@ -233,4 +233,20 @@ def test_the_tuned_run_is_the_highest_kept_rung():
     assert at.stack_top(results).extras["rung"] == "large_batch"
     results[-1].extras["dropped"] = "a trap"
     assert at.stack_top(results).extras["rung"] == "fused_adamw"  # amp diverged and was dropped below it
-    assert at.stack_top(results[:1]) is results[0]
+    assert at.stack_top(results[:1]) is None  # no rung above naive: never naive against itself
+
+
+def test_the_anatomy_never_draws_naive_against_itself():
+    """Every rung above naive time-limited (a slow CPU): naive alone, and why each rung is not usable."""
+    results = [rung("naive", [100, 100], status="time_limited")] + [
+        rung(name, [], status="time_limited") for name in ("workers", "fused_adamw")]
+    results[2].error = "its budget: 60 s"
+    for r in results:
+        r.forward_seconds = [0.01]
+    assert at.stack_top(results) is None
+    runs, note = at.anatomy_pair(results)
+    assert runs == [results[0]]
+    assert note.startswith("No rung above naive finished with a usable measurement ('+workers' time-limited "
+                           "(stopped early); '+fused_adamw' time-limited (its budget: 60 s))")
+    results[1].status = "ok"
+    assert at.anatomy_pair(results) == ([results[0], results[1]], "")

@@ -119,3 +119,25 @@ def test_the_config_as_it_runs_here_sets_what_cannot_act_to_its_stock_value(monk
     assert (runs.opt_impl, runs.amp, runs.pin_memory) == ("default", "off", True)  # pin_memory fails nowhere
     assert {"opt_impl", "amp", "pin_memory"} <= set(no_ops) and notes == []
 
+
+
+AVX2 = {"sse4_2", "avx", "avx2", "fma"}
+AVX512_BF16 = AVX2 | {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_bf16"}
+
+
+@pytest.mark.parametrize("flags, high, medium", [
+    (AVX2, True, True),  # neither TF32 (AMX-FP16) nor oneDNN bf16 support: both settings do nothing
+    (AVX512_BF16, True, False),  # oneDNN bf16 support: 'medium' hands fp32 matmuls to oneDNN in bf16 mode
+    (AVX512_BF16 | {"amx_bf16", "amx_fp16"}, False, False),  # AMX-FP16: torch's CPU TF32 matmuls
+])
+def test_matmul_precision_on_a_cpu_is_a_no_op_where_torch_keeps_fp32_matmuls(monkeypatch, flags, high, medium):
+    from fastlab.config import plan_arm
+
+    monkeypatch.setattr("fastlab.config.cpu_flags", lambda: set(flags))
+    for precision, idle in (("high", high), ("medium", medium)):
+        reasons = no_op_reasons(TrainConfig(matmul_precision=precision), "cpu")
+        assert ("matmul_precision" in reasons) == idle, (precision, reasons)
+        plan = plan_arm(TrainConfig(), TrainConfig(matmul_precision=precision), "cpu")
+        assert (plan.kind == "no-op") == idle
+    assert "AMX-FP16" in no_op_reasons(TrainConfig(matmul_precision="high"), "cpu").get("matmul_precision", "AMX-FP16")
+    assert "matmul_precision" not in no_op_reasons(TrainConfig(), "cpu")  # "highest": torch's default, nothing to do

@@ -57,3 +57,18 @@ def test_the_figures_draw():
     assert [n for n, _, _ in pictures.PIPELINE] == [t for t in texts if t in {n for n, _, _ in pictures.PIPELINE}]
     assert sum("nothing to do on a CPU" in t for t in texts) == 2
     assert not any("nothing to do" in t.get_text() for t in pictures.plot_data_pipeline("cuda").axes[0].texts)
+
+
+def test_two_samples_name_the_drift_of_the_parts_their_change_does_not_touch():
+    """naive vs tuned changed only the loader and the optimiser: forward and backward moving between the two
+    sampled runs is the machine drifting, printed as such; a change that may touch every part gets no such line."""
+    naive = _sampled("naive", fwd=0.020, bwd=0.040)
+    tuned = _sampled("tuned", wait=0.001, fwd=0.015, bwd=0.036, opt=0.002)  # forward -25%, backward -10%
+    naive.config.update(loader="dataloader", opt_impl="for-loop", log_every=1, seed=0)
+    tuned.config.update(loader="device", opt_impl="foreach", log_every=10, seed=1)
+    text = pictures.describe_anatomy([naive, tuned])
+    assert ("Parts the change does not touch moved by up to 25% between the two samples (forward 20.0 -> 15.0 ms "
+            "(-25%), backward 40.0 -> 36.0 ms (-10%)): differences of that size here are drift") in text
+    assert "optimiser" not in text.splitlines()[-1] and "data wait" not in text.splitlines()[-1]
+    tuned.config["channels_last"] = True  # acts on forward and backward: nothing is untouched
+    assert "drift" not in pictures.describe_anatomy([naive, tuned])

@@ -97,7 +97,7 @@ def test_a_no_op_rung_is_drawn_and_named_as_a_no_op_not_as_stopped():
     ax = fig.axes[0]
     assert bar_at(ax, 3) is None  # not trained: no speed to draw
     text = " ".join(annotation(ax, 3).split())
-    assert text.startswith("no-op, not trained") and CUDNN_WHY in text
+    assert text.startswith("no-op here, not trained") and CUDNN_WHY in text
     labels = legend_labels(fig)
     assert KINDS["no-op"][3] in labels and not any(x.startswith("stopped") for x in labels)
     assert not any("NO-OP" in t.get_text() for t in ax.texts)
@@ -145,7 +145,7 @@ def test_plot_comparison_rows_follow_the_verdict_and_its_interval():
     for i, kind in enumerate(["base", "noise", "no-op", "worse", "diverged"]):
         assert ax.patches[i].get_facecolor()[:3] == to_rgba(KINDS[kind][0])[:3], results[i].label
     texts = [t.get_text() for t in ax.texts]
-    assert texts[1] == "noise" and texts[2].startswith("no-op, not trained") and texts[3] == "0.60x"
+    assert texts[1] == "noise" and texts[2].startswith("no-op here, not trained") and texts[3] == "0.60x"
     assert texts[4].startswith("DIVERGED")
     assert whisker(ax, 1) == list(runs_verdict(base, same).other.interval)
     assert whisker(ax, 3) == list(runs_verdict(base, slow).other.interval)
@@ -183,6 +183,25 @@ def test_the_time_to_accuracy_ladder_follows_its_verdicts():
     for i, kind in enumerate(["base", "better", "noise"]):
         assert ax.patches[i].get_facecolor()[:3] == to_rgba(KINDS[kind][0])[:3], ttas[i].label
     assert whisker(ax, 2) == list(tta_verdict(ttas[1], ttas[2]).seconds.other.interval)
-    assert any(t.get_text().startswith("no-op, not trained") for t in ax.texts)
+    assert any(t.get_text().startswith("no-op here, not trained") for t in ax.texts)
     labels = legend_labels(fig)
     assert KINDS["no-op"][3] in labels and KINDS["noise"][3].format(than="the rung it builds on") in labels
+
+
+def test_every_plot_of_runs_marks_a_no_op_here():
+    """A run not trained is named a no-op in every plot that draws runs; a trained row whose own changed knob did
+    nothing here says so in the comparison bars."""
+    from fastlab.plots import plot_losses, plot_memory_trace, plot_step_split, plot_timeline
+
+    base = rung("baseline", spaced(100), steps=10)
+    base.step_seconds, base.data_wait_seconds, base.memory_trace_mb = [0.1] * 4, [0.01] * 4, [10.0] * 4
+    base.losses = [(0, 2.3), (1, 2.2)]
+    off = rung("cudnn.benchmark", [], status="no_op", extras={"not_trained": CUDNN_WHY}, cudnn_benchmark=True)
+    both = rung("workers + pin_memory", spaced(150), no_ops={"pin_memory": "no GPU"}, num_workers=2, pin_memory=True)
+    marked = "cudnn.benchmark (no-op here, not trained)"
+    assert marked in [t.get_text() for t in plot_step_split([base, off]).axes[0].get_xticklabels()]
+    for plot in (plot_timeline, plot_memory_trace, plot_losses):
+        legend = [t.get_text() for t in plot([base, off]).axes[0].get_legend().get_texts()]
+        assert any(x.startswith(marked) for x in legend), (plot.__name__, legend)
+    texts = [t.get_text() for t in plot_comparison([base, off, both]).axes[0].texts]
+    assert texts[1].startswith("no-op here, not trained") and texts[2].endswith(", no-op here: pin_memory")

@@ -123,3 +123,24 @@ def test_what_a_figure_reads_is_a_field_and_older_files_still_load():
     assert (r.tta_curve, r.stopped_by, r.kept_loss_tensors) == ([[1.0, 5, 0.3]], "max_seconds", 7)
     assert r.extras == {"comparison": "x"}  # what no figure reads stays where it was
     assert RunResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_a_run_that_did_not_run_has_no_warm_up_or_timed_figure():
+    """A figure only for what ran: a run never trained, or stopped in its warm-up, has no warm-up seconds; one that
+    finished no timed window has no timed seconds. Each says why instead, in the words of its summary."""
+    not_trained = make("on", windows=(), status="no_op", error="every change is a no-op here (cudnn_benchmark: CPU)")
+    assert not_trained.warmup_words() == ("warm-up did not run (NOT TRAINED: every change is a no-op here "
+                                          "(cudnn_benchmark: CPU))")
+    assert not_trained.timed_words().startswith("no timed window (NOT TRAINED")
+    stopped = make("slow", windows=(), status="time_limited", error="its budget: 10 s", steps_done=2)
+    stopped.config["warmup_steps"] = 5
+    assert stopped.warmup_words() == "warm-up did not finish (2 of its 5 steps ran; TIME LIMITED: its budget: 10 s)"
+    stopped.steps_done, stopped.warmup_seconds = 6, 7.5
+    assert stopped.warmup_words() == "warm-up 7.50 s for 5 steps"
+    assert stopped.timed_words() == "no timed window (TIME LIMITED: its budget: 10 s)"
+    for r in (not_trained, stopped):
+        assert "0.00 s" not in r.warmup_words() + r.timed_words()
+    ran = make("ok", windows=(100.0, 200.0), steps_done=65, timed_seconds=3.0, window_seconds=[2.0, 1.0],
+               images_per_step=10)
+    assert ran.timed_words() == "timed 3.00 s for 40 steps"  # (100 x 2 + 200 x 1) images / 10 a step
+    assert ran.warmup_words() == f"warm-up 0.00 s for {ran.config['warmup_steps']} steps"  # measured, and 0

@@ -145,13 +145,16 @@ def test_a_comparison_whose_changes_are_all_no_ops_trains_nothing_and_says_why(m
     assert plan_arm(smoke, smoke.replace(cudnn_benchmark=True, channels_last=True), CPU).kind == "train"
 
 
-def test_tf32_comparison_on_a_cpu_does_not_train_conv_tf32(monkeypatch, smoke):
+@pytest.mark.parametrize("amx_fp16", [False, True])
+def test_tf32_comparison_on_a_cpu_does_not_train_conv_tf32(monkeypatch, smoke, amx_fp16):
     seen = []
     monkeypatch.setattr(fastlab.train, "run", fake_run(seen))
+    monkeypatch.setattr("fastlab.config.cpu_flags", lambda: {"avx2", "avx512bw", "avx512vl", "avx512dq"}
+                        | ({"amx_fp16"} if amx_fp16 else set()))
     results = kernels.compare_tf32(smoke.replace(device="cpu"), progress=False)
-    # conv TF32 is a no-op on a CPU; matmul_precision is not known to be one there, so that arm is measured
-    assert len(seen) == 2 * fastlab.config.comparison_repeats(smoke)
-    assert [r.status for r in results] == ["ok", "no_op", "ok"]
+    # conv TF32 is a no-op on a CPU; TF32 matmuls (matmul_precision="high") act only on a CPU with AMX-FP16
+    assert len(seen) == (2 if amx_fp16 else 1) * fastlab.config.comparison_repeats(smoke)
+    assert [r.status for r in results] == ["ok", "no_op", "ok" if amx_fp16 else "no_op"]
 
 
 def test_the_throughput_ladder_does_not_train_a_rung_of_no_ops(monkeypatch, smoke):

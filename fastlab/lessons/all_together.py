@@ -340,10 +340,31 @@ def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
     return combined._replace(verdict=words, evidence=head + combined.evidence)
 
 
-def stack_top(results: list[RunResult]) -> RunResult:
-    """The highest rung that finished and was kept (not dropped as a trap): the ladder's tuned run."""
-    kept = [r for r in results[1:] if r.status == "ok" and not r.extras.get("dropped") and r.forward_seconds]
-    return kept[-1] if kept else results[0]
+def stack_top(results: list[RunResult]) -> RunResult | None:
+    """The highest rung above naive that finished, was kept (not dropped as a trap) and sampled its steps: the
+    ladder's tuned run; None where no rung above naive has such a measurement (naive is never set against itself)."""
+    kept = [r for r in results[1:] if not why_not_top(r)]
+    return kept[-1] if kept else None
+
+
+def why_not_top(r: RunResult) -> str:
+    """Why a rung cannot stand for the top of the ladder in the step anatomy, or "" where it can."""
+    if r.extras.get("dropped"):
+        return f"dropped ({r.extras['dropped']})"
+    if r.status != "ok":
+        return f"{r.status.replace('_', '-')} ({r.extras.get('not_trained') or r.error or 'stopped early'})"
+    return "" if r.forward_seconds else "no sampled steps"
+
+
+def anatomy_pair(results: list[RunResult]) -> tuple[list[RunResult], str]:
+    """The runs the step anatomy sets side by side, naive and the top of the ladder, and a note: where no rung
+    above naive has a usable measurement, naive alone and why each rung above it is not usable."""
+    top = stack_top(results)
+    if top is not None:
+        return [results[0], top], ""
+    whys = "; ".join(f"'{r.label}' {why_not_top(r)}" for r in results[1:]) or "the ladder has no rung above naive"
+    return [results[0]], (f"No rung above naive finished with a usable measurement ({whys}): naive is shown alone, "
+                          f"not against itself.")
 
 
 def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:

@@ -62,7 +62,7 @@ def kernels_report(results: list[RunResult]) -> str:
             lines.append(r.summary())
             continue
         trap = f" (a trap here, one short run: {r.extras['trap']})" if r.extras.get("trap") else ""
-        lines.append(f"{r.summary()}; warm-up {r.warmup_seconds:.2f} s{trap}")
+        lines.append(f"{r.summary()}; {r.warmup_words()}{trap}")
         if r is not results[0]:
             lines.append(f"    vs '{results[0].label}': {runs_verdict(results[0], r)}")
         lines += [f"    no-op here: {knob}: {why}" for knob, why in r.no_ops.items()]
@@ -180,27 +180,42 @@ def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[Sh
     return out
 
 
+def shape_label(t: ShapeTiming) -> str:
+    """A timing's name in a plot: its label, and "no-op here" where cudnn.benchmark did nothing."""
+    return f"{t.label} (no-op here)" if t.no_op else t.label
+
+
 def plot_shape_timing(timings: list[ShapeTiming]):
-    """Each timed step's time per scenario (left) and the medians with min-max (right)."""
+    """Each timed step's time per scenario (left) and the medians with min-max (right). A timing whose benchmark
+    setting was a no-op here is drawn hatched and named "no-op here": a difference it shows is not benchmark's."""
     fig = ShownFigure(figsize=(10, 3.6))
     ax, ax_b = fig.subplots(1, 2)
     for t in timings:
-        ax.plot(range(1, len(t.step_seconds) + 1), [1000 * s for s in t.step_seconds], marker=".", label=t.label)
+        ax.plot(range(1, len(t.step_seconds) + 1), [1000 * s for s in t.step_seconds], marker=".",
+                label=shape_label(t), linestyle=":" if t.no_op else "-")
     ax.set_xlabel("timed step (warm-up excluded)")
     ax.set_ylabel("ms (synchronised)")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     ax.set_title("forward+backward per step", fontsize=9)
     meds = [t.step_ms for t in timings]
-    ax_b.bar(range(len(timings)), [m.median for m in meds],
-             yerr=[[m.median - m.low for m in meds], [m.high - m.median for m in meds]], capsize=4,
-             color=["tab:gray" if len(set(t.sizes)) == 1 else "tab:orange" for t in timings])
+    bars = ax_b.bar(range(len(timings)), [m.median for m in meds],
+                    yerr=[[m.median - m.low for m in meds], [m.high - m.median for m in meds]], capsize=4,
+                    color=["white" if t.no_op else "tab:gray" if len(set(t.sizes)) == 1 else "tab:orange"
+                           for t in timings], edgecolor="black", linewidth=0.6,
+                    hatch=[".." if t.no_op else "" for t in timings])
+    for bar, t in zip(bars, timings):
+        if t.no_op:
+            ax_b.annotate("no-op here", (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3),
+                          textcoords="offset points", ha="center", va="bottom", fontsize=7)
     ax_b.set_xticks(range(len(timings)))
-    ax_b.set_xticklabels([t.label for t in timings], rotation=20, ha="right", fontsize=7)
+    ax_b.set_xticklabels([shape_label(t) for t in timings], rotation=20, ha="right", fontsize=7)
     ax_b.set_ylabel("ms per step (median, min-max)")
     ax_b.set_title("median step time", fontsize=9)
     devices = sorted({t.device for t in timings})
-    fig.suptitle(f"fixed vs varying input sizes - random SYNTHETIC images on {', '.join(devices)}", fontsize=10)
+    noop = next((t.no_op for t in timings if t.no_op), "")
+    fig.suptitle(f"fixed vs varying input sizes - random SYNTHETIC images on {', '.join(devices)}"
+                 + (f"\nhatched, no-op here: {noop}" if noop else ""), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -211,7 +226,7 @@ def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = N
     off, on = bench[0], bench[-1]
     if "cudnn_benchmark" in on.no_ops:  # cuDNN is NVIDIA's library: without its GPU the claim cannot be tested
         return Finding(claims.no_accelerator(on.no_ops["cudnn_benchmark"]),
-                       f"benchmark on: {on.summary()}; warm-up {on.warmup_seconds:.2f} s vs {off.warmup_seconds:.2f} s")
+                       f"benchmark on: {on.summary()}; {warmup_against(on, off)}")
     findings = {"shapes are fixed": claims.verdict_speedup(off, on)}
     if shapes:
         varying = {t.benchmark: t for t in shapes if len(set(t.sizes)) > 1}
@@ -220,5 +235,9 @@ def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = N
             findings["shapes change every step"] = Finding(f.verdict.replace("less step time", "faster steps"),
                                                            f.evidence)
     combined = claims.verdict_conditions(findings)
-    return combined._replace(evidence=combined.evidence + f"; warm-up (autotuning) {on.warmup_seconds:.2f} s with "
-                                      f"benchmark on vs {off.warmup_seconds:.2f} s off")
+    return combined._replace(evidence=f"{combined.evidence}; {warmup_against(on, off)} (autotuning lands there)")
+
+
+def warmup_against(on: RunResult, off: RunResult) -> str:
+    """Each arm's warm-up, benchmark on then off: a figure only for a warm-up that ran, else why it did not."""
+    return f"benchmark on: {on.warmup_words()}; off: {off.warmup_words()}"
