@@ -216,12 +216,8 @@ VERDICT = re.compile(r"\bverdict\w*\(")  # fastlab.verdict, runs_verdict, tta_ve
 CLAIMS_OF = {}
 for _claim in json.loads((NOTEBOOKS[0].parents[1] / "fastlab" / "claims.json").read_text())["claims"]:
     CLAIMS_OF.setdefault(_claim["notebook"] + ".ipynb", []).append(_claim["id"])
-# DESIGN's rule, not yet kept: the core path's comparison is not the one its claim is judged on
-VERDICT_ELSEWHERE = {
-    "02_mixed_precision.ipynb": (False, "the mixed-precision branch owns 02's core path"),
-    "03_cudnn_benchmark_and_channels_last.ipynb": (True, "C6 is concluded in section 4, after 'Going further'"),
-    "07_compile_and_export.ipynb": (True, "C14 (export) is concluded in section 7; the core path compares compile"),
-}
+# A core path whose run measures a technique no claim names: it ends with that comparison's verdict
+CORE_RUN_NAMES_NO_CLAIM = {"07_compile_and_export.ipynb": "torch.compile (C14, export, is judged in section 7)"}
 
 
 def core_verdict_problems(core: list[dict], claim_ids: list[str]) -> list[str]:
@@ -243,15 +239,14 @@ def core_verdict_problems(core: list[dict], claim_ids: list[str]) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=VERDICT_ELSEWHERE[p.name][0], reason=VERDICT_ELSEWHERE[p.name][1]))
-    if p.name in VERDICT_ELSEWHERE else p for p in NOTEBOOKS if p.name in CORE_PATH_NOTEBOOKS], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name in CORE_PATH_NOTEBOOKS], ids=lambda p: p.name)
 def test_the_core_path_ends_with_its_verdict(path):
     """DESIGN, "A technique notebook": the core path is the claim, the code, the run and the verdict on the claim
     (step 8), then the one "Write it yourself"; so the last cell before the exercise prints the verdict."""
     core = core_path(json.loads(path.read_text()))
     assert core is not None
-    assert core_verdict_problems(core, CLAIMS_OF.get(path.name, [])) == []
+    claim_ids = [] if path.name in CORE_RUN_NAMES_NO_CLAIM else CLAIMS_OF.get(path.name, [])
+    assert core_verdict_problems(core, claim_ids) == []
 
 
 def test_the_verdict_check_catches_what_it_looks_for():
