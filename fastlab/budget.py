@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,12 +63,14 @@ def stop() -> None:
 
 
 def refusal(label: str) -> str | None:
-    """Why the run `label` must not start (the notebook's budget is spent), or None."""
+    """Why the run `label` must not start (the notebook's budget is spent), or None. Only a cell's runs (the main
+    thread) are held to it: a panel's Run button (another thread) is the reader's own choice, never refused."""
     b = _ACTIVE
-    if b is None or not b.spent():
+    if b is None or not b.spent() or threading.current_thread() is not threading.main_thread():
         return None
     return (f"not started: {b.describe()} was spent after {duration(b.elapsed())}; '{label}' would have run past it "
-            f"(FASTLAB_THOROUGH=1 gives the thorough version more time)")
+            f"(run the notebook's first cell again for a new budget; FASTLAB_THOROUGH=1 gives the thorough version "
+            f"more time)")
 
 
 def repeats_cap() -> int | None:

@@ -3,6 +3,8 @@ and no run started once it is spent. Constructed clocks and runs: the mechanism,
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import fastlab
@@ -48,6 +50,11 @@ def test_a_spent_budget_refuses_a_run_without_starting_it(quick, monkeypatch):
     assert r.status == "time_limited" and r.extras["budget"] == "not started" and not r.step_seconds
     assert "budget of 60 s on profile cpu was spent" in r.error
     assert "no step finished" in r.summary() and " s over 0 steps" not in r.summary()  # no figure for what never ran
+    panel: list[str | None] = []
+    worker = threading.Thread(target=lambda: panel.append(budget.refusal("a panel's run")))
+    worker.start()
+    worker.join()
+    assert panel == [None]  # a panel's Run button (another thread) is the reader's choice: never refused
 
 
 def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, monkeypatch):
