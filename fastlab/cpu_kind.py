@@ -6,7 +6,9 @@ kind's). No torch import here: the caps are read when torch first dispatches, so
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 ENV = "FASTLAB_CPU_KIND"
 _AVX2 = ("sse4_2", "avx", "avx2", "fma")
@@ -37,13 +39,17 @@ def kind_flags() -> set[str] | None:
 
 
 def apply() -> str | None:
-    """Cap torch's and oneDNN's instruction sets at the asked kind's, in this process and every process it starts.
-    Returns the kind (None when unset)."""
+    """Cap torch's and oneDNN's instruction sets at the asked kind's, in this process and every process it starts,
+    with an inductor cache of the kind's own: inductor's cache key leaves ATEN_CPU_CAPABILITY out, and a kernel
+    compiled under another cap and reused here reads garbage indices (seen with torch 2.14.1: "index -1 is out of
+    bounds" in a compiled backward). Returns the kind (None when unset)."""
     kind = active_kind()
     if kind is not None:
         _, aten, onednn = CPU_KINDS[kind]
         os.environ["ATEN_CPU_CAPABILITY"] = aten
         os.environ["ONEDNN_MAX_CPU_ISA"] = onednn
+        user = getpass.getuser() if hasattr(os, "getuid") else "user"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_{kind}")
     return kind
 
 

@@ -150,7 +150,8 @@ RUNNER = textwrap.dedent('''
 
 
 # The instruction-set caps this suite runs under (FASTLAB_CPU_KIND, fastlab.cpu_kind): a script rounds as fastlab does.
-KERNEL_CAPS = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ}
+KERNEL_CAPS = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "TORCHINDUCTOR_CACHE_DIR")
+               if k in os.environ}
 
 
 def run_scripts(scripts: list[str], folder: Path) -> list[tuple[int | str, str]]:
