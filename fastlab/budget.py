@@ -155,7 +155,8 @@ def describe_estimate(budget_seconds: float | None, estimate: float | None, meas
     if budget_seconds is not None:
         parts.append(f"budget {duration(budget_seconds)} (runs are cut to fit, each cut said)")
     if estimate is not None:
-        parts.append(f"estimated here now before cuts: {duration(estimate)}")
+        parts.append(f"estimated here now: {duration(estimate)} (the time measured elsewhere, scaled by this "
+                     "machine's calibrated step against that machine's)")
     parts.append(measured)
     return "; ".join(parts)
 
