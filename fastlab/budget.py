@@ -12,7 +12,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-RUN_OVERHEAD_SECONDS = 1.0  # a run's start, model build and evaluation beyond its steps (a laptop CPU, measured)
+# A run's wall time beyond its steps: its process, data and model set up, and its held-out evaluation (a forward
+# pass over eval_images, about a third of a training step's work per batch). Seen on a loaded 2-core CPU: 3-5 s.
+RUN_OVERHEAD_SECONDS = 3.0
+EVAL_SHARE_OF_A_STEP = 1 / 3
 
 
 @dataclass
@@ -26,6 +29,7 @@ class NotebookBudget:
     clock: Callable[[], float] = time.monotonic
     comparisons_done: set[str] = field(default_factory=set)
     repeats_cap: int | None = None  # fewer interleaved repeats for the comparison running now
+    refused: int = 0  # runs not started since it was spent (said once, in the first one's line)
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -68,9 +72,20 @@ def refusal(label: str) -> str | None:
     b = _ACTIVE
     if b is None or not b.spent() or threading.current_thread() is not threading.main_thread():
         return None
-    return (f"not started: {b.describe()} was spent after {duration(b.elapsed())}; '{label}' would have run past it "
-            f"(run the notebook's first cell again for a new budget; FASTLAB_THOROUGH=1 gives the thorough version "
-            f"more time)")
+    return f"not started: {b.describe()} was spent after {duration(b.elapsed())}"
+
+
+def say_refusal(label: str, reason: str) -> str | None:
+    """The one line that says the budget is spent, for the first run it stops (None for the ones after it: their
+    results carry the reason)."""
+    b = _ACTIVE
+    if b is None:
+        return None
+    b.refused += 1
+    if b.refused > 1:
+        return None
+    return (f"budget: '{label}' {reason}, and so is every run of this notebook's cells after it (each result says "
+            f"so; run the first cell again for a new budget, or set FASTLAB_THOROUGH=1 for the thorough version)")
 
 
 def repeats_cap() -> int | None:
@@ -96,21 +111,22 @@ class Fit:
                 + "; ".join(self.cuts) + f" (estimated {duration(self.estimate_seconds)} after the cuts)")
 
 
-def run_seconds(step_seconds: float, steps: int, warmup_steps: int) -> float:
-    """A run's estimated wall time: its warm-up and timed steps at the calibrated step time, and its overhead."""
-    return (warmup_steps + steps) * step_seconds + RUN_OVERHEAD_SECONDS
+def run_seconds(step_seconds: float, steps: int, warmup_steps: int, eval_batches: int = 0) -> float:
+    """A run's estimated wall time: its warm-up and timed steps at the calibrated step time, its evaluation's
+    batches, and its set-up."""
+    return (warmup_steps + steps + eval_batches * EVAL_SHARE_OF_A_STEP) * step_seconds + RUN_OVERHEAD_SECONDS
 
 
 def fit(share: float, *, runs_per_repeat: int, repeats: int, steps: int, fewest_steps: int, warmup_steps: int,
-        step_seconds: float) -> Fit:
+        step_seconds: float, eval_batches: int = 0) -> Fit:
     """The most of (steps, repeats) that fits `share` seconds: timed steps cut first (down to fewest_steps), then
     repeats (down to 2, which the noise rule needs to tell drift from an effect, then 1)."""
     def cost(s: int, r: int) -> float:
-        return runs_per_repeat * r * run_seconds(step_seconds, s, warmup_steps)
+        return runs_per_repeat * r * run_seconds(step_seconds, s, warmup_steps, eval_batches)
 
     kept_steps, kept_repeats, cuts = steps, repeats, []
     if cost(kept_steps, kept_repeats) > share:
-        per_run = share / (runs_per_repeat * kept_repeats) - RUN_OVERHEAD_SECONDS
+        per_run = share / (runs_per_repeat * kept_repeats) - run_seconds(step_seconds, 0, 0, eval_batches)
         kept_steps = max(fewest_steps, min(steps, math.floor(per_run / step_seconds) - warmup_steps))
     while cost(kept_steps, kept_repeats) > share and kept_repeats > 1:
         kept_repeats -= 1

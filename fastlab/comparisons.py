@@ -47,7 +47,7 @@ def fit_to_budget(name: str, base: TrainConfig, runs_per_repeat: int, repeats: i
         return base, None
     fit = budget.fit(share, runs_per_repeat=runs_per_repeat, repeats=repeats, steps=base.steps,
                      fewest_steps=max(base.windows, int(sizing["min_steps"])), warmup_steps=base.warmup_steps,
-                     step_seconds=calibration["step_seconds"])
+                     step_seconds=calibration["step_seconds"], eval_batches=-(-base.eval_images // base.batch_size))
     if fit.line:
         print(f"{name}: {fit.line}", flush=True)
         calibration.update(budget_cuts=list(fit.cuts), budget_share_seconds=round(fit.share_seconds, 1))

@@ -210,7 +210,14 @@ def step_time(r: RunResult) -> str:
 
 
 def merge_repeats(repeats: list[RunResult]) -> RunResult:
-    """One arm's runs as one result: every run's windows (pooled and per run), the top peak, the first bad status."""
+    """One arm's runs as one result: every run's windows (pooled and per run), the top peak, the first bad status.
+    A repeat the notebook's budget did not let start (fastlab.budget) is left out where another ran: the merged
+    result says how many were cut (extras["budget_cut_repeats"]) instead of wearing its status."""
+    ran = [r for r in repeats if r.extras.get("budget") != "not started"]
+    if ran and len(ran) < len(repeats):
+        kept = merge_repeats(ran)
+        kept.extras["budget_cut_repeats"] = len(repeats) - len(ran)
+        return kept
     first = repeats[0]
     if len(repeats) == 1:
         return first

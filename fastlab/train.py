@@ -48,7 +48,9 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
     started once the notebook's budget is spent (fastlab.budget)."""
     refused = budget.refusal(training.result.label)
     if refused is not None:
-        print(f"budget: {refused}", flush=True)
+        said = budget.say_refusal(training.result.label, refused)
+        if said:
+            print(said, flush=True)
         return not_started(training.cfg, training.result.label, refused, comparison)
     check_gpu_profile_here(training.cfg, training.device)
     with exclusive_run(training.result.label):

@@ -57,7 +57,7 @@ def test_a_spent_budget_refuses_a_run_without_starting_it(quick, monkeypatch):
     assert panel == [None]  # a panel's Run button (another thread) is the reader's choice: never refused
 
 
-def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, monkeypatch):
+def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, monkeypatch, capsys):
     clock, started = Clock(), []
     budget.start("01_data_loading", "cpu", 12.0, clock)
 
@@ -71,7 +71,13 @@ def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, m
     out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=3, progress=False)
     assert [at for _, at in started] == [0.0, 5.0, 10.0]  # the fourth would have started at 15 s, past 12 s
     assert budget.active().elapsed() <= 12.0 + 5.0  # the budget, plus the longest single run
-    assert len(out) == 2 and out[0].status == "time_limited"  # the refused repeat marks its arm
+    a, b = out  # turns A B, B A, A B: the refused runs are left out of their arms, never worn as their status
+    assert a.status == "ok" and a.repeats == 1 and a.extras["budget_cut_repeats"] == 2
+    assert b.status == "ok" and b.repeats == 2 and b.extras["budget_cut_repeats"] == 1
+    out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=1, progress=False)
+    assert [r.status for r in out] == ["time_limited", "time_limited"]  # an arm with no run left: not started
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("budget: 'A' not started")  # the first refusal alone is said
 
 
 def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch, capsys):
