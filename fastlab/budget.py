@@ -1,7 +1,7 @@
 """A notebook's time budget: started by its first cell (tools.timings.notebook_time), split among the notebook's
 comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
-refusing to start a run once the budget is spent. So no cell runs past the budget by more than the longest single
-run it holds. Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
+refusing to start a comparison's run once the budget is spent. So no comparison runs past the budget by more than
+its longest single run; a cell's own single runs are not cut (its code formats their figures). Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class NotebookBudget:
     clock: Callable[[], float] = time.monotonic
     comparisons_done: set[str] = field(default_factory=set)
     repeats_cap: int | None = None  # fewer interleaved repeats for the comparison running now
+    running: str | None = None  # the registered comparison running now: only its runs are refused
     refused: int = 0  # runs not started since it was spent (said once, in the first one's line)
 
     def elapsed(self) -> float:
@@ -67,10 +68,12 @@ def stop() -> None:
 
 
 def refusal(label: str) -> str | None:
-    """Why the run `label` must not start (the notebook's budget is spent), or None. Only a cell's runs (the main
-    thread) are held to it: a panel's Run button (another thread) is the reader's own choice, never refused."""
+    """Why the run `label` must not start (the notebook's budget is spent), or None. Only the runs of a registered
+    comparison (fastlab.comparisons), whose callers take a run that did not start, are held to it; a cell's own
+    single run (it formats that run's figures) and a panel's Run button (another thread) are never refused."""
     b = _ACTIVE
-    if b is None or not b.spent() or threading.current_thread() is not threading.main_thread():
+    if (b is None or b.running is None or not b.spent()
+            or threading.current_thread() is not threading.main_thread()):
         return None
     return f"not started: {b.describe()} was spent after {duration(b.elapsed())}"
 
@@ -157,11 +160,11 @@ def within(name: str, repeats: int | None) -> Iterator[None]:
     if b is None:
         yield
         return
-    b.repeats_cap = repeats
+    b.repeats_cap, b.running = repeats, name
     try:
         yield
     finally:
-        b.repeats_cap = None
+        b.repeats_cap, b.running = None, None
         b.comparisons_done.add(name)
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 import fastlab
 from fastlab import budget, comparisons, train
 from fastlab.calibration import Calibration
@@ -44,9 +42,10 @@ def test_steps_are_cut_first_then_repeats_and_each_cut_is_said():
 def test_a_spent_budget_refuses_a_run_without_starting_it(quick, monkeypatch):
     clock = Clock()
     budget.start("01_data_loading", "cpu", 60.0, clock)
-    monkeypatch.setattr(train.isolation, "execute", lambda *a, **k: pytest.fail("a run started past the budget"))
     clock.now += 61
-    r = fastlab.run(quick, label="late", progress=False)
+    assert fastlab.run(quick.replace(steps=1, warmup_steps=0, windows=1), label="a cell's own", progress=False).steps_done
+    with budget.within("01_data_loading:num_workers", None):  # a registered comparison's runs are held to it
+        r = fastlab.run(quick, label="late", progress=False)
     assert r.status == "time_limited" and r.extras["budget"] == "not started" and not r.step_seconds
     assert "budget of 60 s on profile cpu was spent" in r.error
     assert "no step finished" in r.summary() and " s over 0 steps" not in r.summary()  # no figure for what never ran
@@ -68,13 +67,15 @@ def test_interleaved_arms_stop_at_the_budget_past_it_by_at_most_one_run(quick, m
 
     monkeypatch.setattr(train.isolation, "execute", five_seconds)
     monkeypatch.setattr(train, "check_gpu_profile_here", lambda cfg, dev: None)
-    out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=3, progress=False)
+    with budget.within("01_data_loading:num_workers", None):
+        out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=3, progress=False)
     assert [at for _, at in started] == [0.0, 5.0, 10.0]  # the fourth would have started at 15 s, past 12 s
     assert budget.active().elapsed() <= 12.0 + 5.0  # the budget, plus the longest single run
     a, b = out  # turns A B, B A, A B: the refused runs are left out of their arms, never worn as their status
     assert a.status == "ok" and a.repeats == 1 and a.extras["budget_cut_repeats"] == 2
     assert b.status == "ok" and b.repeats == 2 and b.extras["budget_cut_repeats"] == 1
-    out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=1, progress=False)
+    with budget.within("01_data_loading:pipeline", None):
+        out = fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=1, progress=False)
     assert [r.status for r in out] == ["time_limited", "time_limited"]  # an arm with no run left: not started
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 1 and said[0].startswith("budget: 'A' not started")  # the first refusal alone is said
