@@ -108,3 +108,14 @@ def test_c9_memory_half_measured_on_a_gpu_says_nothing_of_construction():
     assert H.judge_detach(rows).verdict.startswith("holds only when no backward() runs")
     finding = H.judge_logging([], rows)
     assert finding.verdict.startswith("holds only when no backward() runs")
+
+
+def test_log_loss_description_gives_no_growth_for_a_run_that_did_not_start():
+    """A mode the notebook's budget did not start has no memory trace: its line says why, and no difference is
+    computed from it (it once printed "+nan MiB over 0 steps" and "more than the step-to-step jitter")."""
+    item = RunResult(config={"log_loss": "item"}, memory_trace_mb=[100, 101, 100, 101])
+    refused = RunResult(config={"log_loss": "tensor"}, label="log_loss=tensor", status="time_limited",
+                        error="not started: the notebook's budget was spent")
+    text = H.describe_log_loss([item, refused])
+    assert "nan" not in text and "difference in growth" not in text
+    assert "log_loss=tensor: no memory trace to compare" in text and "not started" in text

@@ -111,10 +111,12 @@ def step_jitter_mb(result: RunResult) -> float:
 def describe_log_loss(results: list[RunResult]) -> str:
     """Memory growth over the run of each log_loss mode; a difference within the step-to-step jitter is noise."""
     by_mode = {r.config["log_loss"]: r for r in results}
+    traced = {mode: r for mode, r in by_mode.items() if len(r.memory_trace_mb) > 1}
     lines = [f"log_loss={mode}: memory ({r.memory_kind.replace('_', ' ')}) changed {memory_growth_mb(r):+,.2f} MiB "
              f"over {len(r.memory_trace_mb)} steps; loss tensors kept: {r.kept_loss_tensors or 0}"
+             if mode in traced else f"log_loss={mode}: no memory trace to compare ({r.summary()})"
              for mode, r in by_mode.items()]
-    if {"item", "tensor"} <= by_mode.keys():
+    if {"item", "tensor"} <= traced.keys():
         item, tensor = by_mode["item"], by_mode["tensor"]
         diff = memory_growth_mb(tensor) - memory_growth_mb(item)
         band = max(step_jitter_mb(item), step_jitter_mb(tensor))
