@@ -134,13 +134,15 @@ def _recorder(w: Watch, res: RunResult) -> Callable[[dict[str, Any]], None]:
 def _backend_flags_restored() -> Iterator[None]:
     """Stock flags for the run (the training function sets what its config changes); a run in a thread leaves none."""
     cudnn = torch.backends.cudnn
-    saved = (cudnn.benchmark, cudnn.allow_tf32, torch.get_float32_matmul_precision())
-    cudnn.benchmark, cudnn.allow_tf32 = False, True  # torch's stock settings
+    # cudnn.conv.fp32_precision, not the legacy cudnn.allow_tf32: reading the legacy flag raises once the new one
+    # was set (torch 2.9+, the API torch asks for)
+    saved = (cudnn.benchmark, cudnn.conv.fp32_precision, torch.get_float32_matmul_precision())
+    cudnn.benchmark, cudnn.conv.fp32_precision = False, "tf32"  # torch's stock settings
     torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        cudnn.benchmark, cudnn.allow_tf32 = saved[:2]
+        cudnn.benchmark, cudnn.conv.fp32_precision = saved[:2]
         torch.set_float32_matmul_precision(saved[2])
 
 

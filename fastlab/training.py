@@ -88,7 +88,7 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
     if cfg.cudnn_benchmark:
         torch.backends.cudnn.benchmark = True  # cuDNN times its algorithms per input shape, keeps the fastest
     if not cfg.tf32:
-        torch.backends.cudnn.allow_tf32 = False  # full fp32 convolutions (torch's default: TF32 on Ampere+)
+        torch.backends.cudnn.conv.fp32_precision = "ieee"  # full fp32 convolutions (torch's default: TF32 on Ampere+)
     if cfg.matmul_precision != "highest":
         torch.set_float32_matmul_precision(cfg.matmul_precision)  # fp32 matmuls may use TF32 (or bf16 on a CPU)
 

@@ -75,7 +75,7 @@ class FlagReporter(TinyNet):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and not getattr(self, "reported", False):
             self.reported = True
-            _report(allow_tf32=torch.backends.cudnn.allow_tf32, matmul_precision=torch.get_float32_matmul_precision())
+            _report(conv_fp32_precision=torch.backends.cudnn.conv.fp32_precision, matmul_precision=torch.get_float32_matmul_precision())
         return super().forward(x)
 
 

@@ -253,7 +253,7 @@ KNOB_LINES = [
     (dict(amp="fp16"), "scaler.scale(loss).backward()"),
     (dict(amp="fp16"), "with torch.autocast(device.type, dtype=torch.float16)"),
     (dict(amp="bf16"), "with torch.autocast(device.type, dtype=torch.bfloat16)"),
-    (dict(tf32=False), "torch.backends.cudnn.allow_tf32 = False"),
+    (dict(tf32=False), 'torch.backends.cudnn.conv.fp32_precision = "ieee"'),
     (dict(matmul_precision="high"), 'torch.set_float32_matmul_precision("high")'),
     (dict(cudnn_benchmark=True), "torch.backends.cudnn.benchmark = True"),
     (dict(channels_last=True), "raw_model = raw_model.to(memory_format=torch.channels_last)"),

@@ -147,10 +147,10 @@ def test_defaults_are_stock_pytorch():
     import subprocess
     import sys
 
-    code = ("import torch; print(torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())")
+    code = "import torch; print(torch.backends.cudnn.conv.fp32_precision, torch.get_float32_matmul_precision())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     stock = TrainConfig()
-    assert str(stock.tf32) == out[0]
+    assert stock.tf32 == (out[0] == "tf32")
     assert stock.matmul_precision == out[1]
     assert stock.opt_impl == "default"
 
@@ -170,13 +170,13 @@ def test_naive_rung_is_stock_pytorch_and_rungs_change_one_technique():
 
 def test_backend_flags_are_set_for_a_run_and_restored(quick, monkeypatch):
     monkeypatch.setenv("FASTLAB_ISOLATION", "thread")  # the in-process path restores them itself
-    before = (torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    conv = torch.backends.cudnn.conv
+    before = (conv.fp32_precision, torch.get_float32_matmul_precision())
     seen = []
     r = fastlab.run(quick.replace(tf32=False, matmul_precision="high"), progress=False,
-                    on_step=lambda d, t: seen.append((torch.backends.cudnn.allow_tf32,
-                                                      torch.get_float32_matmul_precision())))
-    assert r.ok and set(seen) == {(False, "high")}
-    assert (torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()) == before
+                    on_step=lambda d, t: seen.append((conv.fp32_precision, torch.get_float32_matmul_precision())))
+    assert r.ok and set(seen) == {("ieee", "high")}
+    assert (conv.fp32_precision, torch.get_float32_matmul_precision()) == before
 
 
 def test_backend_flags_are_set_in_the_runs_own_process(quick, tmp_path, monkeypatch):
@@ -188,7 +188,7 @@ def test_backend_flags_are_set_in_the_runs_own_process(quick, tmp_path, monkeypa
                     progress=False)
     assert r.ok and r.extras["isolation"] == "process"
     seen = [json.loads(line) for line in probe.read_text().splitlines()]
-    assert seen and {(s["allow_tf32"], s["matmul_precision"]) for s in seen} == {(False, "high")}
+    assert seen and {(s["conv_fp32_precision"], s["matmul_precision"]) for s in seen} == {("ieee", "high")}
 
 
 # ---------------------------------------------------------------- 5. bf16 judged by native support
