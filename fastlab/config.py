@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import budget
+from . import budget, measure
 from .measure import bf16_is_trap, bf16_supported, cpu_flags, cpu_isa, cpu_model, mps_available, resolve_device
 
 PROFILES = ("smoke", "cpu", "gpu", "mps")
@@ -129,6 +130,18 @@ def positive_int(what: str, value: Any, minimum: int = 1, why: str = "") -> int:
     return value
 
 
+MIN_WORKER_LIMIT = 128  # the floor of max_workers: 6x the cores of a 16-core machine (notebook 01's sweep) is 96
+
+
+def max_workers() -> int:
+    """The most DataLoader workers a config may ask for here: 8 per usable core, at least MIN_WORKER_LIMIT. Each
+    worker is a process with its own copy of the dataset and of torch; past a few per core they only wait for each
+    other, and thousands exhaust the machine's processes and memory (`[Errno 11] Resource temporarily unavailable`
+    after a minute). 8x stays above notebook 01's sweep (up to 6x the cores); the floor lets a run recorded on a
+    bigger machine (its config in a results file) be rebuilt on a small one."""
+    return max(MIN_WORKER_LIMIT, 8 * measure.usable_cpu_count())
+
+
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise ValueError(f"TrainConfig.{name}={value!r} is not allowed: {allowed}")
 
@@ -144,7 +157,11 @@ def _validate(c: TrainConfig) -> None:
         value = getattr(c, f.name)
         if f.type == "bool" and not isinstance(value, bool):
             _fail(f.name, value, "True or False")
-        if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+        if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            _fail(f.name, value, "a number >= 0")
+        if f.type == "float" and not math.isfinite(value):  # inf trains into NaN; nan compares False to every limit
+            _fail(f.name, value, "a finite number >= 0")
+        if f.type == "float" and value < 0:
             _fail(f.name, value, "a number >= 0")
     if c.lr == 0:
         _fail("lr", c.lr, "a number > 0")
@@ -153,6 +170,10 @@ def _validate(c: TrainConfig) -> None:
             _fail("prefetch_factor", c.prefetch_factor, "None or an integer >= 1")
         if c.num_workers == 0:
             _fail("prefetch_factor", c.prefetch_factor, "None when num_workers=0 (only worker processes prefetch)")
+    if c.num_workers > max_workers():
+        _fail("num_workers", c.num_workers, f"at most {max_workers()} here (8 per usable core, at least "
+                                            f"{MIN_WORKER_LIMIT}): each worker is a process with its own copy of "
+                                            "the dataset")
     if c.persistent_workers and c.num_workers == 0:
         _fail("persistent_workers", True, "False when num_workers=0 (there are no workers to keep)")
     if c.loader == "device" and c.num_workers:
