@@ -150,7 +150,9 @@ class RunResult:
     def summary(self) -> str:
         data = "synthetic data" if self.synthetic else self.dataset.get("name", "?")
         if self.status == "failed":
-            return f"{self.label}: FAILED ({self.error})" + (f" after {self.steps_done} steps" if self.steps_done else "")
+            after = f"after {self.steps_done} steps"  # said once: the error may say it already
+            return f"{self.label}: FAILED ({self.error})" + (f" {after}" if self.steps_done and after not in
+                                                             str(self.error) else "")
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         if not self.window_throughput:

@@ -333,6 +333,7 @@ class Watch:
         self._losses: list[tuple[int, Any]] = []  # (step, loss) every log_every steps
         self._last_loss: tuple[int, Any] | None = None  # the last step's: read at the end too
         self._last_step: Step | None = None
+        self._in_step = False  # inside a `with w.step(...)`: a second one there would count each step twice
         self.budget = budget
         self._ends = window_ends(self.warmup_steps, budget.steps, budget.windows) if budget else {}
         self._total = self.warmup_steps + budget.steps if budget else 0
@@ -479,11 +480,13 @@ class Watch:
         loss does not exist yet when it starts)."""
         s = Step(_images(batch_size), loss)
         self._check_open()  # before the body: a finished watch does not run (and then refuse) a training step
+        self._refuse_nested("with w.step(...)")
         self._last_step = s
         seen: contextlib.AbstractContextManager = contextlib.nullcontext()
         if self.record_facts and not self._steps:
             seen = FirstStepFacts(self.device.type)
             self._facts = seen.facts  # filled in as the step runs
+        self._in_step = True
         try:
             with seen:
                 yield s
@@ -494,10 +497,20 @@ class Watch:
             first_line = (str(e).splitlines() or [""])[0]
             self.res.status, self.res.error = "failed", f"{type(e).__name__}: {first_line}"
             raise
+        finally:
+            self._in_step = False
         self.step_done(s.batch_size, s.loss)
+
+    def _refuse_nested(self, call: str) -> None:
+        """A step counted inside a `with w.step(...)` would be counted again when the block ends: the images/s
+        doubled without a word. Refused in one line."""
+        if self._in_step:
+            raise RuntimeError(f"fastlab.watch: {call} inside a `with w.step(...)` block counts every step twice: "
+                               "mark each step once, with either `with w.step(n)` or `w.step_done(n)`")
 
     def step_done(self, batch_size: int, loss: Any = None) -> None:
         """Call after each step instead of `with w.step(n)`. loss: optionally the step's loss (read at the end)."""
+        self._refuse_nested("w.step_done(...)")
         n = self._counted(_images(batch_size))
         self._start()
         self._steps += 1

@@ -53,3 +53,42 @@ def test_the_cli_refuses_them_in_one_line(args, fragment, capsys, monkeypatch):
     status = main(args + ["--out", "/nonexistent-never-written"])
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and fragment in err, err
+
+
+# ----------------------------------------------------------------- a w.step inside a w.step
+
+
+def test_a_step_inside_a_step_is_refused_in_one_line():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fastlab
+
+    data = TensorDataset(torch.randn(8, 3, 4, 4), torch.randint(0, 10, (8,)))
+    w = fastlab.watch("nested", warmup_steps=0)
+    with pytest.raises(RuntimeError) as e:
+        for x, _ in w(DataLoader(data, batch_size=4)):
+            with w.step(len(x)):
+                with w.step(len(x)):
+                    pass
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("fastlab.watch") and "inside" in text, text
+    w2 = fastlab.watch("step_done inside", warmup_steps=0)
+    with pytest.raises(RuntimeError, match="inside"):
+        for x, _ in w2(DataLoader(data, batch_size=4)):
+            with w2.step(len(x)):
+                w2.step_done(len(x))
+
+
+# ----------------------------------------------------------------- words said once
+
+
+def test_a_failed_runs_summary_says_after_n_steps_once():
+    from fastlab import RunResult
+
+    r = RunResult({}, label="run")
+    r.status, r.steps_done = "failed", 6
+    r.error = "the run's process ended without a result (killed by SIGKILL) after 6 steps"
+    assert r.summary().count("after 6 steps") == 1, r.summary()
+    r.error = "RuntimeError: boom"
+    assert r.summary() == "run: FAILED (RuntimeError: boom) after 6 steps"
