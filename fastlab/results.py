@@ -261,18 +261,59 @@ def write_json(path: Path, doc: dict[str, Any], sort_keys: bool = False) -> Path
 
 
 def load_document(path: str | os.PathLike) -> dict[str, Any]:
+    """A results file's document, checked field by field: a file that is not one (binary, not JSON, another schema
+    version, a field of the wrong kind) is a ValueError naming its path and what is wrong, never a KeyError later."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no results file at {path}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a fastlab results file (binary, not JSON text). Give the path of a "
+                         "results.json written by fastlab") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not a fastlab results file (invalid JSON: {e})") from None
     version = doc.get("schema_version") if isinstance(doc, dict) else None
     if version != SCHEMA_VERSION:
         raise ValueError(f"{path} was written with results schema version {version!r}; this fastlab reads version "
                          f"{SCHEMA_VERSION}. Re-run the measurement with this version to regenerate it.")
+    wrong = _wrong_in_document(doc)
+    if wrong:
+        raise ValueError(f"{path} is not a fastlab results file ({wrong}). Re-run the measurement to regenerate it")
     return doc
+
+
+def _wrong_in_document(doc: dict[str, Any]) -> str:
+    """What is wrong in a results document of the right version ('' when nothing): the first field whose value is
+    not of its RunResult field's kind, named by where it is (results[2].status)."""
+    if "results" not in doc:
+        return "no 'results' list"
+    if not isinstance(doc["results"], list):
+        return f"'results' is {type(doc['results']).__name__}, not a list"
+    if not isinstance(doc.get("meta", {}), dict):
+        return f"'meta' is {type(doc['meta']).__name__}, not an object"
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(RunResult)}
+    for i, r in enumerate(doc["results"]):
+        if not isinstance(r, dict):
+            return f"results[{i}] is {type(r).__name__}, not an object"
+        for name, value in r.items():
+            if name in kinds and not _of_kind(value, kinds[name]):
+                return f"results[{i}].{name} is {value!r:.40}, not {kinds[name]}"
+    return ""
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    """Whether a JSON value fits a RunResult field's annotation (as written: 'float | None', 'list[float]'...)."""
+    if value is None:
+        return "None" in kind
+    base = kind.split(" | ")[0]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base in ("int", "float"):
+        return number and (base == "float" or isinstance(value, int))
+    if base == "list[float]":
+        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    expected = {"str": str, "bool": bool}.get(base) or (list if base.startswith("list") else dict)
+    return isinstance(value, expected)
 
 
 def load_results(path: str | os.PathLike) -> list[RunResult]:

@@ -92,3 +92,55 @@ def test_a_failed_runs_summary_says_after_n_steps_once():
     assert r.summary().count("after 6 steps") == 1, r.summary()
     r.error = "RuntimeError: boom"
     assert r.summary() == "run: FAILED (RuntimeError: boom) after 6 steps"
+
+
+# ----------------------------------------------------------------- files that parse but hold the wrong things
+
+
+def _doc(**changes):
+    from fastlab.results import SCHEMA_VERSION, RunResult
+
+    return {"schema_version": SCHEMA_VERSION, "meta": {}, "results": [RunResult({}, label="a").to_dict()], **changes}
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    (_doc(results=None), "'results'"),
+    ({"schema_version": 1, "meta": {}}, "no 'results'"),
+    (_doc(results=[{"label": "a", "status": 3}]), "results[0].status"),
+    (_doc(results=["a run"]), "results[0]"),
+    (_doc(results=[{"label": "a", "window_throughput": "fast"}]), "results[0].window_throughput"),
+    (_doc(meta=[]), "'meta'"),
+])
+def test_a_results_file_of_the_right_version_with_wrong_fields_names_the_path_and_the_field(tmp_path, doc, fragment):
+    import json
+
+    from fastlab.results import load_results
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as e:
+        load_results(path)
+    text = str(e.value)
+    assert str(path) in text and fragment in text and "\n" not in text, text
+
+
+def test_a_binary_results_file_names_the_file(tmp_path):
+    from fastlab.results import load_results
+
+    path = tmp_path / "results.json"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")
+    with pytest.raises(ValueError) as e:
+        load_results(path)
+    assert str(path) in str(e.value), e.value
+
+
+def test_the_cli_names_a_results_file_with_wrong_fields_in_one_line(tmp_path, capsys):
+    import json
+
+    from fastlab.__main__ import main
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"schema_version": 1, "meta": {}}))
+    assert main(["advise", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err and "KeyError" not in err, err
