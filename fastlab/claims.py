@@ -304,7 +304,8 @@ def _entries(path: Path) -> list | None:
         return None
     if not isinstance(doc, dict) or doc.get("schema_version") != STORE_VERSION:
         return None
-    return doc.get("verdicts", [])
+    entries = doc.get("verdicts", [])
+    return entries if isinstance(entries, list) else None
 
 
 def load_verdicts(path: str | os.PathLike | None = None) -> list[Verdict]:
@@ -322,12 +323,15 @@ def record(verdict: Verdict) -> Verdict:
     """Append a verdict to the store (atomically: a reader never sees half a file). Returns it."""
     path = store_path()
     with _locked(path):
-        if _entries(path) is None:  # never overwritten: kept beside the new store, and said
+        entries, readable = _entries(path), load_verdicts(path)
+        if entries is None or len(readable) < len(entries):  # never dropped: the file kept beside the new store
             aside = path.with_name(f"{path.name}.unreadable-{_now().replace(':', '')}")
             os.replace(path, aside)
-            print(f"fastlab: {path} is not a verdict store this version reads (corrupt, or another version's); "
-                  f"kept it as {aside.name} and started a new one")
-        kept = load_verdicts(path) + [verdict]
+            why = ("is not a verdict store this version reads (corrupt, or another version's)" if entries is None
+                   else f"holds {len(entries) - len(readable)} verdict(s) this version cannot read")
+            print(f"fastlab: {path} {why}; kept it as {aside.name} and started a new one with the "
+                  f"{len(readable)} readable")
+        kept = readable + [verdict]
         write_json(path, {"schema_version": STORE_VERSION, "verdicts": [asdict(v) for v in kept[-MAX_KEPT:]]})
     return verdict
 

@@ -144,3 +144,57 @@ def test_the_cli_names_a_results_file_with_wrong_fields_in_one_line(tmp_path, ca
     assert main(["advise", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(path) in err and "KeyError" not in err, err
+
+
+@pytest.mark.parametrize("content", [
+    b'{"schema_version": 1, "notebooks": []}',
+    b'{"schema_version": 1, "notebooks": {"00_start_here": []}}',
+    b'{"schema_version": 1, "notebooks": {"00_start_here": {"smoke": {"seconds": "long", "machine": 3}}}}',
+    b'{"schema_version": 1, "notebooks": {"00_start_here": {"smoke": {"seconds": 5}}}}',
+    b'{"schema_version": 1, "notebooks": {"00_start_here": {"smoke": {"seconds": 5, "status": "ok", "machine": "m", '
+    b'"date": "2026-01-01", "load": "high"}}}}',
+    b"\xff\xfe\x00binary",
+    b"[1, 2]",
+])
+def test_a_damaged_timings_file_never_breaks_a_notebooks_first_cell(tmp_path, monkeypatch, capsys, content):
+    from fastlab.tools.timings import begin_notebook
+
+    path = tmp_path / "timings.json"
+    path.write_bytes(content)
+    monkeypatch.setenv("FASTLAB_TIMINGS", str(path))
+    line = begin_notebook("00_start_here.ipynb", "smoke")
+    assert "not measured yet" in line, line
+
+
+def test_wrong_entries_in_the_timings_file_are_ignored_in_one_line_naming_the_path(tmp_path, capsys):
+    from fastlab.tools.timings import load_timings
+
+    path = tmp_path / "timings.json"
+    path.write_text('{"schema_version": 1, "notebooks": {"a": {"smoke": {"seconds": "long"}, "cpu": {"seconds": 3, '
+                    '"status": "ok", "machine": "m", "date": "2026-01-01"}}}}')
+    assert list(load_timings(path)["a"]) == ["cpu"]
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert text.count("\n") == 1 and str(path) in text and "a/smoke" in text, text
+
+
+# ----------------------------------------------------------------- the verdict store
+
+
+def test_the_verdict_store_never_drops_an_entry_it_cannot_read(tmp_path, monkeypatch, capsys):
+    import json
+
+    from fastlab import claims
+
+    monkeypatch.setenv("FASTLAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(claims, "_now", lambda: "2026-01-01T00:00:00+00:00")
+    path = claims.store_path()
+    path.write_text(json.dumps({"schema_version": claims.STORE_VERSION, "verdicts": [{"claim": "x", "odd": 1}]}))
+    before = path.read_text()
+    sample = claims.Verdict(claims.CLAIMS[0].id, claims.VERDICT_HEADS[0])
+    claims.record(sample)
+    asides = [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
+    assert len(asides) == 1 and asides[0].read_text() == before  # the unreadable entry is kept, beside the store
+    text = capsys.readouterr().out
+    assert text.count("\n") == 1 and str(path) in text and asides[0].name in text, text
+    assert [v.claim for v in claims.load_verdicts(path)] == [sample.claim]

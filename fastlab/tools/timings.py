@@ -35,12 +35,51 @@ def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, d
     """notebook -> profile -> {"seconds", "date", "machine", "status"}; {} when nothing was measured."""
     path = Path(path) if path is not None else timings_path()
     try:
-        doc = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):  # not JSON, not text, unreadable: a notebook's first cell still runs
+        _say_ignored(path, "the whole file (not JSON text)")
         return {}
     if not isinstance(doc, dict) or doc.get("schema_version") != TIMINGS_VERSION:
         return {}
-    return doc.get("notebooks", {})
+    notebooks = doc.get("notebooks", {})
+    if not isinstance(notebooks, dict):
+        _say_ignored(path, "'notebooks' (not an object)")
+        return {}
+    kept: dict[str, dict[str, dict[str, Any]]] = {}
+    wrong = []
+    for name, profiles in notebooks.items():
+        for profile, entry in (profiles.items() if isinstance(profiles, dict) else [("*", None)]):
+            if _entry_ok(entry):
+                kept.setdefault(name, {})[profile] = entry
+            else:
+                wrong.append(f"{name}/{profile}")
+    if wrong:
+        _say_ignored(path, f"{len(wrong)} entr{'y' if len(wrong) == 1 else 'ies'} of the wrong kind ({', '.join(wrong)})")
+    return kept
+
+
+_ENTRY_KINDS = {"seconds": (int, float), "status": str, "machine": str, "date": str}  # what the readers here use
+_OPTIONAL_NUMBERS = ("load", "first_result", "core_path", "step_seconds")
+_SAID: set[tuple[str, str]] = set()  # (path, what): each said once per kernel, not at every read
+
+
+def _entry_ok(entry: Any) -> bool:
+    """Whether one notebook/profile entry has what notebook_time and begin_notebook read, of the right kinds."""
+    if not isinstance(entry, dict):
+        return False
+    if not all(isinstance(entry.get(k), kind) and not isinstance(entry.get(k), bool) for k, kind in _ENTRY_KINDS.items()):
+        return False
+    return all(entry.get(k) is None or (isinstance(entry[k], (int, float)) and not isinstance(entry[k], bool))
+               for k in _OPTIONAL_NUMBERS)
+
+
+def _say_ignored(path: Path, what: str) -> None:
+    """One line naming the timings file and what of it was ignored (a damaged file never breaks a first cell)."""
+    if (str(path), what) not in _SAID:
+        _SAID.add((str(path), what))
+        print(f"fastlab: {path}: ignored {what}; the notebooks' times read from it say 'not measured yet'")
 
 
 def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
