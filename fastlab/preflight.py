@@ -32,11 +32,14 @@ def preflight(model: nn.Module | Callable[[], nn.Module], dataset_or_images: Ima
         raise ValueError(f"model={type(net).__name__} is not a torch nn.Module: pass a module or a function that "
                          f"returns one")
     classes = _output_classes(net, images)
-    bad = [int(y) for y in labels if not 0 <= int(y) < classes]
+    bad = [(where, int(y)) for where, y in labels if not 0 <= int(y) < classes]
     if bad:
-        worst = max(bad) if max(bad) >= classes else min(bad)
-        raise ValueError(f"label {worst} is outside the model's {classes} outputs (labels must be 0..{classes - 1}): "
-                         f"give the model's last layer as many outputs as the dataset has classes, or remap the labels")
+        high = max(y for _, y in bad)  # the worst: the highest over the outputs, else the lowest below 0
+        where, label = next(b for b in bad if b[1] == (high if high >= classes else min(y for _, y in bad)))
+        more = f" ({len(bad) - 1} more of the sampled labels too)" if len(bad) > 1 else ""
+        raise ValueError(f"{where} has label {label}, outside the model's {classes} outputs (labels must be "
+                         f"0..{classes - 1}){more}: give the model's last layer as many outputs as the dataset has "
+                         f"classes, or remap the labels")
 
 
 def _imageset_batch(images: ImageSet, config: TrainConfig) -> tuple[torch.Tensor, list[int]]:
@@ -50,15 +53,38 @@ def _imageset_batch(images: ImageSet, config: TrainConfig) -> tuple[torch.Tensor
     if len(images.train_labels) < config.batch_size:
         raise ValueError(f"the training set has {len(images.train_labels)} images, fewer than one batch of "
                          f"batch_size={config.batch_size}: lower batch_size or add images")
+    for part in ("train_labels", "eval_labels"):
+        arr = np.asarray(getattr(images, part))
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"ImageSet.{part} has dtype {arr.dtype}, not integer class indices: give the labels as "
+                             f"int64 (0..classes-1)")
     batch = torch.from_numpy(np.ascontiguousarray(images.train_images[:2])).permute(0, 3, 1, 2).float() / 255
-    labels = np.unique(np.concatenate([images.train_labels, images.eval_labels]))
-    return batch, [int(y) for y in labels]
+    labels = []
+    for part in ("train_labels", "eval_labels"):
+        arr = np.asarray(getattr(images, part))
+        for y in np.unique(arr):  # every label of the set: the first item holding each named
+            labels.append((f"item {int(np.argmax(arr == y))} of ImageSet.{part}", int(y)))
+    return batch, labels
 
 
-def _datasets_batch(pair: tuple[Dataset, Dataset], config: TrainConfig) -> tuple[torch.Tensor, list[int]]:
-    """A few items of each Dataset fetched in this process; two training images stacked into a batch."""
+SAMPLED_ITEMS = 64  # items of each Dataset checked before timing: every one of a small set, else spread evenly
+
+
+def sampled_indices(n: int, most: int = SAMPLED_ITEMS) -> list[int]:
+    """The items checked of a Dataset of n: all when n <= most, else `most` spread evenly, the first two and the
+    last among them. A sample, not the whole set: a large Dataset's __getitem__ may read from disk."""
+    if n <= most:
+        return list(range(n))
+    return sorted({0, 1, n - 1} | {round(i * (n - 1) / (most - 1)) for i in range(most)})
+
+
+def _datasets_batch(pair: tuple[Dataset, Dataset], config: TrainConfig
+                    ) -> tuple[torch.Tensor, list[tuple[str, int]]]:
+    """A sample of each Dataset's items fetched in this process (sampled_indices), checked for integer labels and
+    one image shape (each problem named by its item); two training images stacked into a batch."""
     images: list[torch.Tensor] = []
-    labels: list[int] = []
+    labels: list[tuple[str, int]] = []
+    first: tuple[int, torch.Size] | None = None
     for name, ds in zip(("train", "held_out"), pair):
         try:
             n = len(ds)
@@ -70,15 +96,18 @@ def _datasets_batch(pair: tuple[Dataset, Dataset], config: TrainConfig) -> tuple
         if name == "train" and n < config.batch_size:
             raise ValueError(f"the train dataset has {n} images, fewer than one batch of "
                              f"batch_size={config.batch_size}: lower batch_size or add images")
-        for index in sorted({0, min(1, n - 1), n - 1}):  # the first, the second and the last
+        for index in sampled_indices(n):
             image, label = _fetch(ds, name, index)
-            labels.append(label)
-            if name == "train":
+            labels.append((f"item {index} of the {name} dataset", label))
+            if first is None:
+                first = (index, image.shape)
+            elif image.shape != first[1]:
+                raise ValueError(f"item {index} of the {name} dataset has an image of shape {tuple(image.shape)}, "
+                                 f"item {first[0]} of the train dataset {tuple(first[1])}: a batch needs one shape, "
+                                 f"so resize or crop every image to the same size in the Dataset")
+            if name == "train" and len(images) < 2:
                 images.append(image)
         _check_workers(ds, name, config)
-    if images[0].shape != images[-1].shape:
-        raise ValueError(f"train images differ in shape ({tuple(images[0].shape)} and {tuple(images[-1].shape)}): "
-                         f"a batch needs one shape, so resize or crop every image to the same size in the Dataset")
     return torch.stack(images[:2]).float(), labels
 
 
@@ -92,14 +121,15 @@ def _fetch(ds: Dataset, name: str, index: int) -> tuple[torch.Tensor, int]:
         raise ValueError(f"item {index} of the {name} dataset is a {type(item).__name__}, not an (image, label) "
                          f"pair: make __getitem__ return (image tensor, int label)")
     image, label = item
+    if isinstance(label, torch.Tensor) and label.numel() == 1 and not label.is_floating_point():
+        label = label.item()
+    if isinstance(label, (bool, np.bool_)) or not isinstance(label, (int, np.integer)):
+        raise ValueError(f"item {index} of the {name} dataset has label {label!r} ({type(label).__name__}), not an "
+                         f"integer class index: return an int (0..classes-1) as the label (the loss needs int64)")
     if not isinstance(image, torch.Tensor):
         raise ValueError(f"item {index} of the {name} dataset holds a {type(image).__name__} image, not a tensor: "
                          f"add torchvision.transforms.ToTensor() (or return a float tensor) in the Dataset")
-    try:
-        return image, int(label)
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"item {index} of the {name} dataset has label {label!r}, not a class index: return an "
-                         f"int (0..classes-1) as the label") from None
+    return image, int(label)
 
 
 def _check_workers(ds: Dataset, name: str, config: TrainConfig) -> None:

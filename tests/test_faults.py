@@ -198,3 +198,51 @@ def test_the_verdict_store_never_drops_an_entry_it_cannot_read(tmp_path, monkeyp
     text = capsys.readouterr().out
     assert text.count("\n") == 1 and str(path) in text and asides[0].name in text, text
     assert [v.claim for v in claims.load_verdicts(path)] == [sample.claim]
+
+
+# ----------------------------------------------------------------- wrong data in the reader's Dataset
+
+
+class _Items(__import__("torch").utils.data.Dataset):
+    """Images and labels as given, one per item."""
+
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.images[i], self.labels[i]
+
+
+def _tiny_net():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(3, 10))
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("float labels", "item 0 of the train dataset has label 0.0"),
+    ("labels 1..10", "item 9 of the train dataset has label 10"),
+    ("sizes differ", "item 7 of the train dataset"),
+])
+def test_wrong_data_is_named_in_one_line_by_its_item_before_any_timing(case, fragment):
+    import torch
+
+    from fastlab.preflight import preflight
+
+    n = 40
+    images = [torch.rand(3, 8, 8) for _ in range(n)]
+    labels = [i % 10 for i in range(n)]
+    if case == "float labels":
+        labels = [float(y) for y in labels]
+    if case == "labels 1..10":
+        labels = [y + 1 for y in labels]
+    if case == "sizes differ":
+        images[7] = torch.rand(3, 9, 9)
+    pair = (_Items(images, labels), _Items(images[:8], [i % 10 for i in range(8)]))
+    with pytest.raises(ValueError) as e:
+        preflight(_tiny_net, pair, TrainConfig(batch_size=4, device="cpu"))
+    text = str(e.value)
+    assert "\n" not in text and fragment in text, text

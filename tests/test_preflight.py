@@ -56,11 +56,11 @@ def test_an_image_shape_the_model_cannot_take(cfg):
 
 def test_labels_outside_the_outputs(cfg):
     labels = [0, 1, 2, 3, 4, 5, 6, 12]
-    with pytest.raises(ValueError, match=r"label 12 is outside the model's 10 outputs.*remap the labels"):
+    with pytest.raises(ValueError, match=r"item 7 of the train dataset has label 12, outside the model's 10 outputs.*remap the labels"):
         preflight(net(), (Pairs(labels=labels), Pairs()), cfg)
     images = ImageSet(np.zeros((8, 32, 32, 3), np.uint8), np.arange(8), np.zeros((4, 32, 32, 3), np.uint8),
                       np.array([0, 1, 2, 9]), "mine", "test")
-    with pytest.raises(ValueError, match="label 9 is outside the model's 5 outputs"):
+    with pytest.raises(ValueError, match=r"item \d+ of ImageSet.(train|eval)_labels has label 9, outside the model's 5 outputs"):
         preflight(net(classes=5), images, cfg)
 
 
