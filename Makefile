@@ -57,12 +57,13 @@ gpu-check:
 # and its needs, numpy, onnx, onnxruntime, psutil, matplotlib's needs) is left out: installed beside it, a second copy
 # would shadow the one torch was built with.
 GPU_WHEELS := gpu-wheels
+GPU_PYTHON_VERSION := 3.12  # the lent machine's; 3.11 (with GPU_WHEELS=gpu-wheels-311) for a rehearsal here
 GPU_WHEEL_PACKAGES := nbval nbclient ipykernel ipywidgets libcst onnxscript
 GPU_HAS := torch numpy onnx onnxruntime protobuf ml_dtypes sympy mpmath psutil packaging typing_extensions \
 	python_dateutil six pillow filelock fsspec jinja2 markupsafe networkx setuptools
 gpu-wheels:
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
-	$(GPU_PY) -m pip download --quiet --dest $(GPU_WHEELS) --only-binary=:all: --python-version 3.12 \
+	$(GPU_PY) -m pip download --quiet --dest $(GPU_WHEELS) --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
 		--implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux_2_28_x86_64 $(GPU_WHEEL_PACKAGES)
 	@for p in $(GPU_HAS); do rm -f $(GPU_WHEELS)/$$p-*.whl; done

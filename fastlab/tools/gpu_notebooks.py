@@ -1,0 +1,218 @@
+"""The one prepared call for a lent GPU machine: `make gpu-notebooks` (or `PYTHONPATH=. python -m
+fastlab.tools.gpu_notebooks`). For a machine with Python 3.12 and torch but no Jupyter and no network.
+
+Four parts, each with its own time cap, saving under --out ($OUT, else gpu-notebooks-results/) as it goes:
+1. install the wheels `make gpu-wheels` downloaded (gpu-wheels/) into an ignored --target folder (.gpu-site/);
+2. execute every notebook's fast version (FASTLAB_PROFILE=gpu) in parallel kernels, as `pytest --nbval-lax` would
+   judge it (a cell's error fails it, a `raises-exception` cell must raise), each executed notebook saved after every
+   cell and its time appended to notebooks.jsonl (nbval cannot save outputs: nbclient executes, the same client nbval
+   uses; the `# NBVAL_CHECK_OUTPUT` comparisons stay with `make test`'s smoke run);
+3. both bench ladders with 2 interleaved repeats (fastlab.tools.gpu_check.run_ladders);
+4. the reference runs of the registered comparisons (fastlab.tools.reference_run.run_comparisons) in what is left.
+Without CUDA it prints one line and exits 0; `--rehearse PROFILE` runs the same parts on this machine's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+# Caps in seconds (each part's, on an H200); they add up to 9 minutes with the install.
+CAPS = {"install": 40.0, "notebooks": 200.0, "ladders": 250.0, "reference": 50.0}
+NOTEBOOK_CAP_S = 200.0  # one notebook: its budget (TIME_SIZING notebook_seconds, 180 s) and its kernel's start
+LADDER_RUNG_SECONDS = 1.5  # each rung's timed steps: both ladders, every rung, twice within the ladders' cap
+
+
+def install_wheels(wheels: Path, target: Path, seconds: float) -> str:
+    """Install every wheel in `wheels` into a clean `target` (no index, no dependency resolution: the folder holds
+    the whole set); what it installed, in words."""
+    deadline = time.monotonic() + seconds
+    found = sorted(wheels.glob("*.whl"))
+    if not found:
+        raise FileNotFoundError(f"no wheels in {wheels}: run `make gpu-wheels` before lending the machine")
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target",
+                    str(target), *map(str, found)], check=True, timeout=max(deadline - time.monotonic(), 1.0))
+    return f"{len(found)} wheels from {wheels} into {target}"
+
+
+def kernel_env(target: Path, profile: str, out: Path) -> dict[str, str]:
+    """The environment each kernel starts with: the installed wheels and this checkout first on its path."""
+    path = [str(target), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p), "FASTLAB_PROFILE": profile,
+            "FASTLAB_SOLUTION": "1", "MPLBACKEND": "Agg", "FASTLAB_RESULTS_DIR": str(out / "claims-store")}
+
+
+def execute_one(notebook: Path, save_to: Path, cell_timeout: float) -> dict:
+    """Execute `notebook` in a fresh kernel (run in a child process: its parent caps it), saving it after every
+    cell; its outcome as one JSON-able dict."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    nb = nbformat.read(notebook, as_version=4)
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    done = []
+
+    def saved(cell, cell_index, execute_reply) -> None:
+        done.append(cell_index)
+        nbformat.write(nb, save_to)
+
+    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", on_cell_executed=saved,
+                            resources={"metadata": {"path": str(notebook.parent)}})
+    t0, status = time.perf_counter(), "ok"
+    try:
+        client.execute()
+    except CellTimeoutError:
+        status = "cell timeout"
+    except CellExecutionError as e:
+        status = f"error: {e.ename}: {e.evalue}"[:300]
+    nbformat.write(nb, save_to)
+    return {"notebook": notebook.stem, "seconds": round(time.perf_counter() - t0, 1), "status": status,
+            "cells_run": len(done), "code_cells": sum(c.cell_type == "code" for c in nb.cells)}
+
+
+def run_capped(notebook: Path, out: Path, env: dict[str, str], cap: float) -> dict:
+    """One notebook in a child process of its own, killed (its kernel with it) at `cap` seconds."""
+    save_to = out / "notebooks" / notebook.name
+    cmd = [sys.executable, "-m", "fastlab.tools.gpu_notebooks", "--one", str(notebook), "--save", str(save_to)]
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        text, _ = child.communicate(timeout=max(cap, 1.0))
+        lines = [line for line in text.splitlines() if line.startswith("{")]
+        return json.loads(lines[-1]) if lines else {"notebook": notebook.stem, "status": f"no outcome: {text[-300:]}"}
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # its own session: the child and its kernel
+        child.communicate()
+        return {"notebook": notebook.stem, "seconds": round(time.perf_counter() - t0, 1),
+                "status": f"stopped at its cap of {cap:g} s"}
+
+
+def run_notebooks(names: list[str], out: Path, env: dict[str, str], seconds: float, jobs: int) -> list[dict]:
+    """Every notebook, `jobs` at once, none started after `seconds` and none running past it; each outcome appended
+    to notebooks.jsonl as it ends."""
+    deadline = time.monotonic() + seconds
+    log = out / "notebooks.jsonl"
+
+    def one(name: str) -> dict:
+        left = deadline - time.monotonic()
+        if left <= 1:
+            outcome = {"notebook": name, "status": "not started: the notebooks' cap was spent"}
+        else:
+            outcome = run_capped(NOTEBOOKS / f"{name}.ipynb", out, env, min(NOTEBOOK_CAP_S, left))
+        with log.open("a") as f:
+            f.write(json.dumps({**outcome, "profile": env["FASTLAB_PROFILE"]}) + "\n")
+        print(f"  {outcome['notebook']}: {outcome.get('seconds', 0):.0f} s, {outcome['status']}", flush=True)
+        return outcome
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, names))
+
+
+def notebook_order(profile: str) -> tuple[list[str], float | None]:
+    """The notebooks, longest first by their estimated time on an H200 (fastlab.tools.timings.estimate), and the
+    estimates' sum (None where the profile has none)."""
+    from ..estimate import estimate_notebooks
+
+    names = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+    estimates = {e.notebook: e.seconds for e in estimate_notebooks(profile)}  # none for fixed steps
+    names.sort(key=lambda n: -estimates.get(n, 0.0))
+    return names, (sum(estimates.values()) or None)
+
+
+def default_jobs(total_estimate: float | None, cap: float) -> int:
+    """Kernels at once: enough for the notebooks' estimated time to fit their cap, at most half the cores."""
+    from ..measure import usable_cpu_count
+
+    most = max(1, usable_cpu_count() // 2)
+    return most if total_estimate is None else max(1, min(most, math.ceil(total_estimate / cap)))
+
+
+def timed(part: str, times: dict[str, float], out: Path, fn):
+    """Run one part, recording its seconds in parts.json."""
+    t0 = time.perf_counter()
+    print(f"fastlab gpu-notebooks: {part} (cap {CAPS[part]:g} s)", flush=True)
+    try:
+        return fn()
+    finally:
+        times[part] = round(time.perf_counter() - t0, 1)
+        (out / "parts.json").write_text(json.dumps(times, indent=1))
+        print(f"fastlab gpu-notebooks: {part} took {times[part]:.0f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-notebooks-results")
+    parser.add_argument("--wheels", default="gpu-wheels")
+    parser.add_argument("--target", default=".gpu-site")
+    parser.add_argument("--rehearse", metavar="PROFILE", help="run the parts on this machine's CPU, with PROFILE")
+    parser.add_argument("--jobs", type=int, default=None, help="kernels at once (default: what fits the cap)")
+    parser.add_argument("--only", default="", help="notebooks whose names contain this")
+    for part, cap in CAPS.items():
+        parser.add_argument(f"--{part}-s", type=float, default=cap, help=f"the {part} part's cap (s)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--save", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:  # a child of run_capped
+        print(json.dumps(execute_one(Path(args.one), Path(args.save), cell_timeout=NOTEBOOK_CAP_S)), flush=True)
+        return 0
+    import torch
+
+    if not torch.cuda.is_available() and not args.rehearse:
+        print("fastlab gpu-notebooks: no CUDA GPU on this machine; nothing to run (exit 0; --rehearse PROFILE runs "
+              "the same parts on the CPU).")
+        return 0
+    return run_parts(args, profile=args.rehearse or "gpu")
+
+
+def run_parts(args: argparse.Namespace, profile: str) -> int:
+    """The four parts in turn, each within its cap; every part's time in parts.json."""
+    from .gpu_check import run_ladders, within_deadline
+    from .reference_run import run_comparisons
+
+    CAPS.update({part: getattr(args, f"{part}_s") for part in CAPS})
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    target = Path(args.target).resolve()
+    print(timed("install", times, out, lambda: install_wheels(Path(args.wheels), target, CAPS["install"])), flush=True)
+    names, total = notebook_order(profile)
+    names = [n for n in names if args.only in n]
+    jobs = args.jobs or default_jobs(total, CAPS["notebooks"])
+    env = kernel_env(target, profile, out)
+    outcomes = timed("notebooks", times, out, lambda: run_notebooks(names, out, env, CAPS["notebooks"], jobs))
+    os.environ["FASTLAB_PROFILE"] = profile
+    ladders = timed("ladders", times, out, lambda: within_deadline(
+        lambda: run_ladders(out, CAPS["ladders"] * 0.45, LADDER_RUNG_SECONDS, profile, repeats=2), CAPS["ladders"]))
+    print(ladders[0], flush=True)
+    device = "cuda" if torch_cuda() else "cpu"
+    timed("reference", times, out, lambda: within_deadline(
+        lambda: f"{len(run_comparisons(out / 'reference.json', CAPS['reference'] * 0.7, profile, kept_device=device))}"
+                " results", CAPS["reference"]))
+    failed = [o["notebook"] for o in outcomes if o["status"] != "ok"]
+    print(f"fastlab gpu-notebooks: {len(outcomes) - len(failed)} of {len(outcomes)} notebooks ok"
+          + (f" (not ok: {', '.join(failed)})" if failed else "") + f"; parts: {times}; under {out}")
+    return 1 if failed or not ladders[1] else 0
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
