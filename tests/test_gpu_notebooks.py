@@ -138,9 +138,13 @@ def test_notebooks_run_in_parallel_within_their_cap_and_are_logged_as_they_end(m
 
 def test_enough_kernels_at_once_for_the_estimate_to_fit_the_cap(monkeypatch):
     monkeypatch.setattr("fastlab.measure.usable_cpu_count", lambda: 16)
-    assert gpu_notebooks.default_jobs(1000.0, 200.0) == 5
-    assert gpu_notebooks.default_jobs(10_000.0, 200.0) == 8  # at most half the cores
-    assert gpu_notebooks.default_jobs(None, 200.0) == 8
+    assert gpu_notebooks.makespan([100.0, 100.0, 60.0, 40.0], 2) == 160.0  # 100+60 and 100+40, longest first
+    assert gpu_notebooks.default_jobs([100.0] * 4, 200.0) == 2
+    assert gpu_notebooks.default_jobs([130.0] * 11 + [20.0] * 3, 200.0) == 11  # one long notebook a kernel
+    assert gpu_notebooks.default_jobs([100.0] * 40, 200.0) == 14  # at most the cores less two
+    assert gpu_notebooks.default_jobs([], 200.0) == 14
+    estimates = [e.seconds for e in estimate.estimate_notebooks("gpu")]
+    assert gpu_notebooks.makespan(estimates, gpu_notebooks.default_jobs(estimates, 200.0)) <= 200.0
     assert sum(gpu_notebooks.CAPS.values()) <= 9 * 60  # every part within 9 minutes on an H200
 
 
