@@ -376,9 +376,10 @@ def _ddp() -> str:
 
 
 def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS, profile: str = "gpu",
-                repeats: int = 1) -> str:
+                repeats: int = 1, warmup_steps: int | None = None) -> str:
     """Both ladders at `profile`'s sizes, each rung's timed steps limited to `rung_seconds`, each ladder's first pass
-    to half of `budget_s`, then `repeats` - 1 more passes interleaved (saved after every run)."""
+    to half of `budget_s`, then `repeats` - 1 more passes interleaved (saved after every run); warmup_steps: at most
+    this many untimed steps a rung (None: the profile's)."""
     from ..bench import ladder, markdown_table, run_ladder
     from ..config import config_for
     from ..results import save_results
@@ -386,6 +387,8 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
     lines = []
     for model in ("resnet18", "compact"):
         base = config_for(profile, model=model, dataset="synthetic")  # no download from the budget
+        if warmup_steps is not None:
+            base = base.replace(warmup_steps=min(base.warmup_steps, warmup_steps))
         not_run: dict[str, str] = {}
         path = out / f"ladder-{model}.json"
         meta = {"kind": "bench", "metric": "throughput", "profile": profile, "model": model, "not_run": not_run,
