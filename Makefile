@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab bench dashboard test test-cpu-kinds lint overhead gpu-check clean
+.PHONY: lab bench dashboard test test-cpu-kinds lint overhead gpu-check gpu-wheels gpu-notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,30 @@ GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	@$(GPU_PY) -c "import torch" 2>/dev/null || { echo "fastlab gpu-check: missing torch (2.11 or newer, with the torchvision of the same release) for $(GPU_PY) (exit 1)."; exit 1; }
 	@PYTHONPATH=. $(GPU_PY) -m fastlab.tools.gpu_check
+
+# Before lending a GPU machine (Python 3.12, torch 2.11, no Jupyter, no network): the wheels that `make gpu-notebooks`
+# installs there, for Python 3.12 on x86-64 Linux, into gpu-wheels/ (ignored). What that machine already has (torch
+# and its needs, numpy, onnx, onnxruntime, psutil, matplotlib's needs) is left out: installed beside it, a second copy
+# would shadow the one torch was built with.
+GPU_WHEELS := gpu-wheels
+GPU_PYTHON_VERSION := 3.12  # the lent machine's; 3.11 (with GPU_WHEELS=gpu-wheels-311) for a rehearsal here
+GPU_WHEEL_PACKAGES := nbval nbclient ipykernel ipywidgets libcst onnxscript
+GPU_HAS := torch numpy onnx onnxruntime protobuf ml_dtypes sympy mpmath psutil packaging typing_extensions \
+	python_dateutil six pillow filelock fsspec jinja2 markupsafe networkx setuptools
+gpu-wheels:
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(GPU_PY) -m pip download --quiet --dest $(GPU_WHEELS) --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
+		--implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux_2_28_x86_64 $(GPU_WHEEL_PACKAGES)
+	@for p in $(GPU_HAS); do rm -f $(GPU_WHEELS)/$$p-*.whl; done
+	@echo "fastlab gpu-wheels: $$(ls $(GPU_WHEELS)/*.whl | wc -l) wheels, $$(du -sh $(GPU_WHEELS) | cut -f1) in $(GPU_WHEELS)/"
+
+# On a lent CUDA machine: every notebook's fast version executed (saved with its time under $$OUT as it goes), both
+# ladders (2 interleaved repeats), then each registered comparison's reference run, each part capped, all within
+# 9 minutes (fastlab/tools/gpu_notebooks.py). Prints one line and exits 0 without CUDA; GPU_NOTEBOOKS_ARGS="--rehearse
+# smoke" runs the same parts on this CPU.
+gpu-notebooks:
+	@PYTHONPATH=. $(GPU_PY) -m fastlab.tools.gpu_notebooks $(GPU_NOTEBOOKS_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-results

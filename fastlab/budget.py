@@ -168,6 +168,14 @@ def within(name: str, repeats: int | None) -> Iterator[None]:
         b.comparisons_done.add(name)
 
 
+def scaled_estimate(measured_seconds: float, measured_step: float, here_step: float,
+                    budget_seconds: float | None) -> float:
+    """A notebook's time measured elsewhere, scaled by this machine's calibrated step against that machine's, and
+    held to the budget (which cuts runs to fit): a machine 10x slower is estimated at 10x, up to the budget."""
+    scaled = measured_seconds * here_step / measured_step
+    return scaled if budget_seconds is None else min(scaled, budget_seconds)
+
+
 def describe_estimate(budget_seconds: float | None, estimate: float | None, measured: str) -> str:
     """The notebook's first line: its budget, the time estimated here now, and the time measured elsewhere."""
     parts = []

@@ -264,7 +264,10 @@ def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
 TIME_SIZING: dict[str, dict[str, float] | None] = {
     "smoke": None,
     "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60, notebook_seconds=240.0),
-    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400, notebook_seconds=180.0),
+    # sweep_seconds: notebook 01's worker sweep past the cores only while it fits (lessons.data_loading.sweep_counts);
+    # max_autotune_in_fast 0: 07 compiles with max-autotune only in the thorough version (minutes of autotuning)
+    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400, notebook_seconds=100.0,
+                sweep_seconds=60.0, max_autotune_in_fast=0),
     "mps": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=20, max_steps=200, notebook_seconds=240.0),
     "custom": None,
 }
@@ -286,12 +289,15 @@ def thorough() -> bool:
 
 
 def time_sizing(profile: str) -> dict[str, float] | None:
-    """The profile's TIME_SIZING, scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1; None for fixed steps."""
+    """The profile's TIME_SIZING, scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1 (less its fast-only bounds);
+    None for fixed steps."""
     sizing = TIME_SIZING[profile]
     if sizing is None or not thorough():
         return sizing
     scaled = {k: sizing[k] * THOROUGH_SCALE for k in ("run_seconds", "comparison_seconds", "notebook_seconds")}
-    return {**sizing, **scaled, "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
+    fast_only = ("sweep_seconds", "max_autotune_in_fast")  # the thorough version runs the whole sweep, every mode
+    return {**{k: v for k, v in sizing.items() if k not in fast_only}, **scaled,
+            "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
 
 
 # How many times each arm of a speed comparison runs, interleaved: two or more let the noise rule tell an effect

@@ -196,10 +196,10 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
 def test_gpu_check_ladders_use_a_fixed_rung_budget(monkeypatch, tmp_path):
     calls = []
 
-    def fake_ladder(base, rungs, progress, on_result, max_seconds, budget_s, not_run, repeats):
+    def fake_ladder(base, rungs, progress, on_update, max_seconds, budget_s, not_run, repeats):
         calls.append((max_seconds, budget_s, repeats))
         datasets.append(base.dataset)
-        on_result(RunResult(config=base.to_dict(), label="naive", window_throughput=[1.0]))
+        on_update([RunResult(config=base.to_dict(), label="naive", window_throughput=[1.0])])
         return []
 
     monkeypatch.setattr(bench, "run_ladder", fake_ladder)
@@ -207,6 +207,9 @@ def test_gpu_check_ladders_use_a_fixed_rung_budget(monkeypatch, tmp_path):
     gpu_check.run_ladders(tmp_path, budget_s=120.0)
     assert calls == [(gpu_check.LADDER_RUNG_SECONDS, 60.0, 1)] * 2
     assert datasets == ["synthetic"] * 2  # no CIFAR-10 download (a 15 s socket timeout offline) from the budget
+    assert (tmp_path / "ladder-resnet18.json").exists()  # saved as each run ends
+    gpu_check.run_ladders(tmp_path, budget_s=120.0, profile="smoke", repeats=2)
+    assert calls[-1] == (gpu_check.LADDER_RUNG_SECONDS, 60.0, 2)
 
 
 # ---------------------------------------------------------------- 5. what gpu-check needs, named before it starts

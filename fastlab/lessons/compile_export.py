@@ -12,7 +12,7 @@ from torch import nn
 from .. import claims
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import TrainConfig
+from ..config import TrainConfig, time_sizing
 from ..data import DeviceLoader, load_images
 from ..measure import now, resolve_device
 from ..models import build_model
@@ -32,8 +32,13 @@ def modes_plan(base: TrainConfig) -> tuple[list[str], dict[str, str]]:
             "max-autotune": "not under smoke: it benchmarks many kernel variants while compiling (minutes on a CPU)",
             "reduce-overhead": "not under smoke: it adds CUDA graphs to default (a recorded no-op without CUDA)"}
     cuda = resolve_device(base.device).type == "cuda"
-    return list(COMPILE_MODES), {} if cuda else {
+    modes, why = list(COMPILE_MODES), {} if cuda else {
         "reduce-overhead": "runs, but CUDA graphs need a CUDA GPU: here it compiles like default (a recorded no-op)"}
+    if not (time_sizing(base.profile) or {}).get("max_autotune_in_fast", 1):
+        modes.remove("max-autotune")
+        why["max-autotune"] = ("in the thorough version only (FASTLAB_THOROUGH=1): it benchmarks many kernel variants "
+                               "while compiling, minutes that would not fit this notebook's budget")
+    return modes, why
 
 
 @comparison(MODES_COMPARISON, arms=lambda base: len(modes_plan(base)[0]), repeated=False)

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from .. import claims
+from .. import budget, claims
 from ..claims import Finding
 from ..comparisons import comparison
-from ..config import TrainConfig
+from ..config import TrainConfig, comparison_repeats, time_sizing
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
@@ -28,6 +28,9 @@ from ..verdicts import runs_verdict, turns, verdict
 STARVE_BATCH_MS = 100.0  # simulated storage latency per batch, spread over its images: it starves any batch size
 MAX_PIPELINE_WORKERS = 8
 OVERSUBSCRIBE = (2, 4, 6)  # the sweep goes past the advice's 2-4x the cores, to show where more workers cost
+# A sweep run's start-up per worker: the H200 reference's warm-up with 96 workers against 16 (5.4 s against 2.3 s,
+# fastlab/reference/nvidia-h200.json, 16 usable cores), over the 80 workers between them.
+WORKER_START_SECONDS = 0.04
 
 
 def worker_counts(cpu_count: int | None = None) -> list[int]:
@@ -41,6 +44,26 @@ def worker_counts(cpu_count: int | None = None) -> list[int]:
         counts.append(p)
         p *= 2
     return counts + [n] + [k * n for k in OVERSUBSCRIBE]
+
+
+def sweep_counts(base: TrainConfig, cpu_count: int | None = None) -> list[int]:
+    """The counts the sweep runs under base's profile: worker_counts, its largest oversubscribed counts left out
+    while the sweep's estimated time (each count's runs: a run's set-up, its seconds and its workers' start) passes
+    the profile's TIME_SIZING sweep_seconds. The counts up to the cores always run; no sweep_seconds: all of them."""
+    counts = worker_counts(usable_cpu_count() if cpu_count is None else cpu_count)
+    sizing = time_sizing(base.profile) or {}
+    if "sweep_seconds" not in sizing:
+        return counts
+    repeats = comparison_repeats(base)
+
+    def sweep_seconds(kept: list[int]) -> float:
+        per_run = budget.RUN_OVERHEAD_SECONDS + sizing["run_seconds"]
+        return sum(repeats * (per_run + n * WORKER_START_SECONDS) for n in kept)
+
+    cores = counts.index(max(c for c in counts if c <= (cpu_count or usable_cpu_count()))) + 1
+    while len(counts) > cores and sweep_seconds(counts) > sizing["sweep_seconds"]:
+        counts = counts[:-1]
+    return counts
 
 
 def pipeline_workers(cpu_count: int | None = None) -> int:
@@ -67,12 +90,12 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
 
 
-@comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())))
+@comparison("01_data_loading:num_workers", arms=lambda base: len(sweep_counts(base)))
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The worker sweep on the DataLoader (workers not kept between epochs), the counts run in turns."""
     cfg = short_for_smoke(base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None))
     cores = usable_cpu_count()
-    counts = worker_counts(cores)
+    counts = sweep_counts(base, cores)
     results = interleave([(f"num_workers={n}", cfg.replace(num_workers=n)) for n in counts], progress=progress)
     for n, r in zip(counts, results):
         r.extras["usable_cpus"] = cores

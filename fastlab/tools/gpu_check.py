@@ -375,29 +375,31 @@ def _ddp() -> str:
     return f"{r.throughput.median:,.0f} images/s on 1 rank, backend nccl"
 
 
-def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS) -> str:
-    """Both ladders at gpu-profile sizes, each rung's timed steps limited to `rung_seconds`, each ladder to half of
-    `budget_s`."""
+def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SECONDS, profile: str = "gpu",
+                repeats: int = 1, warmup_steps: int | None = None) -> str:
+    """Both ladders at `profile`'s sizes, each rung's timed steps limited to `rung_seconds`, each ladder's first pass
+    to half of `budget_s`, then `repeats` - 1 more passes interleaved (saved after every run); warmup_steps: at most
+    this many untimed steps a rung (None: the profile's)."""
     from ..bench import ladder, markdown_table, run_ladder
     from ..config import config_for
     from ..results import save_results
 
     lines = []
     for model in ("resnet18", "compact"):
-        base = config_for("gpu", model=model, dataset="synthetic")  # no download from the budget
-        done: list = []
+        base = config_for(profile, model=model, dataset="synthetic")  # no download from the budget
+        if warmup_steps is not None:
+            base = base.replace(warmup_steps=min(base.warmup_steps, warmup_steps))
         not_run: dict[str, str] = {}
         path = out / f"ladder-{model}.json"
-        meta = {"kind": "bench", "metric": "throughput", "profile": "gpu", "model": model, "not_run": not_run,
-                "rung_seconds": rung_seconds}
+        meta = {"kind": "bench", "metric": "throughput", "profile": profile, "model": model, "not_run": not_run,
+                "rung_seconds": rung_seconds, "repeats": repeats}
 
-        def save(r, done=done, path=path, meta=meta) -> None:
-            done.append(r)
+        def save(done: list, path: Path = path, meta: dict = meta) -> None:
             save_results(path, done, meta=meta)
 
-        run_ladder(base, ladder(base), progress=False, on_result=save, max_seconds=rung_seconds,
-                   budget_s=budget_s / 2, not_run=not_run, repeats=1)
-        save_results(path, done, meta=meta)
+        done = run_ladder(base, ladder(base), progress=False, on_update=save, max_seconds=rung_seconds,
+                          budget_s=budget_s / 2, not_run=not_run, repeats=repeats)
+        save(done)
         lines.append(markdown_table(done))
         if not_run:
             lines.append("Not started (budget spent): " + "; ".join(f"{k}: {v}" for k, v in not_run.items()))

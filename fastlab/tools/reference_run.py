@@ -46,6 +46,40 @@ REPEATED_ON_A_GPU: dict[str, NamedComparison] = {c.name: c for c in (
 )}
 
 
+def run_comparisons(path: Path, seconds: float, profile: str = "gpu", only: str = "",
+                    kept_device: str = "cuda", results: list[RunResult] | None = None) -> list[RunResult]:
+    """REPEATED_ON_A_GPU under `profile`, in reading order, saved to `path` after each, none started after `seconds`;
+    a result measured off `kept_device` is not kept (DDP on one GPU falls back to CPU ranks: no GPU reference)."""
+    start = time.monotonic()
+    results = [] if results is None else results
+    device = resolve_device("auto")
+
+    def left() -> float:
+        return seconds - (time.monotonic() - start)
+
+    def keep(new: list[RunResult], what: str) -> None:
+        mine = [r for r in new if r.env.get("device_type") == kept_device]
+        if len(mine) < len(new):
+            print(f"{what}: {len(new) - len(mine)} result(s) measured off the {kept_device} device were not kept",
+                  flush=True)
+        results.extend(mine)
+        save_results(path, results, meta={"kind": "reference", "device": device_name(device), "profile": profile})
+        print(f"[{time.monotonic() - start:6.0f} s] {what}: {len(results)} results saved to {path}", flush=True)
+
+    for name, compared in REPEATED_ON_A_GPU.items():
+        if only and not re.search(only, name):
+            continue
+        if left() <= 0:
+            print(f"budget spent: {name} and the comparisons after it were not run", flush=True)
+            break
+        try:
+            base = config_for(profile, max_seconds=max(left(), 1.0))
+            keep(compared(base, progress=False), name)
+        except Exception as e:  # one broken comparison must not lose the others' results
+            print(f"{name}: failed ({type(e).__name__}: {e})", flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="fastlab/reference", help="folder for <device>.json")
@@ -65,15 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return args.budget_s - (time.monotonic() - start)
 
-    def keep(new: list[RunResult], what: str) -> None:
-        """Save after each result; one off the GPU (DDP on one GPU falls back to CPU ranks) is no GPU reference."""
-        gpu = [r for r in new if r.env.get("device_type") == "cuda"]
-        if len(gpu) < len(new):
-            print(f"{what}: {len(new) - len(gpu)} result(s) measured off the GPU were not kept", flush=True)
-        results.extend(gpu)
-        save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
-        print(f"[{time.monotonic() - start:6.0f} s] {what}: {len(results)} results saved to {path}", flush=True)
-
     if not args.no_ladder:
         for model in ("resnet18", "compact"):
             if left() <= 0:
@@ -82,23 +107,15 @@ def main(argv: list[str] | None = None) -> int:
 
             def rung_done(r: RunResult, model: str = model) -> None:
                 r.extras["comparison"] = f"bench:ladder:{model}"
-                keep([r], f"ladder {model}: {r.extras.get('rung')}")
+                results.append(r)
+                save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
+                print(f"[{time.monotonic() - start:6.0f} s] ladder {model}: {r.extras.get('rung')}", flush=True)
 
             try:  # each run gets what is left of the budget as its max_seconds
                 run_ladder(base, ladder(base), progress=False, on_result=rung_done, max_seconds=left, repeats=1)
             except Exception as e:  # a broken rung must not lose the rungs already saved
                 print(f"ladder {model}: stopped ({type(e).__name__}: {e})", flush=True)
-    for name, compared in REPEATED_ON_A_GPU.items():
-        if args.only and not re.search(args.only, name):
-            continue
-        if left() <= 0:
-            print(f"budget spent: {name} and the comparisons after it were not run", flush=True)
-            break
-        try:
-            base = config_for("gpu", max_seconds=max(left(), 1.0))
-            keep(compared(base, progress=False), name)
-        except Exception as e:  # one broken comparison must not lose the others' results
-            print(f"{name}: failed ({type(e).__name__}: {e})", flush=True)
+    run_comparisons(path, left(), only=args.only, results=results)
     return 0
 
 

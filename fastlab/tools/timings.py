@@ -116,7 +116,7 @@ def begin_notebook(notebook: str, profile: str | None = None) -> str:
     estimate = None
     if seconds is not None and _number(entry.get("seconds")) and _number(entry.get("step_seconds")):
         here = calibrate(config_for(profile)).step_seconds
-        estimate = entry["seconds"] * here / entry["step_seconds"]
+        estimate = budget.scaled_estimate(entry["seconds"], entry["step_seconds"], here, seconds)
     elif seconds is not None and entry:
         estimate_note = "not estimated here: the time measured elsewhere was recorded without that machine's step time"
         return budget.describe_estimate(seconds, None, f"{estimate_note}; {notebook_time(notebook, profile)}")
@@ -200,3 +200,25 @@ def with_timings_table(text: str, table: str) -> str:
         raise ValueError(f"no timings table block ({TABLE_START!r} ... {TABLE_END!r}) in the text")
     head_end = text.index("\n", start) + 1
     return text[:head_end] + "\n" + table + "\n" + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m fastlab.tools.timings --estimate gpu`: each notebook's estimated time on the reference GPU;
+    `--table`: the measured timings as the instructor's guide prints them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--estimate", metavar="PROFILE", help="estimate each notebook's time on the reference GPU")
+    parser.add_argument("--table", action="store_true", help="the measured timings table")
+    args = parser.parse_args(argv)
+    if args.estimate:
+        from ..estimate import estimate_table
+
+        print(estimate_table(args.estimate))
+    if args.table or not args.estimate:
+        print(timings_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
