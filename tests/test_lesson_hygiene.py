@@ -108,3 +108,13 @@ def test_c9_memory_half_measured_on_a_gpu_says_nothing_of_construction():
     assert H.judge_detach(rows).verdict.startswith("holds only when no backward() runs")
     finding = H.judge_logging([], rows)
     assert finding.verdict.startswith("holds only when no backward() runs")
+
+
+def test_log_loss_runs_the_budget_did_not_start_state_no_growth_and_no_difference():
+    from fastlab import config, train
+
+    cfg = config.config_for("smoke")
+    refused = [train.not_started(cfg.replace(log_loss=m), f"log_loss={m}", "not started: spent") for m in ("item", "tensor")]
+    text = H.describe_log_loss(refused)
+    assert "log_loss=item: no memory growth measured (log_loss=item: TIME LIMITED" in text
+    assert "nan" not in text and "difference in growth" not in text

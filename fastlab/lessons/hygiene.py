@@ -113,8 +113,9 @@ def describe_log_loss(results: list[RunResult]) -> str:
     by_mode = {r.config["log_loss"]: r for r in results}
     lines = [f"log_loss={mode}: memory ({r.memory_kind.replace('_', ' ')}) changed {memory_growth_mb(r):+,.2f} MiB "
              f"over {len(r.memory_trace_mb)} steps; loss tensors kept: {r.kept_loss_tensors or 0}"
-             for mode, r in by_mode.items()]
-    if {"item", "tensor"} <= by_mode.keys():
+             if len(r.memory_trace_mb) > 1 else f"log_loss={mode}: no memory growth measured ({r.summary()})"
+             for mode, r in by_mode.items()]  # a run the notebook's budget did not start has no trace
+    if {"item", "tensor"} <= by_mode.keys() and all(len(by_mode[m].memory_trace_mb) > 1 for m in ("item", "tensor")):
         item, tensor = by_mode["item"], by_mode["tensor"]
         diff = memory_growth_mb(tensor) - memory_growth_mb(item)
         band = max(step_jitter_mb(item), step_jitter_mb(tensor))
