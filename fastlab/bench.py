@@ -203,7 +203,8 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
             on_result(result)
         if on_update is not None:
             on_update(list(results))
-        bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s")
+        bar.set_postfix_str(f"{rung.name}: {result.throughput.median:,.0f} img/s" if result.window_throughput else
+                            f"{rung.name}: {result.status.replace('_', ' ')}")  # no figure for what did not run
         bar.update(1)
         if result.status == "interrupted":
             break

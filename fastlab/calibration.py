@@ -26,6 +26,11 @@ CALIBRATION_STEPS = 4  # timed steps, each a window of its own
 # The fields of a config that set the cost of a step: a calibration is kept per machine and per these.
 WORKLOAD_FIELDS = ("model", "batch_size", "grad_accum_steps", "loader", "num_workers", "amp", "channels_last",
                    "compile", "device")
+# A cached step time is measured again once older than this, or once the machine is much more or less busy than when
+# it was measured (its 1-minute load average per usable CPU moved by more than MAX_LOAD_CHANGE): a step timed while
+# other work ran would otherwise size every later run on this machine.
+MAX_AGE = _dt.timedelta(days=7)
+MAX_LOAD_CHANGE = 0.5
 
 Measure = Callable[[TrainConfig], list[float]]
 
@@ -40,6 +45,7 @@ class Calibration:
     steps_measured: int
     measured_at: str
     source: str = "measured"  # or "cache": read back from an earlier calibration here
+    load_per_cpu: float | None = None  # the 1-minute load average per usable CPU while measured (None: not known)
 
 
 def fingerprint(device: torch.device) -> dict[str, Any]:
@@ -64,6 +70,29 @@ def _write_cache(path: Path, entries: dict[str, Any]) -> None:
         pass
 
 
+def load_per_cpu() -> float | None:
+    """The machine's 1-minute load average per usable CPU now (None where the OS does not say)."""
+    try:
+        return os.getloadavg()[0] / max(1, measure.usable_cpu_count())
+    except (AttributeError, OSError):  # Windows has no load average
+        return None
+
+
+def stale(entry: dict[str, Any], now: _dt.datetime, load: float | None) -> str | None:
+    """Why a cached calibration `entry` must be measured again at `now` with the load per CPU `load` (None: reuse
+    it): older than MAX_AGE, its time unknown, or the load moved by more than MAX_LOAD_CHANGE since."""
+    try:
+        age = now - _dt.datetime.fromisoformat(entry["measured_at"])
+    except (KeyError, TypeError, ValueError):
+        return "its time of measurement is unknown"
+    if age > MAX_AGE:
+        return f"measured {age.days} days ago (more than {MAX_AGE.days})"
+    then = entry.get("load_per_cpu")
+    if load is not None and then is not None and abs(load - then) > MAX_LOAD_CHANGE:
+        return f"measured at a load of {then:.1f} per CPU, {load:.1f} now"
+    return None
+
+
 _KERNEL_CACHE: dict[str, Calibration] = {}  # this kernel's calibrations (the disk cache may be unwritable)
 
 
@@ -78,7 +107,8 @@ def measure_step_seconds(config: TrainConfig) -> list[float]:
 
 
 def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibration:
-    """The step time of `config` on this machine: from this kernel's or the disk cache, else measured now."""
+    """The step time of `config` on this machine: from this kernel's or the disk cache (unless stale: too old, or
+    measured at another load), else measured now."""
     machine = fingerprint(resolve_device(config.device))
     work = {name: getattr(config, name) for name in WORKLOAD_FIELDS}
     key = hashlib.sha256(json.dumps({"machine": machine, "workload": work}, sort_keys=True).encode()).hexdigest()[:16]
@@ -90,17 +120,19 @@ def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibratio
     except (OSError, ValueError):  # none yet, or unreadable
         entries = {}
     entries = entries if isinstance(entries, dict) else {}
+    now, load = _dt.datetime.now(_dt.timezone.utc), load_per_cpu()
     try:
-        _KERNEL_CACHE[key] = Calibration(**{**entries[key], "source": "cache"})
-        return _KERNEL_CACHE[key]
-    except (KeyError, TypeError):  # not calibrated here yet, or by another version: measure
+        if stale(entries[key], now, load) is None:
+            _KERNEL_CACHE[key] = Calibration(**{**entries[key], "source": "cache"})
+            return _KERNEL_CACHE[key]
+    except (KeyError, TypeError, AttributeError):  # not calibrated here yet, or by another version: measure
         pass
     seconds = (measure or measure_step_seconds)(config)
     if not seconds:
         raise RuntimeError(f"the calibration of {work} finished no timed step")
     cal = Calibration(step_seconds=statistics.median(seconds), workload=work, fingerprint=machine,
-                      steps_measured=len(seconds),
-                      measured_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                      steps_measured=len(seconds), measured_at=now.isoformat(timespec="seconds"),
+                      load_per_cpu=None if load is None else round(load, 2))
     _KERNEL_CACHE[key] = cal
     entries[key] = asdict(cal)
     _write_cache(path, entries)

@@ -102,8 +102,8 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
                     unit: str = "images/s") -> Finding:
     """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows.
 
-    A run that diverged or stopped early is not credited. knob: when every `other` run recorded it as a no-op, the
-    verdict is "no-op here (why)"."""
+    A run that diverged or stopped early is not credited; one the notebook's budget did not start makes it "could not
+    tell" (not recorded). knob: when every `other` run recorded it as a no-op, the verdict is "no-op here (why)"."""
     base, other = as_runs(base_runs), as_runs(other_runs)
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
@@ -114,6 +114,9 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
     if c.comparable:
         return _faster(c, claimed_ratio, "windows", on_gpu=other[0].env.get("device_type") == "cuda")
     summaries = "; ".join(r.summary() for r in (other if c.side == "other" else base))
+    refused = next((r for r in (other if c.side == "other" else base) if r.extras.get("budget") == "not started"), None)
+    if refused is not None:  # the notebook's budget did not start it: nothing was measured, so nothing to keep
+        return Finding(f"{COULD_NOT_TELL} ('{refused.label}' did not run: {refused.error})", summaries, recorded=False)
     if c.side == "base":
         return Finding(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
     if c.status in CREDITED:

@@ -228,8 +228,9 @@ def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     if hit is not None:
         record.update(seconds=hit[0], steps=hit[1], images=hit[1] * r.images_per_step)
     else:
-        record["why_not"] = {"ok": "step budget spent", "time_limited": "time budget spent",
-                             "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status]
+        record["why_not"] = ("not started: the notebook's budget was spent" if r.extras.get("budget") == "not started"
+                             else {"ok": "step budget spent", "time_limited": "time budget spent",
+                                   "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status])
     return record
 
 
@@ -266,6 +267,9 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     evidence = f"{other.summary()}; against {base.summary()}"
     if diverged:
         return TtaVerdict(False, f"{other.label} diverged in {diverged} of {n} seeds", evidence)
+    refused = next((r for r in other.runs + base.runs if r.extras.get("budget") == "not started"), None)
+    if refused is not None:  # the notebook's budget did not start it: nothing was measured to judge
+        return TtaVerdict(False, f"'{refused.label}' did not run ({refused.error})", evidence, told=False)
     if other.reached == 0:
         return TtaVerdict(False, f"{other.label} did not reach {other.target:.0%} in any seed: {other.why_not}",
                           evidence)

@@ -53,16 +53,28 @@ def step_anatomy(r: RunResult) -> dict[str, float]:
     return {p: statistics.median(rows[p]) for p in order}
 
 
+def unsampled(r: RunResult) -> str | None:
+    """Why a run that stopped before its sampled steps has no anatomy (it did not start: the notebook's budget was
+    spent; it failed; it was a no-op), in its own words; None where it has one (or ran without sampling: a misuse
+    step_anatomy names)."""
+    if r.ok or r.forward_seconds:
+        return None
+    return f"no step anatomy: {r.warmup_words()}"
+
+
 def describe_anatomy(results: list[RunResult]) -> str:
-    """Each run's step anatomy as a line of milliseconds and shares; for two runs, how far the parts their
-    difference does not touch moved (drift_note)."""
+    """Each run's step anatomy as a line of milliseconds and shares (or why it has none: it did not run); for two
+    runs that both have one, how far the parts their difference does not touch moved (drift_note)."""
     lines = []
     for r in results:
+        if (why := unsampled(r)) is not None:
+            lines.append(f"{r.label}: {why}")
+            continue
         parts = step_anatomy(r)
         total = sum(parts.values())
         shares = ", ".join(f"{k} {v:.1f} ms ({v / total:.0%})" for k, v in parts.items())
         lines.append(f"{r.label}: {total:.1f} ms a sampled step = {shares}")
-    drift = drift_note(*results) if len(results) == 2 else ""
+    drift = drift_note(*results) if len(results) == 2 and not any(map(unsampled, results)) else ""
     return "\n".join(lines + ([drift] if drift else []))
 
 
@@ -101,12 +113,16 @@ def drift_note(a: RunResult, b: RunResult) -> str:
 
 
 def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"):
-    """One horizontal bar per run, split into the measured parts of a step."""
+    """One horizontal bar per run, split into the measured parts of a step; a run that did not run has no bar, only
+    the words saying why."""
     fig = ShownFigure(figsize=(10, 1.2 + 0.8 * len(results)), layout="constrained")
     ax = fig.subplots()
     seen: set[str] = set()
     for row, r in enumerate(results):
         left = 0.0
+        if (why := unsampled(r)) is not None:
+            ax.text(0, row, textwrap.shorten(why, 110), va="center", fontsize=8)
+            continue
         parts = step_anatomy(r)
         total = sum(parts.values())
         for name, ms in parts.items():
@@ -119,7 +135,8 @@ def plot_step_anatomy(results: list[RunResult], title: str = "anatomy of a step"
     ax.set_yticks(range(len(results)), [textwrap.fill(r.label, 30) for r in results], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds per step (median over the sampled warm-up steps; each part bracketed by syncs)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    if seen:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     ax.set_title(f"{title} - {data_note(results)}", fontsize=10)
     return fig
 

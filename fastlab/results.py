@@ -121,8 +121,9 @@ class RunResult:
 
     def warmup_words(self) -> str:
         """'warm-up 1.23 s for 5 steps' (the untimed warm-up's wall time), or why this run has no warm-up figure: it
-        never trained (a no-op) or stopped before its warm-up ended. A figure is printed only for what ran."""
-        if self.status == "no_op":
+        never trained (a no-op, or a run the notebook's budget did not start) or stopped before its warm-up ended. A
+        figure is printed only for what ran."""
+        if self.status == "no_op" or self.extras.get("budget") == "not started":
             return f"warm-up did not run ({self._stopped()})"
         warm = self.config.get("warmup_steps")
         if warm is not None and self.steps_done < int(warm):

@@ -168,10 +168,7 @@ def skip_or_demonstrate(baseline: TrainConfig, arm: TrainConfig, label: str, *, 
     why), a known trap runs once, short. None: train it."""
     plan = plan_arm(baseline, arm, device)
     if plan.kind == "no-op":
-        result = not_trained(arm, label, plan.reason)
-        if comparison:
-            result.extras["comparison"] = comparison
-        return result
+        return not_trained(arm, label, plan.reason, comparison)
     if plan.kind == "trap":
         result = run(demonstration_config(arm), label=f"{label} (trap demonstration, one short run)",
                      progress=progress, comparison=comparison)
@@ -180,21 +177,25 @@ def skip_or_demonstrate(baseline: TrainConfig, arm: TrainConfig, label: str, *, 
     return None
 
 
-def not_trained(arm: TrainConfig, label: str, reason: str) -> RunResult:
-    """The result of an arm that was not trained because it could teach nothing here: status "no_op", the reason."""
-    dev = resolve_device(arm.device)
-    return RunResult(config=arm.to_dict(), label=label, status="no_op",
-                     error=f"every change is a no-op here ({reason})",
-                     no_ops=no_op_reasons(arm, dev), env=environment(dev, arm.profile),
-                     images_per_step=arm.batch_size * arm.grad_accum_steps, extras={"not_trained": reason})
+def not_trained(arm: TrainConfig, label: str, reason: str, comparison: str | None = None) -> RunResult:
+    """The result of an arm that was not trained because it could teach nothing here: status "no_op", the reason.
+    (A fact of the arm on this device, so the same on every run; not_started's is of the notebook's time.)"""
+    return _without_steps(arm, label, "no_op", f"every change is a no-op here ({reason})", {"not_trained": reason},
+                          comparison)
 
 
 def not_started(cfg: TrainConfig, label: str, reason: str, comparison: str | None = None) -> RunResult:
     """The result of a run the notebook's budget did not let start: time_limited, no step, the reason."""
+    return _without_steps(cfg, label, "time_limited", reason, {"budget": "not started"}, comparison)
+
+
+def _without_steps(cfg: TrainConfig, label: str, status: str, error: str, extras: dict[str, Any],
+                   comparison: str | None = None) -> RunResult:
+    """A result of `cfg` that took no step: its status and why, with the device's facts a reader formats."""
     dev = resolve_device(cfg.device)
-    result = RunResult(config=cfg.to_dict(), label=label, status="time_limited", error=reason,
-                       no_ops=no_op_reasons(cfg, dev), env=environment(dev, cfg.profile),
-                       images_per_step=cfg.batch_size * cfg.grad_accum_steps, extras={"budget": "not started"})
+    result = RunResult(config=cfg.to_dict(), label=label, status=status, error=error, no_ops=no_op_reasons(cfg, dev),
+                       env=environment(dev, cfg.profile), images_per_step=cfg.batch_size * cfg.grad_accum_steps,
+                       extras=extras)
     if comparison:
         result.extras["comparison"] = comparison
     return result

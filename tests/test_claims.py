@@ -371,3 +371,14 @@ def test_a_claim_is_judged_only_where_its_test_could_have_seen_it():
     assert claims.verdict_conditions({"at batch 256": yes, "at batch 8": wide}).verdict == (
         "holds when at batch 256; could not tell here when at batch 8")
     assert claims.verdict_conditions({"at batch 8": wide}).verdict.startswith("could not tell here (at batch 8: no")
+
+
+def test_a_run_the_budget_did_not_start_could_not_tell_and_is_not_recorded():
+    from fastlab import config, train
+
+    cfg = config.config_for("smoke")
+    base = train.not_started(cfg, "base", "not started: the budget was spent")
+    other = train.not_started(cfg.replace(channels_last=True), "other", "not started: the budget was spent")
+    finding = claims.verdict_speedup(base, other)
+    assert finding.verdict == "could not tell here ('other' did not run: not started: the budget was spent)"
+    assert not finding.recorded

@@ -250,3 +250,12 @@ def test_the_anatomy_never_draws_naive_against_itself():
                            "(stopped early); '+fused_adamw' time-limited (its budget: 60 s))")
     results[1].status = "ok"
     assert at.anatomy_pair(results) == ([results[0], results[1]], "")
+
+
+def test_a_ladder_the_budget_did_not_start_has_no_top_and_says_why():
+    refused = [rung(n, [], status="time_limited") for n in ("naive", "+amp")]
+    for r in refused:
+        r.error, r.extras["budget"] = "not started: the budget was spent", "not started"
+    assert at.ladder_unrun(refused) == ("no rung of the ladder finished a timed window ('+naive' finished no timed "
+                                        "window (time_limited: not started: the budget was spent))")
+    assert at.ladder_unrun([rung("naive", [100.0, 101.0]), *refused]) is None

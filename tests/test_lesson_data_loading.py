@@ -225,3 +225,14 @@ def test_a_single_pair_that_could_not_tell_never_prints_an_infinite_ratio():
         r.repeats = 1  # each count ran once: single pairs
     v = dl.judge_workers(one_run).verdict
     assert v.startswith("could not tell here") and "inf" not in v and "not interleaved" in v
+
+
+def test_a_sweep_the_budget_did_not_start_could_not_tell_and_says_why():
+    from fastlab import config, train
+
+    cfg = config.config_for("smoke")
+    refused = [train.not_started(cfg.replace(num_workers=n), f"num_workers={n}", "not started: spent") for n in (0, 2)]
+    assert "no run of the sweep finished a timed window: 'num_workers=0'" in dl.read_sweep(refused).describe()
+    finding = dl.judge_workers(refused)
+    assert finding.verdict.startswith("could not tell here") and not finding.recorded
+    assert dl.wait_share(refused[0]).startswith("not measured ('num_workers=0' finished no timed window")

@@ -119,3 +119,13 @@ def test_log_loss_description_gives_no_growth_for_a_run_that_did_not_start():
     text = H.describe_log_loss([item, refused])
     assert "nan" not in text and "difference in growth" not in text
     assert "log_loss=tensor: no memory trace to compare" in text and "not started" in text
+
+
+def test_log_loss_runs_the_budget_did_not_start_state_no_growth_and_no_difference():
+    from fastlab import config, train
+
+    cfg = config.config_for("smoke")
+    refused = [train.not_started(cfg.replace(log_loss=m), f"log_loss={m}", "not started: spent") for m in ("item", "tensor")]
+    text = H.describe_log_loss(refused)
+    assert "log_loss=item: no memory trace to compare (log_loss=item: TIME LIMITED" in text
+    assert "nan" not in text and "difference in growth" not in text

@@ -343,3 +343,20 @@ def test_time_to_accuracy_reached_at_the_first_check_measures_the_checkpoint_int
     assert told.faster and told.finding.verdict.startswith("holds (2.00x faster to 50%")
     # only where both sides reached it at their first check: a side that needed a later check is judged as before
     assert outcomes.tta_verdict(_seeds("naive", [10.0, 11.0, 12.0], 100.0, later), other).faster
+
+
+def test_a_time_to_accuracy_the_budget_did_not_start_could_not_tell():
+    from fastlab import config, train
+
+    cfg = config.config_for("smoke")
+
+    def refused(label):
+        r = train.not_started(cfg, label, "not started: the budget was spent")
+        r.extras["tta"] = outcomes.tta_record(r, 0.5)
+        return r
+
+    base = outcomes.TimeToAccuracy(label="adam", target=0.5, runs=[refused("adam (seed 0)")])
+    other = outcomes.TimeToAccuracy(label="adamw", target=0.5, runs=[refused("adamw (seed 0)")])
+    v = outcomes.tta_verdict(base, other)
+    assert not v.told and v.finding.verdict.startswith("could not tell here ('adamw (seed 0)' did not run")
+    assert other.why_not == "not started: the notebook's budget was spent"

@@ -72,3 +72,14 @@ def test_two_samples_name_the_drift_of_the_parts_their_change_does_not_touch():
     assert "optimiser" not in text.splitlines()[-1] and "data wait" not in text.splitlines()[-1]
     tuned.config["channels_last"] = True  # acts on forward and backward: nothing is untouched
     assert "drift" not in pictures.describe_anatomy([naive, tuned])
+
+
+def test_a_run_the_budget_did_not_start_has_no_anatomy_only_its_reason():
+    refused = RunResult(config={"warmup_steps": 4}, label="tuned", status="time_limited", error="not started: spent",
+                        extras={"budget": "not started"}, env={"device_name": "CPU (test)"})
+    text = pictures.describe_anatomy([_sampled(), refused])
+    assert "naive: 78.0 ms a sampled step" in text
+    assert "tuned: no step anatomy: warm-up did not run (TIME LIMITED: not started: spent)" in text
+    assert "drift" not in text  # no second sample to compare
+    pictures.plot_step_anatomy([_sampled(), refused])
+    pictures.plot_step_anatomy([refused])

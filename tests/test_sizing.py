@@ -4,6 +4,8 @@ No test here trains: runs are faked (RunResults built from the config they were 
 and the calibration's step times are mocked.
 """
 
+import datetime
+
 import pytest
 import torch
 
@@ -221,6 +223,33 @@ def test_a_calibration_is_measured_once_per_machine_and_cached_with_its_fingerpr
     monkeypatch.setattr(measure, "cpu_model", lambda text=None: "another CPU")  # another machine: measured anew
     calibration.calibrate(cpu, measure_once)
     assert len(measured) == 2
+
+
+def test_a_cached_calibration_is_stale_when_old_or_measured_at_another_load():
+    now = datetime.datetime(2026, 12, 6, 12, tzinfo=datetime.timezone.utc)
+
+    def entry(days_ago, load):
+        return {"measured_at": (now - datetime.timedelta(days=days_ago)).isoformat(), "load_per_cpu": load}
+
+    assert calibration.stale(entry(1, 0.2), now, 0.3) is None
+    assert calibration.stale(entry(1, None), now, 3.0) is None  # an entry from before loads were kept: by age only
+    assert calibration.stale(entry(1, 0.2), now, None) is None  # no load average here (Windows): by age only
+    assert "days ago" in calibration.stale(entry(calibration.MAX_AGE.days + 1, 0.2), now, 0.2)
+    assert "load of 3.0 per CPU, 0.1 now" in calibration.stale(entry(0, 3.0), now, 0.1)  # timed under load
+    assert "unknown" in calibration.stale({"load_per_cpu": 0.2}, now, 0.2)
+
+
+def test_a_stale_cached_calibration_is_measured_again(calibration_cache, monkeypatch):
+    cpu = config_for("cpu", device="cpu", dataset="synthetic")
+    monkeypatch.setattr(calibration, "load_per_cpu", lambda: 3.0)  # four other jobs on a 2-core machine
+    busy = calibration.calibrate(cpu, lambda cfg: [0.8] * 4)
+    assert busy.load_per_cpu == 3.0
+    monkeypatch.setattr(calibration, "_KERNEL_CACHE", {})
+    monkeypatch.setattr(calibration, "load_per_cpu", lambda: 0.1)  # the others finished
+    idle = calibration.calibrate(cpu, lambda cfg: [0.2] * 4)
+    assert idle.source == "measured" and idle.step_seconds == 0.2
+    monkeypatch.setattr(calibration, "_KERNEL_CACHE", {})
+    assert calibration.calibrate(cpu, lambda cfg: [9.9] * 4).source == "cache"  # same load: kept
 
 
 def test_every_arm_of_a_comparison_gets_the_same_calibrated_steps(calibration_cache, monkeypatch):

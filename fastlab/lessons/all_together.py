@@ -15,7 +15,7 @@ from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
 from ..results import RunResult, load_reference, reference_for
 from ..train import interleave, run
-from ..verdicts import ratio_of, verdict
+from ..verdicts import ratio_of, uncredited, verdict
 
 NAME = "09_all_together:ladder"
 
@@ -49,6 +49,15 @@ def top_index(results: list[RunResult]) -> int:
     if not kept:
         raise ValueError("no rung of the ladder finished a timed window: there is no top to build on")
     return kept[-1]
+
+
+def ladder_unrun(results: list[RunResult]) -> str | None:
+    """Why the ladder has no top (no kept rung finished a timed window: e.g. the notebook's budget did not start
+    them), naming its first rung that did not, in its own words; None where it has one (top_index)."""
+    if any(not r.extras.get("dropped") and r.window_throughput for r in results):
+        return None
+    bad = uncredited(results)
+    return f"no rung of the ladder finished a timed window ({bad[1] if bad else 'the ladder has no rung'})"
 
 
 def top_config(results: list[RunResult]) -> TrainConfig:

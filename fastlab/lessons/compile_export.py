@@ -177,6 +177,13 @@ def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return next(iter(loader))
 
 
+def held_out_data(cfg: TrainConfig) -> str:
+    """What held_out_batch's images are, in a plot's words ("SYNTHETIC data", "real cifar10"): from the images
+    themselves, so it holds where no run of `cfg` started (the notebook's budget was spent)."""
+    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke")
+    return "SYNTHETIC data" if images.synthetic else f"real {images.name}"
+
+
 def plot_step_times(results: list[RunResult], title: str = ""):
     """Wall time of every step, warm-up included, on a log scale: the compile is the spike at the start."""
     fig = ShownFigure(figsize=(7, 3.6))

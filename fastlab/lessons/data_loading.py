@@ -23,7 +23,7 @@ from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
 from ..results import RunResult
 from ..train import interleave
-from ..verdicts import runs_verdict, turns, verdict
+from ..verdicts import runs_verdict, turns, uncredited, verdict
 
 STARVE_BATCH_MS = 100.0  # simulated storage latency per batch, spread over its images: it starves any batch size
 MAX_PIPELINE_WORKERS = 8
@@ -199,6 +199,14 @@ def epoch_start_wait(result: RunResult) -> tuple[float, float]:
     return (statistics.median(at_start) if at_start else math.nan, statistics.median(rest) if rest else math.nan)
 
 
+def wait_share(result: RunResult) -> str:
+    """A run's data wait as a share of its timed step time ("12%"), or why it has none: it finished no timed window
+    (e.g. the notebook's budget did not start it)."""
+    if not result.window_throughput:
+        return f"not measured ('{result.label}' finished no timed window: {result.status}: {result.error or 'stopped early'})"
+    return f"{result.data_wait_fraction():.0%}"
+
+
 def data_path_report(results: list[RunResult]) -> str:
     """Each run's summary and, after the first, its verdict against the first."""
     return "\n".join(r.summary() + (f"\n    vs '{results[0].label}': {runs_verdict(results[0], r)}" if i else "")
@@ -260,15 +268,18 @@ def cores_of(results: list[RunResult]) -> int:
 @dataclass
 class SweepReading:
     cores: int
-    peak: RunResult  # the fastest point (median images/s)
+    peak: RunResult | None  # the fastest point (median images/s); None: no run finished a timed window
     near_peak: list[int]  # worker counts whose throughput is within the spread of the peak's
     costs_from: RunResult | None  # the first point past the peak that is slower than it outside the spread
     last: RunResult | None = None  # the last point of the sweep that finished a window
+    unread: str = ""  # why the sweep has no peak: its first run that finished no timed window, and why
 
     def describe(self) -> str:
         def at(r: RunResult) -> str:
             return f"num_workers={workers_of(r)} ({workers_of(r) / self.cores:g}x the cores)"
 
+        if self.peak is None:
+            return f"cores this process may use: {self.cores}; no run of the sweep finished a timed window: {self.unread}"
         p, c = self.peak.throughput, self.costs_from
         lines = [f"cores this process may use: {self.cores}; the sweep went to {at(self.last)}"] if self.last else []
         lines.append(f"peak: {at(self.peak)}, {p.median:,.0f} images/s (min {p.low:,.0f}, max {p.high:,.0f}); within "
@@ -282,10 +293,12 @@ class SweepReading:
 
 
 def read_sweep(results: list[RunResult]) -> SweepReading:
-    """Where a num_workers sweep peaks, which counts are as good (inside the spread), where more starts to cost."""
+    """Where a num_workers sweep peaks, which counts are as good (inside the spread), where more starts to cost; no
+    peak where no run finished a timed window (e.g. the notebook's budget did not start them), saying why."""
     ok = [r for r in results if r.window_throughput and r.status == "ok"]
     if not ok:
-        raise ValueError("read_sweep: no run of the sweep finished a timed window")
+        bad = uncredited(results)
+        return SweepReading(cores_of(results), None, [], None, unread=bad[1] if bad else "the sweep has no run")
     peak = max(ok, key=lambda r: r.throughput.median)
     near = [workers_of(r) for r in ok if r is peak or verdict(peak.throughput, r.throughput).noise]
     costs = [r for r in ok if workers_of(r) > workers_of(peak) and verdict(peak.throughput, r.throughput).direction
@@ -295,7 +308,11 @@ def read_sweep(results: list[RunResult]) -> SweepReading:
 
 def judge_workers(results: list[RunResult]) -> Finding:
     """C1: is num_workers = 2-4 x the cores where the sweep peaks (or within the peak's spread)?"""
-    finding = _judge_sweep(results, read_sweep(results))
+    reading = read_sweep(results)
+    if reading.peak is None:
+        return Finding(f"{claims.COULD_NOT_TELL} (no run of the sweep finished a timed window)", reading.describe(),
+                       recorded=False)  # nothing was measured: nothing to keep
+    finding = _judge_sweep(results, reading)
     v = finding.verdict
     # the advice feeds a GPU; on a CPU loading and training share the cores (a cause: not named where nothing showed)
     if results[0].env.get("device_type", "cpu") == "cpu" and not v.startswith(claims.COULD_NOT_TELL):

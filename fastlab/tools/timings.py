@@ -127,9 +127,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-_duration = budget.duration
-
-
 def notebook_time(notebook: str, profile: str | None = None) -> str:
     """How long `notebook` took on `profile` (default: the active one), or that it was not measured."""
     from ..config import active_profile
@@ -142,7 +139,7 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
     cores = re.search(r"(\d+) cores usable", entry["machine"])  # a load above the cores was other work
     busy = (f" while other work kept it busy (load average {entry['load']:g})"
             if entry.get("load") and entry["load"] > (int(cores.group(1)) if cores else 1) + 0.5 else "")
-    return (f"{notebook} took {_duration(entry['seconds'])} top to bottom on profile {profile}{status}, measured "
+    return (f"{notebook} took {budget.duration(entry['seconds'])} top to bottom on profile {profile}{status}, measured "
             f"{entry['date'][:10]} on {entry['machine']}{busy}; your machine may differ" + thorough_hint(notebook, profile))
 
 
@@ -154,7 +151,7 @@ def thorough_hint(notebook: str, profile: str) -> str:
     if time_sizing(profile) is None or name == "dashboard":  # no time-sized comparison there
         return ""
     entry = load_timings().get(name, {}).get(f"{profile}-thorough")
-    took = f"it took {_duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
+    took = f"it took {budget.duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
     return f". The thorough version (more seeds, longer runs): set FASTLAB_THOROUGH=1 before starting ({took})"
 
 
@@ -172,14 +169,14 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
             if not e:
                 cells.append("not measured yet")
                 continue
-            first = f"; first result after {_duration(e['first_result'])}" if e.get("first_result") else ""
-            first += f"; core path {_duration(e['core_path'])}" if e.get("core_path") else ""
-            cells.append(_duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})") + first)
+            first = f"; first result after {budget.duration(e['first_result'])}" if e.get("first_result") else ""
+            first += f"; core path {budget.duration(e['core_path'])}" if e.get("core_path") else ""
+            cells.append(budget.duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})") + first)
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     totals = [sum(by_profile[p]["seconds"] if by_profile.get(p) else math.nan for by_profile in data.values())
               for p in profiles]
     rows.append("| the whole workbook | " + " | ".join(
-        "not all measured" if math.isnan(t) else _duration(t) for t in totals) + " |")
+        "not all measured" if math.isnan(t) else budget.duration(t) for t in totals) + " |")
     machines = sorted({(e["machine"], e["date"][:10]) for e in entries})
     loads = [e["load"] for e in entries if e.get("load") is not None]
     rows += ["", "Measured on: " + "; ".join(f"{m} ({d})" for m, d in machines) + "."]

@@ -1,0 +1,93 @@
+"""Every notebook runs whole with its time budget already spent: each registered comparison's runs are refused.
+
+On a loaded machine a notebook's budget (fastlab.budget) can run out before its last comparison, whose runs then do
+not start (status time_limited, extras budget="not started"); every cell that formats a comparison's figures must
+still run, saying what did not run and why. tests/budget_site/sitecustomize.py gives every notebook a budget of 0 s
+on the smoke profile (fixed steps: nothing else changes) in every process started with that folder on PYTHONPATH, and
+logs each refusal to FASTLAB_BUDGET_LOG, so the test also sees that the runs really were refused.
+
+The `# NBVAL_CHECK_OUTPUT` cells stay checked: each prints validation errors of a config or a lesson's arguments,
+never a run's figure, so a refused run must not change them (if one did, that would be the defect to see).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fastlab.lessons
+from fastlab.comparisons import REGISTERED
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_SITE = Path(__file__).resolve().parent / "budget_site"
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[01]*.ipynb"))
+
+
+def spent_env(log: Path) -> dict[str, str]:
+    """This process's environment on the smoke profile with every notebook's budget spent, refusals logged to `log`."""
+    path = os.pathsep.join([str(BUDGET_SITE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, "FASTLAB_PROFILE": "smoke", "FASTLAB_BUDGET_LOG": str(log)}
+
+
+def refused(log: Path) -> list[tuple[str, str, str]]:
+    """(comparison, run's label, reason) of each refusal the log recorded."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [tuple(line.split("\t", 2)) for line in lines]
+
+
+def called_by(notebook: str) -> set[str]:
+    """The registered comparisons (every lesson imported: each registers its own) whose function a code cell of
+    `notebook` calls by name; a comparison a lesson's function calls for it is not seen here."""
+    for module in pkgutil.iter_modules(fastlab.lessons.__path__):
+        importlib.import_module(f"fastlab.lessons.{module.name}")
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return {name for name, fn in REGISTERED.items() if re.search(rf"\b{fn.__name__}\(", code)}
+
+
+def test_the_notebooks_call_registered_comparisons():
+    """The check below can fail: most notebooks call a registered comparison whose runs must be refused."""
+    assert len([n for n in NOTEBOOKS if called_by(n)]) >= 10
+
+
+def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
+    """Under tests/budget_site a registered comparison's run is refused and logged; a single run is not."""
+    log = tmp_path / "refused.log"
+    script = ("from fastlab import budget, config, train\n"
+              "from fastlab.tools.timings import begin_notebook\n"
+              "begin_notebook('00_start_here.ipynb')\n"
+              "cfg = config.config_for('smoke')\n"
+              "with budget.within('00_start_here:probe', None):\n"
+              "    r = train.run(cfg, label='refused', progress=False)\n"
+              "print(r.status, r.extras.get('budget'))\n"
+              "print(train.run(cfg, label='single', progress=False).status)\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=spent_env(log), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "time_limited not started\nok\n" in r.stdout, r.stdout
+    assert [(c, label) for c, label, _ in refused(log)] == [("00_start_here:probe", "refused")]
+
+
+@pytest.mark.slow  # each notebook runs whole under nbval: 2-5 min each on a 2-core CPU at load 10-40 (09: 14 min)
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_notebook_runs_with_its_budget_spent(name, tmp_path):
+    """The notebook runs whole under nbval with every registered comparison's runs refused, and every comparison
+    its cells call was refused (a notebook that calls none may refuse nothing: it runs whole all the same)."""
+    log = tmp_path / "refused.log"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
+                        "--nbval-current-env", str(ROOT / "notebooks" / name)], cwd=ROOT, env=spent_env(log),
+                       capture_output=True, text=True, timeout=1700)
+    assert r.returncode == 0, f"{name} fails with its budget spent:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
+    comparisons = {c for c, _, _ in refused(log)}
+    assert comparisons <= set(REGISTERED), f"{name}: refused runs outside a registered comparison: {comparisons}"
+    assert called_by(name) <= comparisons, (
+        f"{name}: calls {sorted(called_by(name))} but only the runs of {sorted(comparisons)} were refused")
