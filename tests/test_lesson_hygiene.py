@@ -129,3 +129,57 @@ def test_log_loss_runs_the_budget_did_not_start_state_no_growth_and_no_differenc
     text = H.describe_log_loss(refused)
     assert "log_loss=item: no memory trace to compare (log_loss=item: TIME LIMITED" in text
     assert "nan" not in text and "difference in growth" not in text
+
+def test_find_syncs_sets_the_mode_in_the_process_that_trains(quick, monkeypatch, tmp_path):
+    """05 under the gpu profile (issue 53): runs train in a fresh process, and the sync-debug mode is per process, so
+    find_syncs must set it where the steps train and bring that process's warnings back. On this CPU: a recorded
+    set_sync_debug_mode, and a training that warns as CUDA would while the mode is "warn"; children are forked
+    (not started by the forkserver), so they carry these fakes."""
+    import multiprocessing
+    import os
+    import warnings
+
+    import torch
+
+    from fastlab import harness, isolation
+
+    log = tmp_path / "log"
+
+    def record(what: str) -> None:
+        with open(log, "a") as f:
+            f.write(f"{what} {os.getpid()}\n")
+
+    mode = {"now": 0}
+
+    def set_mode(value):
+        mode["now"] = value
+        record(f"mode={value}")
+
+    execute = harness.TrainingRun.execute
+
+    def training(self):
+        record("train")
+        if mode["now"] == "warn":
+            warnings.warn("called a synchronizing CUDA operation (simulated)", stacklevel=2)
+        return execute(self)
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(harness.TrainingRun, "execute", training)
+    monkeypatch.setattr(H, "resolve_device", lambda device: torch.device("cuda"))  # past its CUDA-only guard
+    monkeypatch.setattr(isolation, "_context", multiprocessing.get_context("fork"))
+    environ, path, cwd, _, start = isolation._setup()  # one thread in the forked child: a team of OpenMP threads
+    monkeypatch.setattr(isolation, "_setup", lambda: (environ, path, cwd, 1, start))  # would hang after a fork
+    found = H.find_syncs(quick.replace(device="cpu"))
+    events = [line.split() for line in log.read_text().splitlines()]
+    trained = {pid for what, pid in events if what == "train"}
+    warned = {pid for what, pid in events if what == "mode=warn"}
+    assert len(trained) == 1 and trained == warned, events  # the mode was on in the process that trained
+    assert found == ["called a synchronizing CUDA operation (simulated)"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="set_sync_debug_mode warns at CUDA syncs only: this needs a CUDA GPU")
+def test_find_syncs_on_a_gpu_finds_the_loss_read(quick):
+    found = H.find_syncs(quick.replace(device="cuda", log_every=1))  # .item() every step: a sync every step
+    assert isinstance(found, list) and found and all("synchroniz" in text.lower() for text in found)

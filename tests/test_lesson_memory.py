@@ -64,3 +64,12 @@ def test_bad_arguments_are_refused(kwargs, field):
 def test_the_plot_draws():
     fig = m.plot_breakdowns([m.measure_breakdown("tiny", 4), m.measure_breakdown("tiny", 4, checkpointing=True)])
     assert "SYNTHETIC" in fig.axes[0].get_title()
+
+
+def test_checkpointing_segments_the_gpu_profiles_resnet_too():
+    """12 under the gpu profile: ResNet-18 is checkpointed in the segments asked for, as the workbook nets are."""
+    x = torch.randn(2, 3, 32, 32)
+    for segments in (2, 4):
+        net = m.Segmented(m.build_model("resnet18"), segments).eval()
+        assert torch.allclose(net(x), net.net(x), atol=1e-5)  # same function, only memory changes
+        assert len(net.kept) == segments  # one kept input per segment

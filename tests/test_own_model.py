@@ -173,3 +173,25 @@ def test_parameters_are_compared_on_one_device():
 def test_the_loop_dataset_holds_exactly_the_loop_steps():
     cfg, _ = om.notebook_config("smoke")
     assert len(om.loop_dataset(cfg)) == cfg.batch_size * om.LOOP_STEPS["smoke"]
+
+
+def _gpu_profile_small():
+    """The gpu profile's shapes (ResNet-18, the device loader) at smoke's sizes, on this CPU."""
+    return fastlab.config_for("gpu", device="cpu").replace(steps=2, warmup_steps=1, windows=1, train_images=64,
+                                                           eval_images=32, batch_size=16)
+
+
+def test_first_steps_switch_the_gpu_profiles_device_loader_for_the_readers_datasets(capsys):
+    """10 under the gpu profile (issue 53): the reader's Datasets need the DataLoader; the device loader, which needs
+    an ImageSet, is switched once, said in one line, and then tried as a technique on the converted images."""
+    base = _gpu_profile_small()
+    assert base.loader == "device"
+    results = om.first_steps(base, model=TinyNet, dataset=om.demo_datasets(base), progress=False)
+    said = [line for line in capsys.readouterr().out.splitlines() if "switched" in line]
+    assert len(said) == 1 and "loader='dataloader'" in said[0] and "ImageSet" in said[0]
+    by = {r.extras["technique"]: r for r in results}
+    assert by["baseline"].ok and by["baseline"].config["loader"] == "dataloader"
+    assert by["device-resident loader"].config["loader"] == "device"
+    cfg, note = om.notebook_config("gpu")
+    assert cfg.loader == "dataloader" and "switched" in note and "\n" not in note
+    assert om.notebook_config("smoke")[0].loader == fastlab.config_for("smoke").loader  # nothing to switch there

@@ -231,3 +231,25 @@ def test_guard_rails_are_collapsed_at_the_end(name):
     assert source(last).startswith("# NBVAL_CHECK_OUTPUT") and nb[-1] is last
     assert last["metadata"].get("jupyter", {}).get("source_hidden") is True
     assert re.match(r"## Guard rails", source(nb[-2])), "the heading the scaffolding test looks for, just above it"
+
+
+@pytest.mark.parametrize("name", ["tiny", "compact", "resnet18"])
+def test_checkpointing_snippets_run_on_every_profile_model(name):
+    """12 under the gpu profile (issue 53): ResNet-18 has no features/head, yet the three checkpointing steps run on
+    it, the checkpointed one with the plain gradients, and the blocks with the head are the model's own forward."""
+    net = build_model(name)
+    x, y = tc.tiny_batches(1, 4)[0]
+    ckpt, reentrant, plain = copy.deepcopy(net), copy.deepcopy(net), copy.deepcopy(net).eval()
+    tc.train_step(net, x, y, torch.optim.SGD(net.parameters(), lr=0.0))
+    tc.train_step_checkpointed(ckpt, x, y, torch.optim.SGD(ckpt.parameters(), lr=0.0))
+    for a, b in zip(net.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tc.train_step_reentrant(reentrant, x, y, torch.optim.SGD(reentrant.parameters(), lr=0.0))
+    assert 0 < tc.params_without_grad(reentrant) < len(list(reentrant.parameters()))
+    blocks, head = tc.blocks_and_head(plain)
+    h = x
+    for block in blocks:
+        h = block(h)
+    torch.testing.assert_close(head(h), plain(x))  # the blocks, then the head: the model's own forward

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import claims
+from .. import claims, isolation
 from ..claims import Finding
 from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, preferred_amp
+from ..harness import TrainingRun
+from ..isolation import exclusive_run
 from ..measure import Spread, resolve_device
 from ..models import build_model
 from ..plots import ShownFigure, data_note
@@ -157,19 +159,30 @@ def item_sync_finding(logging: list[RunResult]) -> Finding:
 
 
 def find_syncs(base: TrainConfig, steps: int = 3) -> list[str] | str:
-    """The distinct sync warnings of a few steps under torch.cuda.set_sync_debug_mode("warn"); no CUDA: why none."""
+    """The distinct sync warnings of a few steps under torch.cuda.set_sync_debug_mode("warn"); no CUDA: why none.
+    The mode is per process and runs train in a fresh one, so the steps train in a fresh process that sets the mode
+    itself (sync_warnings, by fastlab.isolation.call); set here, it would see nothing of a child's training."""
     dev = resolve_device(base.device)
     if dev.type != "cuda":
         return f"torch.cuda.set_sync_debug_mode is a CUDA feature: on {dev.type} nothing runs asynchronously"
     cfg = base.replace(steps=steps, warmup_steps=1, windows=1)
+    with exclusive_run("sync debug"):  # alone, as every run is
+        return isolation.call(sync_warnings, cfg)
+
+
+def sync_warnings(config: TrainConfig) -> list[str] | str:
+    """In the calling process: config's run trained here, in this thread, under set_sync_debug_mode("warn"); the
+    distinct warnings that name a synchronising operation, or why the run did not finish."""
     before = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            run(cfg, label="sync debug", progress=False)
+            result = TrainingRun(config, "sync debug", None, None, False, None, None).execute()
         finally:
             torch.cuda.set_sync_debug_mode(before)
+    if not result.ok:
+        return f"the sync-debug run ended {result.status} ({result.error}): its warnings would be partial"
     texts = (str(w.message).strip().splitlines()[0] for w in caught)
     return list(dict.fromkeys(t for t in texts if "synchroniz" in t.lower()))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+from torch.utils.checkpoint import checkpoint
 
 from .. import claims
 from ..claims import Finding
@@ -16,6 +16,7 @@ from ..config import positive_int
 from ..measure import Spread, now, resolve_device, synchronize
 from ..models import build_model
 from ..plots import ShownFigure
+from .technique_code import blocks_and_head
 
 MiB = 2**20
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -40,29 +41,30 @@ def _saved(store: list):
 
 
 class Segmented(nn.Module):
-    """A workbook net whose forward checkpoints its blocks (use_reentrant=False): `features` in `segments` pieces,
-    or a torchvision ResNet's layer1..layer4. Each checkpointed piece's input is recorded in `kept`."""
+    """A net whose forward checkpoints its blocks (use_reentrant=False) in `segments` pieces: the blocks of
+    technique_code.blocks_and_head, the same for a workbook net and a torchvision ResNet. Each piece's input is
+    recorded in `kept`."""
 
     def __init__(self, net: nn.Module, segments: int = 2) -> None:
         super().__init__()
         positive_int("segments", segments)
         self.net, self.segments = net, segments
         self.kept: list[torch.Tensor] = []
-        if not (hasattr(net, "features") and hasattr(net, "head")) and not hasattr(net, "layer1"):
-            raise ValueError(f"{type(net).__name__} has neither features/head nor layer1..layer4 to checkpoint")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.kept = []
-        net = self.net
-        if hasattr(net, "features"):
+        *pieces, head = _pieces(self.net, self.segments)
+        for piece in pieces:
             self.kept.append(x)
-            feats = checkpoint_sequential(net.features, self.segments, x, use_reentrant=False)
-            return net.head(feats)
-        x = net.relu(net.bn1(net.conv1(x)))  # torchvision ResNet: stem in the open, the four stages checkpointed
-        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
-            self.kept.append(x)
-            x = checkpoint(layer, x, use_reentrant=False)
-        return net.fc(torch.flatten(net.avgpool(x), 1))
+            x = checkpoint(piece, x, use_reentrant=False)
+        return head(x)
+
+
+def _pieces(net: nn.Module, segments: int) -> list[nn.Module]:
+    """net's blocks (technique_code.blocks_and_head) in `segments` consecutive pieces, at most, then its head."""
+    blocks, head = blocks_and_head(net)
+    size = -(-len(blocks) // segments)
+    return [nn.Sequential(*blocks[i:i + size]) for i in range(0, len(blocks), size)] + [head]
 
 
 @dataclass
@@ -177,14 +179,7 @@ def _dtype_name(tensors) -> str:
 
 def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | None, segments: int) -> float:
     """Activations one checkpointed segment saves when it is recomputed in backward (the largest segment)."""
-    if hasattr(net, "features"):
-        layers = list(net.features)
-        size = -(-len(layers) // segments)
-        pieces = [nn.Sequential(*layers[i:i + size]) for i in range(0, len(layers), size)]
-    else:
-        pieces = [net.layer1, net.layer2, net.layer3, net.layer4]
-        with torch.no_grad():
-            x = net.relu(net.bn1(net.conv1(x)))
+    pieces = _pieces(net, segments)[:-1]
     largest = 0
     for piece in pieces:
         saved: list[torch.Tensor] = []

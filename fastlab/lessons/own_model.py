@@ -73,7 +73,8 @@ SMOKE_CHANGES: dict[str, int] = {"steps": 12, "warmup_steps": 2, "windows": 3}
 
 
 def notebook_config(profile: str | None = None, **changes: Any) -> tuple[TrainConfig, str]:
-    """The notebook's config (the active profile's, shortened under smoke) and a sentence saying what changed."""
+    """The notebook's config (the active profile's, shortened under smoke, with the DataLoader its Datasets need)
+    and a sentence saying what changed."""
     from ..config import config_for
 
     cfg = config_for(profile)
@@ -82,7 +83,19 @@ def notebook_config(profile: str | None = None, **changes: Any) -> tuple[TrainCo
         cfg = cfg.replace(**SMOKE_CHANGES)
         note = (f"profile smoke: shortened to {', '.join(f'{k}={v}' for k, v in SMOKE_CHANGES.items())} because "
                 "MobileNetV3-Small is several times slower per image than the tiny net on a CPU")
-    return cfg.replace(**changes), note
+    cfg, switched = for_datasets(cfg)
+    return cfg.replace(**changes), note + (f"; {switched}" if switched else "")
+
+
+def for_datasets(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """config as fastlab.run takes it with the reader's torch Datasets, and what was switched ("" if nothing): the
+    device loader needs the images as a fastlab.ImageSet (to_imageset makes one), so a Dataset is read by the
+    DataLoader instead; first_steps then tries the device loader as a technique, on the converted images."""
+    if config.loader != "device":
+        return config, ""
+    switched = config.replace(loader="dataloader")
+    return switched, (f"the profile's loader={config.loader!r} switched to loader={switched.loader!r} for your "
+                      "Datasets (the device loader needs a fastlab.ImageSet: to_imageset converts them)")
 
 
 def demo_datasets(config: TrainConfig, seed: int = 0) -> tuple[StripesDataset, StripesDataset]:
@@ -228,6 +241,10 @@ def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, prog
         raise ValueError(f"dataset={type(dataset).__name__} is not allowed: a fastlab.ImageSet or a pair "
                          "(train, held_out) of torch Datasets")
     build = _builder(model)
+    if not isinstance(dataset, ImageSet):
+        base, switched = for_datasets(base)
+        if switched:
+            print(f"first_steps: {switched}", flush=True)
     tried, skipped, images = candidates(base, dataset, max_mb)
     baseline = run(base, label="your model as is", model=build, dataset=dataset, progress=progress)
     baseline.extras.update(technique="baseline", skipped_techniques=skipped)

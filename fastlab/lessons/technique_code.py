@@ -115,12 +115,36 @@ def train_steps_watched(w, model: nn.Module, batches: list, opt: torch.optim.Opt
 # ------------------------------------------------------------------ 12: activation checkpointing
 
 
+def blocks_and_head(net: nn.Module) -> tuple[list[nn.Module], nn.Module]:
+    """net's forward as blocks run one after another, then its head: the pieces a loop checkpoints one by one.
+
+    The net's children in order: a Sequential opened into its blocks (a workbook net's `features`, a ResNet's stages),
+    other children side by side kept as one block (a ResNet's stem, whose in-place ReLU must be recomputed with the
+    layers before it), the last child the head, with a flatten before it (the one line of ResNet's forward that is
+    no child; a no-op on a flat input). A net whose forward does more than call its children in order needs its own
+    list: check that head applied after the blocks gives net(x).
+    """
+    *body, head = net.children()
+    blocks: list[nn.Module] = []
+    loose: list[nn.Module] = []  # children side by side that are no Sequential: one block
+    for child in body:
+        if isinstance(child, nn.Sequential):
+            blocks += [nn.Sequential(*loose)] if loose else []
+            blocks += list(child)
+            loose = []
+        else:
+            loose.append(child)
+    blocks += [nn.Sequential(*loose)] if loose else []
+    return blocks + [nn.Flatten()], head
+
+
 def train_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
-    """One plain step of a workbook net (its `features` blocks, then its `head`)."""
+    """One plain step, block by block (blocks_and_head: the net's forward as blocks, then its head)."""
+    blocks, head = blocks_and_head(net)
     h = x
-    for block in net.features:
+    for block in blocks:
         h = block(h)
-    loss = F.cross_entropy(net.head(h), y)
+    loss = F.cross_entropy(head(h), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -129,10 +153,11 @@ def train_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.opti
 
 def train_step_checkpointed(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
     """The same step with every block checkpointed: only each block's input is kept for backward."""
+    blocks, head = blocks_and_head(net)
     h = x
-    for block in net.features:
+    for block in blocks:
         h = checkpoint(block, h, use_reentrant=False)  # recomputes block(h) in backward instead of saving it
-    loss = F.cross_entropy(net.head(h), y)
+    loss = F.cross_entropy(head(h), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -141,10 +166,11 @@ def train_step_checkpointed(net: nn.Module, x: torch.Tensor, y: torch.Tensor, op
 
 def train_step_reentrant(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
     """The pitfall: the old reentrant variant, whose backward skips a block whose input needs no gradient."""
+    blocks, head = blocks_and_head(net)
     h = x
-    for block in net.features:
+    for block in blocks:
         h = checkpoint(block, h, use_reentrant=True)  # x needs no grad: this block's weights get no gradient
-    loss = F.cross_entropy(net.head(h), y)
+    loss = F.cross_entropy(head(h), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
