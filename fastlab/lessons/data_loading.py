@@ -21,6 +21,7 @@ from ..config import TrainConfig
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import interleave
 from ..verdicts import runs_verdict, turns, verdict
@@ -63,8 +64,9 @@ def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
-    """Under the smoke profile, a few steps per run: these comparisons have many runs, each starting workers."""
-    return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
+    """cfg cut to its profile's few steps a run where it has them (Profile.loading_shortening: smoke, gpu-dry):
+    these comparisons have many runs, each starting workers."""
+    return cfg.replace(**profile_of(cfg).loading_shortening)
 
 
 @comparison("01_data_loading:num_workers", arms=lambda base: len(worker_counts(usable_cpu_count())))
