@@ -147,7 +147,8 @@ def test_gpu_dry_is_the_gpu_profile_at_smokes_sizes(monkeypatch):
     assert dry.profile == "gpu-dry" and dry.device == "auto"  # CUDA if there, else the CPU
     assert set(gpu.diff(dry)) <= SIZE_FIELDS  # gpu's model, loader, log_every, lr and every other knob
     assert (dry.model, dry.loader, dry.log_every) == ("resnet18", "device", 10)
-    for name in SIZE_FIELDS - {"batch_size"}:
+    assert dry.max_seconds == gpu.max_seconds == 0  # no clock: a run cut short would change the outputs
+    for name in SIZE_FIELDS - {"batch_size", "max_seconds"}:
         assert getattr(dry, name) == getattr(smoke, name), name
     dry_p, gpu_p, smoke_p = PROFILES["gpu-dry"], PROFILES["gpu"], PROFILES["smoke"]
     assert dry_p.fixed_steps and not dry_p.downloads and not dry_p.thorough  # nbval's outputs: not speed's
