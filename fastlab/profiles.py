@@ -181,11 +181,6 @@ class _Configured(Protocol):
     profile: str
 
 
-def names() -> tuple[str, ...]:
-    """The selectable profiles' names, in PROFILES' order."""
-    return tuple(PROFILES)
-
-
 def profile(name: str) -> Profile:
     """The profile called `name` ("custom": a hand-built config's); a ValueError names the allowed ones."""
     if name == CUSTOM.name:
