@@ -160,3 +160,21 @@ def test_gpu_dry_is_the_gpu_profile_at_smokes_sizes(monkeypatch):
     grid = batch_size.sizes_for(dry)
     assert len(grid) == len(gpu_p.batch_grid) and max(grid) <= 64  # gpu's shape, a CPU's sizes
     assert any(b % 8 for b in grid) and dry.batch_size in grid  # a non-multiple of 8, as gpu's 250
+
+
+def test_gpu_dry_takes_gpus_estimate_without_cuda_but_never_refuses_a_run(monkeypatch, capsys):
+    """gpu's path on a CPU (estimate a run, say it), without gpu's refusal: a loaded CI machine must not decide
+    whether a notebook cell runs."""
+    from fastlab import isolation, train
+
+    started: list = []
+    monkeypatch.setattr(train, "_STEP_ESTIMATES", {}, raising=False)
+    monkeypatch.setattr(train, "_SAID", set(), raising=False)
+    monkeypatch.setattr(isolation, "call", lambda fn, *args: 600.0)  # 10 min a step (pretend)
+    monkeypatch.setattr(isolation, "execute", lambda training, cold=False: started.append(training.cfg) or
+                        training.result)
+    monkeypatch.delenv("FASTLAB_CONFIRM_SLOW", raising=False)
+    dry = config_for("gpu-dry", device="cpu")
+    fastlab.run(dry, progress=False)
+    assert started == [dry]
+    assert "the gpu-dry profile is sized for a CUDA GPU" in capsys.readouterr().out
