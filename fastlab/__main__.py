@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_flags(p)
     p = command("code", _cmd_code, "print the run as a standalone PyTorch script; every TrainConfig field is a flag")
     p.add_argument("--profile", choices=PROFILES)
-    p.add_argument("--diff", nargs="?", const="preset", choices=("preset",) + PROFILES,
+    p.add_argument("--diff", nargs="?", const="preset", choices=("preset", *PROFILES),
                    help="print only what the flags change: a diff against the profile's preset (or another profile)")
     add_config_flags(p)
     command("report", _cmd_report, "redraw bench.png and bench.md from a results.json").add_argument("results")

@@ -39,12 +39,10 @@ from .plots import (
     own_knobs,
     plot_waterfall,
 )
+from .profiles import profile_of
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run, skip_or_demonstrate
 from .verdicts import step_slowdown, turns, verdict
-
-# Naive and large batch size per profile (and model): the naive rung uses the small one.
-LADDER_BATCH = {"smoke": (32, 64), "cpu": (64, 128), "gpu": (128, 512), "gpu compact": (128, 1024)}
 
 
 @dataclass(frozen=True)
@@ -58,8 +56,7 @@ class Rung:
 def ladder(base: TrainConfig) -> list[Rung]:
     """The rungs for this machine, cumulative: naive (torch's defaults), then one technique per rung (its title)."""
     device = resolve_device(base.device)
-    small, large = LADDER_BATCH.get(f"{base.profile} {base.model}") or LADDER_BATCH.get(
-        base.profile, (base.batch_size, base.batch_size * 2))
+    small, large = profile_of(base).ladder_batches(base.model, base.batch_size)  # the naive rung uses the small one
     workers = min(usable_cpu_count(), 8 if device.type == "cuda" else 2)
     amp = preferred_amp(device)
     if amp == "off":  # a CPU without native bf16: the rung stays, as the known trap (shown in one short run)

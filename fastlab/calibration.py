@@ -1,5 +1,5 @@
-"""Runs sized by time (config.TIME_SIZING): a few steps of the baseline, timed once per machine (cached under its
-fingerprint), turn a profile's seconds into steps; every arm of a comparison gets the same steps."""
+"""Runs sized by time (fastlab.profiles: Profile.time_sizing): a few steps of the baseline, timed once per machine
+(cached under its fingerprint), turn a profile's seconds into steps; every arm of a comparison gets the same steps."""
 
 from __future__ import annotations
 

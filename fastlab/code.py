@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from . import data, models, training
 from .config import TrainConfig
+from .profiles import profile_of
 
 _STOCK = TrainConfig()  # a knob equal to its default here adds no line
 MODEL_CALLS = {"tiny": "TinyNet()", "compact": "CompactNet()", "resnet18": "resnet18_cifar()"}
@@ -32,7 +33,7 @@ def _dataset(cfg: TrainConfig) -> str:
     """'cifar10' or 'synthetic': 'auto' is resolved as fastlab resolves it offline (CIFAR-10 if on disk)."""
     if cfg.dataset != "auto":
         return cfg.dataset
-    return "cifar10" if cfg.profile != "smoke" and data.cifar10_on_disk(data.data_dir()) else "synthetic"
+    return "cifar10" if profile_of(cfg).downloads and data.cifar10_on_disk(data.data_dir()) else "synthetic"
 
 
 def _device(name: str) -> str:

@@ -56,7 +56,7 @@ def fit_to_budget(name: str, base: TrainConfig, runs_per_repeat: int, repeats: i
 
 def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[[ComparisonFn], NamedComparison]:
     """Wrap fn(base: TrainConfig, progress: bool = True, **options) -> list[RunResult] as the comparison `name`.
-    arms: how many runs share the comparison's time (config.TIME_SIZING), a function of the base config giving it,
+    arms: how many runs share the comparison's time (Profile.time_sizing), a function of the base config giving it,
     or None where steps are not sized by time. repeated: whether each arm runs the profile's comparison_repeats
     times (interleaved); False for one run each (e.g. one per seed, already counted in `arms`)."""
     if ":" not in name:

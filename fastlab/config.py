@@ -17,8 +17,8 @@ import torch
 
 from . import budget, measure
 from .measure import bf16_is_trap, bf16_supported, cpu_flags, cpu_isa, cpu_model, mps_available, resolve_device
-
-PROFILES = ("smoke", "cpu", "gpu", "mps")
+from .profiles import CUSTOM, PROFILES, profile_of
+from .profiles import profile as _profile
 
 # Allowed values of the fields that take one of a fixed set of strings.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -183,8 +183,8 @@ def _validate(c: TrainConfig) -> None:
     dev = c.device
     if not (dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         _fail("device", dev, "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-    if c.profile not in PROFILES + ("custom",):
-        _fail("profile", c.profile, "one of " + ", ".join(repr(p) for p in PROFILES + ("custom",)))
+    if c.profile not in (*PROFILES, CUSTOM.name):
+        _fail("profile", c.profile, "one of " + ", ".join(repr(p) for p in (*PROFILES, CUSTOM.name)))
     if c.compile in CUDA_GRAPH_MODES and (c.grad_accum_steps > 1 or not c.set_to_none) and _on_cuda(dev):
         kept = f"grad_accum_steps={c.grad_accum_steps}" if c.grad_accum_steps > 1 else "set_to_none=False"
         _fail("compile", c.compile, f"a mode without CUDA graphs ('default' or 'max-autotune-no-cudagraphs') with "
@@ -196,21 +196,8 @@ def _on_cuda(device: str) -> bool:
     return torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
 
 
-# Presets as plain data: each is a set of overrides on the TrainConfig defaults.
-PROFILE_SETTINGS: dict[str, dict[str, Any]] = {
-    # CI and shared rooms: a tiny net on a few hundred synthetic images, a few seconds a run.
-    "smoke": dict(model="tiny", dataset="synthetic", batch_size=32, steps=10, warmup_steps=3, windows=2,
-                  train_images=640, eval_images=256, lr=3e-3, max_seconds=60.0),
-    # A laptop: the compact net, a comparison of two runs in about a minute.
-    "cpu": dict(model="compact", batch_size=64, steps=25, warmup_steps=3, windows=5,
-                train_images=10_000, eval_images=1_000, lr=2e-3, max_seconds=45.0),
-    # A real GPU, sized for 15 GB: the device loader (time the GPU, not PIL), the loss read (a sync) every 10 steps.
-    "gpu": dict(model="resnet18", loader="device", log_every=10, batch_size=512, steps=200, warmup_steps=30,
-                windows=5, train_images=50_000, eval_images=10_000, lr=2e-3),
-    # An Apple GPU (mps): the DataLoader (the device loader is untested on mps), a budget (laptop GPUs vary).
-    "mps": dict(model="compact", batch_size=128, steps=60, warmup_steps=5, windows=5,
-                train_images=20_000, eval_images=2_000, lr=2e-3, max_seconds=90.0),
-}
+# The profiles (smoke, cpu, gpu, mps, gpu-dry) are plain data in fastlab.profiles: PROFILES maps each name to its
+# Profile, whose `settings` are overrides on the TrainConfig defaults above.
 
 
 def active_profile() -> str:
@@ -228,49 +215,26 @@ def active_profile() -> str:
 def config_for(profile: str | None = None, **changes: Any) -> TrainConfig:
     """The preset for `profile` (default: the active one) with `changes` applied."""
     name = profile or active_profile()
-    if name not in PROFILES:
+    if name not in PROFILES:  # "custom" names a hand-built config, not a preset
         raise ValueError(f"profile={name!r} is not allowed: choose one of {', '.join(PROFILES)}")
-    data = dict(PROFILE_SETTINGS[name], profile=name)
-    if name == "smoke":
-        data["dataset"] = "synthetic"  # smoke never touches the network
+    preset = PROFILES[name]
+    data = dict(preset.settings, profile=name)
+    if not preset.downloads:
+        data["dataset"] = "synthetic"  # a profile that never touches the network (smoke)
     elif os.environ.get("FASTLAB_DATA"):
         data["dataset"] = os.environ["FASTLAB_DATA"]
     return TrainConfig(**data).replace(**changes)
 
 
-# Time-to-accuracy per profile: targets its naive configuration reaches within max_steps, how often to evaluate,
-# and optionally on how many held-out images (cpu: 256, since every evaluation costs training time).
-TIME_TO_ACCURACY: dict[str, dict[str, Any]] = {
-    "smoke": dict(synthetic=0.50, cifar10=0.40, eval_every=5, max_steps=120),
-    "cpu": dict(synthetic=0.50, cifar10=0.50, eval_every=5, max_steps=150, eval_images=256),
-    "gpu": dict(synthetic=0.90, cifar10=0.90, eval_every=50, max_steps=5_000),
-    "mps": dict(synthetic=0.80, cifar10=0.80, eval_every=25, max_steps=2_000),
-    "custom": dict(synthetic=0.60, cifar10=0.60, eval_every=10, max_steps=200),
-}
-
-
 def tta_settings(config: TrainConfig) -> dict[str, Any]:
-    return TIME_TO_ACCURACY[config.profile]
+    """The time-to-accuracy settings of config's profile (fastlab.profiles: Profile.time_to_accuracy)."""
+    return profile_of(config).time_to_accuracy
 
 
 def target_accuracy(config: TrainConfig, synthetic: bool) -> float:
     """The profile's time-to-accuracy target for the synthetic set or for real CIFAR-10."""
     return tta_settings(config)["synthetic" if synthetic else "cifar10"]
 
-
-
-# Runs sized by time (fastlab.calibration): seconds of timed steps for one run and for a whole comparison, turned
-# into steps within min_steps and max_steps; notebook_seconds: a notebook's budget (fastlab.budget), the fast version. None: fixed `steps` (smoke: nbval's outputs must not depend on speed).
-TIME_SIZING: dict[str, dict[str, float] | None] = {
-    "smoke": None,
-    "cpu": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=10, max_steps=60, notebook_seconds=240.0),
-    # sweep_seconds: notebook 01's worker sweep past the cores only while it fits (lessons.data_loading.sweep_counts);
-    # max_autotune_in_fast 0: 07 compiles with max-autotune only in the thorough version (minutes of autotuning)
-    "gpu": dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400, notebook_seconds=100.0,
-                sweep_seconds=60.0, max_autotune_in_fast=0),
-    "mps": dict(run_seconds=6.0, comparison_seconds=40.0, min_steps=20, max_steps=200, notebook_seconds=240.0),
-    "custom": None,
-}
 
 
 # FASTLAB_THOROUGH=1: runs and comparisons get this many times the seconds, and accuracy over seeds THOROUGH_SEEDS.
@@ -289,9 +253,9 @@ def thorough() -> bool:
 
 
 def time_sizing(profile: str) -> dict[str, float] | None:
-    """The profile's TIME_SIZING, scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1 (less its fast-only bounds);
-    None for fixed steps."""
-    sizing = TIME_SIZING[profile]
+    """The profile's time sizing (Profile.time_sizing), scaled by THOROUGH_SCALE under FASTLAB_THOROUGH=1 (less its
+    fast-only bounds); None for fixed steps."""
+    sizing = _profile(profile).time_sizing
     if sizing is None or not thorough():
         return sizing
     scaled = {k: sizing[k] * THOROUGH_SCALE for k in ("run_seconds", "comparison_seconds", "notebook_seconds")}
@@ -300,13 +264,9 @@ def time_sizing(profile: str) -> dict[str, float] | None:
             "max_steps": int(sizing["max_steps"] * THOROUGH_SCALE)}
 
 
-# How many times each arm of a speed comparison runs, interleaved: two or more let the noise rule tell an effect
-# from the machine drifting between runs; one is a single pair and judges nothing (verdicts.single_pair).
-COMPARISON_REPEATS: dict[str, int] = {"smoke": 2, "cpu": 2, "gpu": 3, "mps": 2, "custom": 2}
-
-
 def comparison_repeats(config: TrainConfig) -> int:
-    """FASTLAB_REPEATS if set (a positive integer), else the profile's COMPARISON_REPEATS; fewer where the
+    """FASTLAB_REPEATS if set (a positive integer), else the profile's (Profile.comparison_repeats: two or more
+    let the noise rule tell an effect from the machine drifting between runs); fewer where the
     notebook's budget cut them for the comparison running now (fastlab.budget)."""
     raw = os.environ.get("FASTLAB_REPEATS", "").strip()
     if raw:
@@ -314,7 +274,7 @@ def comparison_repeats(config: TrainConfig) -> int:
             raise ValueError(f"FASTLAB_REPEATS={raw!r} is not allowed: a positive whole number of repeats")
         repeats = int(raw)
     else:
-        repeats = COMPARISON_REPEATS.get(config.profile, 2)
+        repeats = profile_of(config).comparison_repeats
     cap = budget.repeats_cap()
     return repeats if cap is None else min(repeats, cap)
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .profiles import profile_of
+
 if TYPE_CHECKING:
     from .config import TrainConfig
 
@@ -363,6 +365,6 @@ def load_data(cfg: TrainConfig, dataset_arg: Data | None, preloaded: ImageSet | 
                              "source": "Datasets passed to fastlab.run", "train_images": len(train),
                              "eval_images": len(held_out)}
     images = dataset_arg or preloaded or load_images(cfg.dataset, cfg.train_images, cfg.eval_images,
-                                                     allow_download=cfg.profile != "smoke")
+                                                     allow_download=profile_of(cfg).downloads)
     return images, {"name": images.name, "synthetic": images.synthetic, "source": images.source,
                     "train_images": len(images.train_labels), "eval_images": len(images.eval_labels)}

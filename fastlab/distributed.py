@@ -37,6 +37,7 @@ from .parallel import (
     window_throughput,
 )
 from .processes import run_with_timeout
+from .profiles import profile_of
 from .results import RunResult, load_document, save_results
 
 RESULT_LAYOUT = "results[0] is the whole job (all ranks); results[1:] are the ranks in order"
@@ -240,7 +241,7 @@ def _train_job(job: DDPJob, ctx: Rank, crash_rank: int | None, crash_step: int) 
     # Rank 0 fetches the data first (it may download); the others then load what rank 0 got.
     names = [None]
     if ctx.rank == 0:
-        names = [load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke").name]
+        names = [load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=profile_of(cfg).downloads).name]
     dist.broadcast_object_list(names, src=0)
     images = load_images(names[0], cfg.train_images, cfg.eval_images, allow_download=False)
     mode = DDPMode(ctx, job.options, plan)

@@ -19,6 +19,7 @@ from typing import Any
 from .code import CodeDiff
 from .config import TrainConfig, active_profile
 from .measure import Spread
+from .profiles import profile
 from .results import RunResult
 from .verdicts import Comparison, verdict
 from .watch import LoopComparison, LoopFn, compare_loops
@@ -32,9 +33,10 @@ def solution_runs() -> bool:
 
 
 def images(cfg: TrainConfig, batches: int | None = None) -> int:
-    """Training images for an exercise's loop: `batches` batches (8 under smoke; 20: three timed windows of 5)."""
+    """Training images for an exercise's loop: `batches` batches (default the active profile's exercise_batches:
+    smoke 8; 20 elsewhere, three timed windows of 5)."""
     if batches is None:
-        batches = 8 if active_profile() == "smoke" else 20
+        batches = profile(active_profile()).exercise_batches
     return batches * cfg.batch_size
 
 
@@ -219,8 +221,9 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
               + ", then run this cell again")
         return None
     labels = labels or (f"{_name(given)} (as given)", _name(mine))
-    options.setdefault("window_steps", 2 if active_profile() == "smoke" else 5)
-    options.setdefault("warmup_steps", 1 if active_profile() == "smoke" else 3)
+    preset = profile(active_profile())
+    options.setdefault("window_steps", preset.exercise_window_steps)
+    options.setdefault("warmup_steps", preset.exercise_warmup_steps)
     result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []
     if t is not None:

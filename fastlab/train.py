@@ -22,6 +22,7 @@ from .harness import StepCallback, TrainingRun
 from .isolation import active_run, exclusive_run
 from .measure import environment, resolve_device
 from .models import ModelArg
+from .profiles import profile_of
 from .results import RunResult, merge_repeats
 from .verdicts import turns
 
@@ -61,7 +62,6 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
     return result
 
 
-SLOW_RUN_MINUTES = 10  # a gpu-profile run estimated longer than this without CUDA waits for FASTLAB_CONFIRM_SLOW=1
 _STEP_ESTIMATES: dict[tuple[str, int, str], float] = {}  # (model, images a step, device) -> seconds, this process
 _SAID: set[tuple[str, int, str]] = set()  # the estimates said already (once each)
 
@@ -85,21 +85,24 @@ def estimate_step_seconds(model: str, images: int, device: str) -> float:
 
 
 def check_gpu_profile_here(cfg: TrainConfig, device: torch.device) -> None:
-    """The gpu profile without CUDA: says once how long a run of `cfg` is estimated to take here, and refuses one
-    over SLOW_RUN_MINUTES (ValueError) unless FASTLAB_CONFIRM_SLOW=1."""
-    if cfg.profile != "gpu" or device.type == "cuda":
+    """A profile sized for a CUDA GPU (Profile.cuda_sized: gpu, gpu-dry) without CUDA: says once how long a run of
+    `cfg` is estimated to take here, and refuses one over the profile's slow_run_minutes (ValueError) unless
+    FASTLAB_CONFIRM_SLOW=1."""
+    preset = profile_of(cfg)
+    if not preset.cuda_sized or device.type == "cuda":
         return
     key = (cfg.model, cfg.batch_size * cfg.grad_accum_steps, str(device))
     if key not in _STEP_ESTIMATES:  # in a fresh process, as a run: nothing of it stays in this one
         _STEP_ESTIMATES[key] = isolation.call(estimate_step_seconds, *key)
     steps = cfg.warmup_steps + cfg.steps
     minutes = _STEP_ESTIMATES[key] * steps / 60
-    said = (f"the gpu profile is sized for a CUDA GPU ({cfg.model}, batch {cfg.batch_size}, {cfg.warmup_steps} "
+    said = (f"the {cfg.profile} profile is sized for a CUDA GPU ({cfg.model}, batch {cfg.batch_size}, {cfg.warmup_steps} "
             f"warm-up steps) and this machine has none: a run of {steps} steps is estimated at {minutes:.1f} min on "
             f"its {device.type} (from one step at batch 8, scaled); FASTLAB_PROFILE=cpu sizes runs for this machine")
-    if minutes > SLOW_RUN_MINUTES and os.environ.get("FASTLAB_CONFIRM_SLOW", "").strip() != "1":
+    limit = preset.slow_run_minutes
+    if limit is not None and minutes > limit and os.environ.get("FASTLAB_CONFIRM_SLOW", "").strip() != "1":
         raise ValueError(f"{said}. Fix: set FASTLAB_CONFIRM_SLOW=1 to run it anyway (estimated over "
-                         f"{SLOW_RUN_MINUTES} min), or use FASTLAB_PROFILE=cpu")
+                         f"{limit:g} min), or use FASTLAB_PROFILE=cpu")
     if key not in _SAID:
         _SAID.add(key)
         print(f"fastlab: {said}", flush=True)

@@ -156,7 +156,7 @@ def test_a_bad_profile_variable_is_one_line(capsys, monkeypatch):
 
     monkeypatch.setenv("FASTLAB_PROFILE", "huge")
     assert main(["run"]) == 2
-    assert capsys.readouterr().err == "fastlab: FASTLAB_PROFILE='huge' is not allowed — choose one of smoke, cpu, gpu, mps\n"
+    assert capsys.readouterr().err == "fastlab: FASTLAB_PROFILE='huge' is not allowed — choose one of smoke, cpu, gpu, mps, gpu-dry\n"
 
 
 def test_an_unexpected_error_is_one_line_and_the_traceback_is_there_on_request(capsys, monkeypatch):

@@ -1,12 +1,15 @@
 """Notebook 09's new parts: time to accuracy of the ladder's rungs, the two ladders side by side, C15's verdict,
 and the torch.compile + bf16 check (fastlab.lessons.all_together)."""
 
+import dataclasses
+
 import pytest
 
 import fastlab
 from fastlab import measure
 from fastlab.claims import check_verdict
 from fastlab.lessons import all_together as at
+from fastlab.profiles import PROFILES
 
 
 def rung(name, speeds, status="ok", dropped=None, **config):
@@ -76,7 +79,7 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
     limited = []
 
     monkeypatch.setattr(at, "time_to_accuracy", fake)
-    monkeypatch.setitem(at.TTA_ONLY, "smoke", ("fused_adamw",))
+    monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(PROFILES["smoke"], tta_only=("fused_adamw",)))
     out = at.run_tta(results, quick, progress=False)
     assert [label for _, _, label in seen] == ["+naive", "+fused_adamw"]  # workers is not in the smoke subset
     assert seen[1][0] == fastlab.TrainConfig.from_dict(results[2].config)

@@ -3,6 +3,7 @@ import math
 import pytest
 
 from fastlab.lessons import batch_size as B
+from fastlab.profiles import PROFILES
 from fastlab.results import RunResult
 
 
@@ -97,7 +98,7 @@ def test_lr_demo_sees_the_same_images(smoke):
 
 
 def test_sizes_and_description(quick):
-    assert B.sizes_for(quick) == list(B.SIZES["smoke"])
+    assert B.sizes_for(quick) == list(PROFILES["smoke"].batch_grid)
     assert B.sizes_for(quick.replace(profile="custom", batch_size=100)) == [75, 100, 125]
     assert (B.sizes.name, B.lr_scaling.name) == ("04_batch_size:sizes", "04_batch_size:lr_scaling")
     a = RunResult(config={}, label="a", images_per_step=32, window_throughput=[100, 110, 120])
@@ -142,7 +143,7 @@ def test_c8_counts_time_to_accuracy_as_well_as_images_per_second(smoke):
     small_missed = [_tta("batch 32", 32, [100, 102], None) for _ in range(2)]
     assert B.judge_largest(small_missed + faster_but_later).verdict == "holds"  # only the larger batch got there
     assert "neither batch" in B.judge_largest(small_missed + missed).evidence
-    assert B.large_batch(smoke, 10_000) == smoke.batch_size * B.LARGEST_FACTOR["smoke"]
+    assert B.large_batch(smoke, 10_000) == smoke.batch_size * PROFILES["smoke"].largest_factor
     assert B.large_batch(smoke, None) == smoke.batch_size * B.LR_DEMO_FACTOR
     (_, a), (label, b) = B.tta_configs(smoke, 128)
     assert b.batch_size == 128 and b.lr > a.lr and "sqrt rule" in label

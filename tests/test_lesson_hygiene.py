@@ -1,6 +1,9 @@
+import dataclasses
+
 import pytest
 
 from fastlab.lessons import hygiene as H
+from fastlab.profiles import PROFILES
 from fastlab.results import RunResult
 from fastlab.verdicts import verdict
 
@@ -62,7 +65,7 @@ def test_log_loss_description_compares_growth_with_jitter():
 
 
 def test_eval_mode_comparison_runs(quick, monkeypatch):
-    monkeypatch.setitem(H.EVAL_REPEATS, "smoke", 1)
+    monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(PROFILES["smoke"], eval_repeats=1))
     assert [c.name for c in (H.eval_modes, H.log_loss, H.log_every)] == [
         "05_no_grad_detach_item:eval_mode", "05_no_grad_detach_item:log_loss", "05_no_grad_detach_item:log_every"]
     results = H.eval_modes(quick, progress=False)
@@ -71,7 +74,7 @@ def test_eval_mode_comparison_runs(quick, monkeypatch):
 
 
 def test_eval_modes_take_turns_like_every_comparison(quick, monkeypatch):
-    monkeypatch.setitem(H.EVAL_REPEATS, "smoke", 2)
+    monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(PROFILES["smoke"], eval_repeats=2))
     monkeypatch.setattr(H, "run", lambda cfg, label, progress: RunResult(config={"eval_mode": cfg.eval_mode}))
     results = H.eval_modes(quick, progress=False)
     assert [r.config["eval_mode"] for r in results] == [*H.EVAL_MODES, *reversed(H.EVAL_MODES)]

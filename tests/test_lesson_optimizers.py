@@ -1,8 +1,11 @@
+import dataclasses
+
 import pytest
 
 import fastlab
 from fastlab.lessons import optimizers as O
 from fastlab.outcomes import TimeToAccuracy, tta_groups, tta_verdict
+from fastlab.profiles import PROFILES
 from fastlab.results import RunResult
 
 
@@ -130,7 +133,7 @@ def test_panel_state_and_plot(quick):
 
 
 def test_c12_comparison_runs_seed_major(quick, monkeypatch):
-    monkeypatch.setitem(O.TTA_SEEDS, "smoke", (0, 1))
+    monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(PROFILES["smoke"], tta_seeds=(0, 1)))
     order = []
     real = O.time_to_accuracy
 

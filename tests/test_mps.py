@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastlab import measure
-from fastlab.config import PROFILE_SETTINGS, TrainConfig, active_profile, config_for, no_op_reasons
+from fastlab.config import PROFILES, TrainConfig, active_profile, config_for, no_op_reasons
 
 MPS = torch.device("mps")
 
@@ -49,7 +49,7 @@ def test_the_mps_profile_is_the_default_on_a_mac_and_sized_between_cpu_and_gpu(m
     cfg = config_for()
     assert cfg.profile == "mps" and cfg.device == "auto"
     # images a run's timed steps see
-    sizes = {p: PROFILE_SETTINGS[p]["steps"] * PROFILE_SETTINGS[p]["batch_size"] for p in ("cpu", "mps", "gpu")}
+    sizes = {p: PROFILES[p].settings["steps"] * PROFILES[p].settings["batch_size"] for p in ("cpu", "mps", "gpu")}
     assert sizes["cpu"] < sizes["mps"] < sizes["gpu"]
     assert cfg.model != "resnet18" and cfg.max_seconds > 0  # a laptop GPU: the compact net, a time budget
 

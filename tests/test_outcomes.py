@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -153,9 +154,10 @@ def test_each_profile_names_its_targets():
 
 
 def test_tta_bench_writes_a_table_and_figure(tmp_path, monkeypatch):
-    from fastlab.config import TIME_TO_ACCURACY
+    from fastlab.profiles import PROFILES
 
-    monkeypatch.setitem(TIME_TO_ACCURACY, "smoke", dict(synthetic=0.0, cifar10=0.0, eval_every=2, max_steps=4))
+    monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(
+        PROFILES["smoke"], time_to_accuracy=dict(synthetic=0.0, cifar10=0.0, eval_every=2, max_steps=4)))
     out = bench.bench(tmp_path / "b", profile="smoke", only=["naive", "channels_last"], progress=False,
                       metric="time-to-accuracy", seeds=2)
     table = (out / "bench.md").read_text()
@@ -164,9 +166,10 @@ def test_tta_bench_writes_a_table_and_figure(tmp_path, monkeypatch):
 
 
 def test_tta_ladder_does_not_train_a_rung_that_is_a_no_op_here(monkeypatch):
-    from fastlab.config import TIME_TO_ACCURACY
+    from fastlab.profiles import PROFILES
 
-    monkeypatch.setitem(TIME_TO_ACCURACY, "smoke", dict(synthetic=0.0, cifar10=0.0, eval_every=2, max_steps=4))
+    monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(
+        PROFILES["smoke"], time_to_accuracy=dict(synthetic=0.0, cifar10=0.0, eval_every=2, max_steps=4)))
     base = config_for("smoke", device="cpu")
     rungs = bench.select_rungs(bench.ladder(base), only=["cudnn"])
     not_run: dict[str, str] = {}
@@ -214,7 +217,7 @@ def test_the_cpu_profile_evaluates_time_to_accuracy_on_fewer_images(monkeypatch)
     monkeypatch.setattr(outcomes, "load_data", lambda cfg, dataset: (None, {"synthetic": True}))
     cfg = config_for("cpu", device="cpu", dataset="synthetic")
     fastlab.time_to_accuracy(cfg, seeds=(0,), progress=False)
-    assert seen["eval_images"] == fastlab.config.TIME_TO_ACCURACY["cpu"]["eval_images"] < cfg.eval_images
+    assert seen["eval_images"] == fastlab.profiles.PROFILES["cpu"].time_to_accuracy["eval_images"] < cfg.eval_images
 
 
 def test_a_rung_whose_first_seed_is_a_trap_runs_no_more_seeds(quick):

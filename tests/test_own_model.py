@@ -8,6 +8,7 @@ from torch.utils.data import Dataset
 import fastlab
 from fastlab.lessons import own_model as om
 from fastlab.models import TinyNet
+from fastlab.profiles import PROFILES
 
 
 class ListDataset(Dataset):
@@ -172,7 +173,7 @@ def test_parameters_are_compared_on_one_device():
 
 def test_the_loop_dataset_holds_exactly_the_loop_steps():
     cfg, _ = om.notebook_config("smoke")
-    assert len(om.loop_dataset(cfg)) == cfg.batch_size * om.LOOP_STEPS["smoke"]
+    assert len(om.loop_dataset(cfg)) == cfg.batch_size * PROFILES["smoke"].loop_steps
 
 
 def _gpu_profile_small():

@@ -14,6 +14,7 @@ import fastlab.train
 from fastlab import bench, calibration, config, measure
 from fastlab.config import config_for, plan_arm
 from fastlab.lessons import kernels, mixed_precision
+from fastlab.profiles import PROFILES
 from fastlab.train import interleave
 
 CPU = torch.device("cpu")
@@ -314,7 +315,7 @@ def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path
     assert slow["run_seconds"] == fast["run_seconds"] * config.THOROUGH_SCALE > fast["run_seconds"]
     assert config.time_sizing("smoke") is None  # smoke stays fixed: nbval's outputs
     assert mixed_precision.seeds_for(config_for("cpu")) == config.THOROUGH_SEEDS
-    assert mixed_precision.seeds_for(config_for("smoke")) == mixed_precision.SEEDS["smoke"]
+    assert mixed_precision.seeds_for(config_for("smoke")) == PROFILES["smoke"].precision_seeds
     monkeypatch.setenv("FASTLAB_TIMINGS", str(tmp_path / "timings.json"))
     assert "FASTLAB_THOROUGH=1" in timings.notebook_time("02_mixed_precision", "cpu")
     assert "not measured yet)" in timings.notebook_time("02_mixed_precision", "cpu")

@@ -13,19 +13,25 @@ from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, thorough
 from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
+from ..profiles import Profile, profile_of
 from ..results import RunResult, load_reference, reference_for
 from ..train import interleave, run
 from ..verdicts import ratio_of, uncredited, verdict
 
 NAME = "09_all_together:ladder"
 
-SMOKE_COMPILE_SKIP = ("skipped under the smoke profile only: torch.compile's first compile on a CPU takes longer than "
-                      "the rest of this notebook; the cpu and gpu profiles run it")
+def compile_skip(base: TrainConfig) -> str | None:
+    """Why base's profile skips torch.compile here (Profile.skip_compile: smoke, gpu-dry), or None where it runs."""
+    if not profile_of(base).skip_compile:
+        return None
+    return (f"skipped under the {base.profile} profile: torch.compile's first compile on a CPU takes longer than the "
+            "rest of this notebook; the cpu and gpu profiles run it")
 
 
 def skipped_rungs(base: TrainConfig) -> dict[str, str]:
     """Rung name -> why it is not run under base's profile."""
-    return {"all_on": SMOKE_COMPILE_SKIP} if base.profile == "smoke" else {}
+    why = compile_skip(base)
+    return {"all_on": why} if why else {}
 
 
 def rungs_for(base: TrainConfig) -> list[Rung]:
@@ -124,23 +130,23 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
 
 # ---------------------------------------------------------------- the ladder in time to accuracy
 
-TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1)}  # two keep the smoke notebook short
-DEFAULT_TTA_SEEDS = (0, 1, 2)
-# Rungs measured to the target besides naive (absent: every rung): where C15's stack ends, and the larger batch.
-TTA_ONLY: dict[str, tuple[str, ...]] = {"smoke": ("fused_adamw", "large_batch"), "cpu": ("fused_adamw", "large_batch")}
+DEFAULT_TTA_SEEDS = Profile.tta_seeds  # the seeds where a profile sets none (the cpu and gpu profiles)
 C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")  # the techniques C15 names
 EVERY_RUNG = "the gpu profile, and the cpu profile with FASTLAB_THOROUGH=1, measure every rung"
 
 
 def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
-    return TTA_SEEDS.get(base.profile, DEFAULT_TTA_SEEDS)
+    """The seeds time to accuracy runs over on base's profile (Profile.tta_seeds)."""
+    return profile_of(base).tta_seeds
 
 
 def _tta_only(base: TrainConfig) -> tuple[str, ...]:
-    """The rungs the profile limits time to accuracy to (empty: all); FASTLAB_THOROUGH=1 lifts it outside smoke."""
-    if base.profile != "smoke" and thorough():
+    """The rungs the profile limits time to accuracy to (Profile.tta_only: where C15's stack ends, and the larger
+    batch; empty: all); FASTLAB_THOROUGH=1 lifts it where the profile takes it."""
+    preset = profile_of(base)
+    if preset.thorough and thorough():
         return ()
-    return TTA_ONLY.get(base.profile, ())
+    return preset.tta_only
 
 
 def tta_rung_names(base: TrainConfig) -> list[str]:
@@ -400,7 +406,7 @@ COMPILE_CHECK = dict(model="compact", batch_size=32, warmup_steps=1, windows=1, 
 
 def compile_check_skip(base: TrainConfig) -> str | None:
     """Why the compile + bf16 check does not run under base's profile, or None when it does."""
-    return SMOKE_COMPILE_SKIP if base.profile == "smoke" else None
+    return compile_skip(base)
 
 
 def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compact",

@@ -16,16 +16,10 @@ from ..comparisons import comparison
 from ..config import TrainConfig, positive_int
 from ..measure import Spread, resolve_device
 from ..outcomes import time_to_accuracy, tta_groups
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import verdict
-
-# Powers of two beside neighbours: C7 judges each power of two with a neighbour on each side.
-SIZES: dict[str, tuple[int, ...]] = {
-    "smoke": (24, 32, 40),
-    "cpu": (48, 64, 80),
-    "gpu": (96, 128, 160, 250, 256),
-}
 
 LR_DEMO_FACTOR = 4  # the learning-rate demo's larger batch, in profile batches
 # lr for a batch k times larger: x k for SGD (Goyal et al. 2017); x sqrt(k) for Adam-family optimisers, whose update
@@ -38,9 +32,11 @@ Runner = Callable[..., RunResult]
 
 
 def sizes_for(base: TrainConfig) -> list[int]:
-    """The batch sizes the sizes comparison sweeps for base's profile (its own batch and neighbours otherwise)."""
-    if base.profile in SIZES:
-        return list(SIZES[base.profile])
+    """The batch sizes the sizes comparison sweeps for base's profile (Profile.batch_grid: powers of two beside
+    neighbours, as C7 judges each power of two with a neighbour on each side), else its batch and neighbours."""
+    grid = profile_of(base).batch_grid
+    if grid is not None:
+        return list(grid)
     b = base.batch_size
     return sorted({max(1, b * 3 // 4), b, b * 5 // 4})
 
@@ -184,24 +180,17 @@ def find_max_batch(base: TrainConfig, *, memory_budget_mb: float | None = None, 
     return search
 
 
-# The notebook's search per profile: on a CPU the budget is the process's memory now + headroom_mb.
-SEARCH_SETTINGS: dict[str, dict[str, int]] = {
-    "smoke": {"max_batch": 256, "headroom_mb": 64},
-    "cpu": {"max_batch": 1024, "headroom_mb": 512},
-    "gpu": {"max_batch": 16_384, "headroom_mb": 0},
-}
-
-
 def notebook_search(base: TrainConfig, progress: bool = False) -> BatchSearch:
-    """find_max_batch with the profile's SEARCH_SETTINGS: on a CPU a budget of current RSS + headroom."""
-    settings = SEARCH_SETTINGS.get(base.profile, SEARCH_SETTINGS["cpu"])
+    """find_max_batch with the profile's search limits (Profile.search_max_batch, search_headroom_mb): on a CPU a
+    budget of the process's memory now + the headroom."""
+    preset = profile_of(base)
     budget = None
     if resolve_device(base.device).type != "cuda":
         import psutil
 
         _return_freed_host_memory()
-        budget = psutil.Process().memory_info().rss / 2**20 + settings["headroom_mb"]
-    return find_max_batch(base, memory_budget_mb=budget, max_batch=settings["max_batch"], start=base.batch_size,
+        budget = psutil.Process().memory_info().rss / 2**20 + preset.search_headroom_mb
+    return find_max_batch(base, memory_budget_mb=budget, max_batch=preset.search_max_batch, start=base.batch_size,
                           progress=progress)
 
 
@@ -312,14 +301,10 @@ def judge_powers(results: list[RunResult]) -> Finding:
 
 # ------------------------------------------------------------------ C8: as large as fits, against time-to-accuracy
 
-TTA_SEEDS = {"smoke": (0, 1)}  # elsewhere (0, 1, 2)
-TTA_MAX_STEPS = {"smoke": 50}  # elsewhere the profile's own time-to-accuracy budget
-LARGEST_FACTOR = {"smoke": 4, "cpu": 4, "gpu": 8}  # "the largest that fits" is capped at this x the profile's batch
-
-
 def large_batch(base: TrainConfig, largest: int | None = None) -> int:
-    """The large batch of the time-to-accuracy comparison: the largest that fits (capped), else LR_DEMO_FACTOR x."""
-    cap = base.batch_size * LARGEST_FACTOR.get(base.profile, 8)
+    """The large batch of the time-to-accuracy comparison: the largest that fits (capped at Profile.largest_factor x
+    the profile's batch), else LR_DEMO_FACTOR x."""
+    cap = base.batch_size * profile_of(base).largest_factor
     return min(largest, cap) if largest and largest > base.batch_size else base.batch_size * LR_DEMO_FACTOR
 
 
@@ -336,9 +321,10 @@ def tta_configs(base: TrainConfig, large: int) -> list[tuple[str, TrainConfig]]:
 def time_to_accuracy_by_batch(base: TrainConfig, progress: bool = True, largest: int | None = None) -> list[RunResult]:
     """Time-to-accuracy over seeds at the profile's batch and at the largest batch that fits (capped)."""
     out: list[RunResult] = []
+    preset = profile_of(base)
     for label, cfg in tta_configs(base, large_batch(base, largest)):
-        out += time_to_accuracy(cfg, seeds=TTA_SEEDS.get(base.profile, (0, 1, 2)), label=label, progress=progress,
-                                max_steps=TTA_MAX_STEPS.get(base.profile)).runs
+        out += time_to_accuracy(cfg, seeds=preset.tta_seeds, label=label, progress=progress,
+                                max_steps=preset.batch_tta_max_steps).runs
     return out
 
 

@@ -17,6 +17,7 @@ from ..data import DeviceLoader, load_images
 from ..measure import now, resolve_device
 from ..models import build_model
 from ..plots import ShownFigure, data_note
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run
 from ..verdicts import verdict
@@ -26,11 +27,12 @@ COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
 
 
 def modes_plan(base: TrainConfig) -> tuple[list[str], dict[str, str]]:
-    """Which compile modes this profile runs, and why each other one is not run."""
-    if base.profile == "smoke":
+    """Which compile modes this profile runs (Profile.all_compile_modes), and why each other one is not run."""
+    if not profile_of(base).all_compile_modes:
+        name = base.profile
         return ["off", "default"], {
-            "max-autotune": "not under smoke: it benchmarks many kernel variants while compiling (minutes on a CPU)",
-            "reduce-overhead": "not under smoke: it adds CUDA graphs to default (a recorded no-op without CUDA)"}
+            "max-autotune": f"not under {name}: it benchmarks many kernel variants while compiling (minutes on a CPU)",
+            "reduce-overhead": f"not under {name}: it adds CUDA graphs to default (a recorded no-op without CUDA)"}
     cuda = resolve_device(base.device).type == "cuda"
     modes, why = list(COMPILE_MODES), {} if cuda else {
         "reduce-overhead": "runs, but CUDA graphs need a CUDA GPU: here it compiles like default (a recorded no-op)"}
@@ -132,7 +134,7 @@ def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", ep
     bs = cfg.batch_size
     n_images = bs * full_batches + max(bs // 3, 1)
     images = load_images(cfg.dataset, max(cfg.train_images, n_images), cfg.eval_images,
-                         allow_download=cfg.profile != "smoke")
+                         allow_download=profile_of(cfg).downloads)
     x_all, y_all = images.train_images[:n_images], images.train_labels[:n_images]
     # train=True drops the ragged batch (and augments); train=False keeps it, in a fixed order.
     loader = DeviceLoader(x_all, y_all, batch_size=bs, train=variant == "fix: drop_last", device=dev, seed=cfg.seed)
@@ -172,7 +174,7 @@ def recompile_demo(cfg: TrainConfig, variant: str, *, backend: str = "eager", ep
 
 def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The first batch of the held-out images, normalised like evaluation sees it, on the CPU."""
-    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke")
+    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=profile_of(cfg).downloads)
     loader = DeviceLoader(images.eval_images, images.eval_labels, batch_size=cfg.batch_size, train=False, device="cpu")
     return next(iter(loader))
 
@@ -180,7 +182,7 @@ def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
 def held_out_data(cfg: TrainConfig) -> str:
     """What held_out_batch's images are, in a plot's words ("SYNTHETIC data", "real cifar10"): from the images
     themselves, so it holds where no run of `cfg` started (the notebook's budget was spent)."""
-    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=cfg.profile != "smoke")
+    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=profile_of(cfg).downloads)
     return "SYNTHETIC data" if images.synthetic else f"real {images.name}"
 
 

@@ -21,6 +21,7 @@ from ..config import TrainConfig, comparison_repeats, time_sizing
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import interleave
 from ..verdicts import runs_verdict, turns, uncredited, verdict
@@ -49,7 +50,7 @@ def worker_counts(cpu_count: int | None = None) -> list[int]:
 def sweep_counts(base: TrainConfig, cpu_count: int | None = None) -> list[int]:
     """The counts the sweep runs under base's profile: worker_counts, its largest oversubscribed counts left out
     while the sweep's estimated time (each count's runs: a run's set-up, its seconds and its workers' start) passes
-    the profile's TIME_SIZING sweep_seconds. The counts up to the cores always run; no sweep_seconds: all of them."""
+    the profile's time sizing's sweep_seconds. The counts up to the cores always run; no sweep_seconds: all of them."""
     counts = worker_counts(usable_cpu_count() if cpu_count is None else cpu_count)
     sizing = time_sizing(base.profile) or {}
     if "sweep_seconds" not in sizing:
@@ -86,8 +87,9 @@ def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
-    """Under the smoke profile, a few steps per run: these comparisons have many runs, each starting workers."""
-    return cfg.replace(steps=6, warmup_steps=1, windows=3) if cfg.profile == "smoke" else cfg
+    """cfg cut to its profile's few steps a run where it has them (Profile.loading_shortening: smoke, gpu-dry):
+    these comparisons have many runs, each starting workers."""
+    return cfg.replace(**profile_of(cfg).loading_shortening)
 
 
 @comparison("01_data_loading:num_workers", arms=lambda base: len(sweep_counts(base)))

@@ -13,6 +13,7 @@ from ..comparisons import comparison
 from ..config import TrainConfig, config_for, positive_int
 from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, run_ddp
 from ..measure import Spread
+from ..profiles import profile_of
 from ..results import RunResult
 from ..verdicts import ratio_of, verdict
 
@@ -32,7 +33,7 @@ class Setup:
 
 def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
     """N = the GPUs here when there are two or more; otherwise 2 CPU processes (gloo), one core each (NCCL will
-    not put two ranks on one GPU); the gpu profile then falls back to the cpu profile's sizes."""
+    not put two ranks on one GPU); a profile with a ddp_cpu_profile (gpu: cpu's sizes) then takes that profile's."""
     import torch
 
     if nproc is not None:
@@ -47,7 +48,8 @@ def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
     why = "no GPU here"
     if gpus == 1 and base.device != "cpu":
         why = "one GPU here (DDP needs one GPU per process)"
-        cfg = config_for("cpu", device="cpu") if base.profile == "gpu" else base.replace(device="cpu")
+        fallback = profile_of(base).ddp_cpu_profile
+        cfg = config_for(fallback, device="cpu") if fallback else base.replace(device="cpu")
     n = nproc or 2
     return Setup(n, cfg, f"{n} CPU processes with one thread each, all-reducing gradients with gloo ({why}); "
                          f"the 1-process run also gets one thread, so the comparison is one core against {n}")

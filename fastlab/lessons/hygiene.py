@@ -20,12 +20,12 @@ from ..isolation import exclusive_run
 from ..measure import Spread, resolve_device
 from ..models import build_model
 from ..plots import ShownFigure, data_note
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import turns
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
-EVAL_REPEATS = {"smoke": 2, "cpu": 3, "gpu": 3}
 LOG_EVERY = (1, 10)
 KEEP_CHOICES = ("loss", "detach", "item")
 
@@ -40,7 +40,7 @@ def eval_modes(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """Each eval_mode, repeated in turns so a slow spell hits every mode alike; the repeat is in extras["repeat"]."""
     cfg = eval_config(base)
     results = []
-    for i, k in turns(len(EVAL_MODES), EVAL_REPEATS.get(base.profile, 3)):
+    for i, k in turns(len(EVAL_MODES), profile_of(base).eval_repeats):
         r = run(cfg.replace(eval_mode=EVAL_MODES[k]), label=f"eval_mode={EVAL_MODES[k]}", progress=progress)
         r.extras["repeat"] = i
         results.append(r)

@@ -18,6 +18,7 @@ from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, t
 from ..measure import Spread, resolve_device
 from ..outcomes import accuracy_spread, describe_accuracy, outcome_verdict
 from ..plots import data_note, plot_comparison, plot_step_times
+from ..profiles import profile_of
 from ..results import RunResult, step_time
 from ..train import interleave
 from ..verdicts import runs_verdict, verdict
@@ -33,15 +34,16 @@ def batch_sizes(base: TrainConfig) -> tuple[int, int]:
     return max(1, base.batch_size // 4), base.batch_size
 
 
-SEEDS = {"smoke": (0, 1), "cpu": (0, 1), "gpu": (0, 1, 2)}  # cpu: three precisions x seeds must fit a lesson
 LABELS = {"off": "fp32", "fp16": "fp16 + GradScaler", "bf16": "bf16"}
 
 
 def seeds_for(base: TrainConfig) -> tuple[int, ...]:
-    """The profile's seeds; under FASTLAB_THOROUGH=1 (not smoke) config.THOROUGH_SEEDS."""
-    if base.profile != "smoke" and thorough():
+    """The profile's seeds (Profile.precision_seeds); under FASTLAB_THOROUGH=1, where the profile takes it,
+    config.THOROUGH_SEEDS."""
+    preset = profile_of(base)
+    if preset.thorough and thorough():
         return THOROUGH_SEEDS
-    return SEEDS.get(base.profile, (0, 1, 2))
+    return preset.precision_seeds
 
 
 @comparison("02_mixed_precision:precision", arms=6, repeated=False)  # 3 precisions x 2 seeds

@@ -16,6 +16,7 @@ from ..measure import Spread, now, resolve_device
 from ..models import build_model
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_groups
 from ..plots import ShownFigure, data_note
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import sweep
 from ..training import make_optimizer, make_scheduler
@@ -31,7 +32,6 @@ OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 CLAIM_WEIGHT_DECAY = 1e-2  # C12's example weight decay for AdamW; every variant keeps the profile's lr
-TTA_SEEDS: dict[str, tuple[int, ...]] = {"smoke": (0, 1), "cpu": (0, 1, 2), "gpu": (0, 1, 2), "mps": (0, 1, 2)}
 SCHEDULES = ("none", "cosine", "onecycle")
 SCHEDULE_NAMES = {"none": "constant", "cosine": "cosine (CosineAnnealingLR)", "onecycle": "one-cycle (OneCycleLR)"}
 OPT_IMPLS = ("for-loop", "foreach", "fused")
@@ -46,7 +46,8 @@ def preset(base: TrainConfig, name: str) -> TrainConfig:
 
 
 def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
-    return TTA_SEEDS.get(base.profile, (0, 1, 2))
+    """The seeds time to accuracy runs over on base's profile (Profile.tta_seeds)."""
+    return profile_of(base).tta_seeds
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import ImageSet, spawn_safety, worker_start_method  # noqa: F401  (re-exported: notebook 10 names them)
 from ..measure import bf16_supported, resolve_device, usable_cpu_count
+from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run
 from ..verdicts import verdict
@@ -69,19 +70,17 @@ class StripesDataset(Dataset):
         return img.clamp(0, 1), label
 
 
-SMOKE_CHANGES: dict[str, int] = {"steps": 12, "warmup_steps": 2, "windows": 3}
-
-
 def notebook_config(profile: str | None = None, **changes: Any) -> tuple[TrainConfig, str]:
-    """The notebook's config (the active profile's, shortened under smoke, with the DataLoader its Datasets need)
-    and a sentence saying what changed."""
+    """The notebook's config (the active profile's, shortened where the profile says: Profile.own_model_shortening,
+    with the DataLoader its Datasets need) and a sentence saying what changed."""
     from ..config import config_for
 
     cfg = config_for(profile)
     note = f"profile {cfg.profile}: its own sizes"
-    if cfg.profile == "smoke":
-        cfg = cfg.replace(**SMOKE_CHANGES)
-        note = (f"profile smoke: shortened to {', '.join(f'{k}={v}' for k, v in SMOKE_CHANGES.items())} because "
+    short = profile_of(cfg).own_model_shortening
+    if short:
+        cfg = cfg.replace(**short)
+        note = (f"profile {cfg.profile}: shortened to {', '.join(f'{k}={v}' for k, v in short.items())} because "
                 "MobileNetV3-Small is several times slower per image than the tiny net on a CPU")
     cfg, switched = for_datasets(cfg)
     return cfg.replace(**changes), note + (f"; {switched}" if switched else "")
@@ -300,13 +299,10 @@ def advice(results: list[RunResult]) -> list[str]:
 
 # ---------------------------------------------------------------- your own loop, watched
 
-# Steps of the notebook's hand-written loop per profile: enough for a warm-up and several timed windows of 5.
-LOOP_STEPS: dict[str, int] = {"smoke": 28, "cpu": 40, "gpu": 100, "mps": 60}
-
-
 def loop_dataset(config: TrainConfig, seed: int = 0) -> StripesDataset:
-    """Exactly enough StripesDataset images for LOOP_STEPS batches of config.batch_size (one epoch)."""
-    return StripesDataset(config.batch_size * LOOP_STEPS.get(config.profile, 40), "train", seed)
+    """Exactly enough StripesDataset images for the profile's loop_steps batches of config.batch_size (one epoch):
+    enough for a warm-up and several timed windows of 5."""
+    return StripesDataset(config.batch_size * profile_of(config).loop_steps, "train", seed)
 
 
 # ---------------------------------------------------------------- comparing parameters across devices
