@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from notebook_tools import run_under_nbval
 
 import fastlab.lessons
 from fastlab.comparisons import REGISTERED
@@ -83,9 +84,7 @@ def test_the_notebook_runs_with_its_budget_spent(name, tmp_path):
     """The notebook runs whole under nbval with every registered comparison's runs refused, and every comparison
     its cells call was refused (a notebook that calls none may refuse nothing: it runs whole all the same)."""
     log = tmp_path / "refused.log"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
-                        "--nbval-current-env", str(ROOT / "notebooks" / name)], cwd=ROOT, env=spent_env(log),
-                       capture_output=True, text=True, timeout=1700)
+    r = run_under_nbval(name, {"FASTLAB_PROFILE": "smoke", "FASTLAB_BUDGET_LOG": str(log)}, BUDGET_SITE)
     assert r.returncode == 0, f"{name} fails with its budget spent:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
     comparisons = {c for c, _, _ in refused(log)}
     assert comparisons <= set(REGISTERED), f"{name}: refused runs outside a registered comparison: {comparisons}"

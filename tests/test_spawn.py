@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from notebook_tools import run_under_nbval
 
 ROOT = Path(__file__).resolve().parents[1]
 SPAWN_SITE = Path(__file__).resolve().parent / "spawn"
@@ -71,8 +72,7 @@ def test_the_spawn_site_reproduces_the_macos_pitfall(tmp_path):
 def test_the_notebook_runs_with_spawned_dataloader_workers(name, tmp_path):
     """The notebook runs whole under nbval with spawn the default, and its DataLoader workers were spawned."""
     log = tmp_path / "started.log"
-    r = run(["-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax", "--nbval-current-env",
-             str(ROOT / "notebooks" / name)], log, timeout=1700)
+    r = run_under_nbval(name, {"FASTLAB_WORKER_LOG": str(log)}, SPAWN_SITE)
     assert r.returncode == 0, f"{name} fails under spawn:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
     workers = {method for method, target in started(log) if target == WORKER_LOOP}
     assert workers, f"{name} started no DataLoader worker: it does not belong in SPAWN_NOTEBOOKS"

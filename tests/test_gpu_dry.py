@@ -1,0 +1,36 @@
+"""Every notebook under the gpu-dry profile: the gpu profile's model (ResNet-18), device loader, batch grids and every
+code path it takes, at smoke's step counts and sizes, on whatever device is here (a CPU in CI).
+
+This is what finds a notebook that only breaks on a GPU's profile (12's checkpointing cell on ResNet-18, 10's device
+loader with the reader's Datasets) before a GPU is lent: what is left for a GPU is what only a GPU can show.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from notebook_tools import run_under_nbval
+
+from fastlab.profiles import PROFILES
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[01]*.ipynb"))
+
+
+def test_gpu_dry_takes_the_gpu_profiles_paths():
+    """gpu-dry is gpu's model and loader at smoke's sizes, with fixed steps (nbval's outputs must not hang on speed)."""
+    gpu, dry, smoke = (PROFILES[n] for n in ("gpu", "gpu-dry", "smoke"))
+    for key in ("model", "loader", "log_every"):
+        assert dry.settings[key] == gpu.settings[key], key
+    for key in ("batch_size", "steps", "warmup_steps", "train_images", "eval_images"):
+        assert dry.settings[key] == smoke.settings[key], key
+    assert dry.fixed_steps and not dry.downloads
+
+
+@pytest.mark.slow  # ResNet-18 on a 2-core CPU: 1-4 min a notebook on a quiet machine
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_notebook_runs_under_gpu_dry(name):
+    r = run_under_nbval(name, {"FASTLAB_PROFILE": "gpu-dry"})
+    assert r.returncode == 0, f"{name} fails under gpu-dry:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
