@@ -137,8 +137,12 @@ def _no_window(base: list[RunResult], other: list[RunResult], status: str, summa
 
 def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
                    what: str = "measurements", on_gpu: bool = False) -> Finding:
-    """verdict_speedup's rule on two spreads of a rate (higher is better)."""
-    return _faster(verdict(b, o, unit), claimed_ratio, what, on_gpu)
+    """verdict_speedup's rule on two spreads of a rate (higher is better). A side with nothing measured could not
+    tell (two spreads carry no run's status: a run the notebook's budget did not start leaves one empty)."""
+    c = verdict(b, o, unit)
+    if not c.comparable:
+        return Finding(f"could not tell here ({c.reason})", c.words, recorded=False)
+    return _faster(c, claimed_ratio, what, on_gpu)
 
 
 def _faster(c: Comparison, claimed_ratio: float | None, what: str, on_gpu: bool) -> Finding:

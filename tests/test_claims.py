@@ -382,3 +382,13 @@ def test_a_run_the_budget_did_not_start_could_not_tell_and_is_not_recorded():
     finding = claims.verdict_speedup(base, other)
     assert finding.verdict == "could not tell here ('other' did not run: not started: the budget was spent)"
     assert not finding.recorded
+
+
+def test_a_rate_with_nothing_measured_on_one_side_could_not_tell_and_is_not_recorded():
+    """05's C9 once said "does not hold here (nothing measured on the base side)" when the notebook's budget had
+    started none of the evaluations: nothing measured tells nothing either way."""
+
+    finding = claims.verdict_faster(Spread.of([]), Spread.of([10.0, 11.0]), unit="eval images/s")
+    assert finding.verdict.startswith("could not tell here (nothing measured on the base side")
+    assert not finding.recorded
+    assert claims.verdict_faster(Spread.of([10.0, 10.5]), Spread.of([20.0, 21.0])).verdict.startswith("holds")
