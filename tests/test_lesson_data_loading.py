@@ -236,3 +236,13 @@ def test_a_sweep_the_budget_did_not_start_could_not_tell_and_says_why():
     finding = dl.judge_workers(refused)
     assert finding.verdict.startswith("could not tell here") and not finding.recorded
     assert dl.wait_share(refused[0]).startswith("not measured ('num_workers=0' finished no timed window")
+
+
+def test_a_sweep_that_stops_short_of_2x_the_cores_could_not_tell_c1():
+    """The gpu profile's fast version sweeps only up to the cores (sweep_seconds): with no point at 2-4x the cores
+    the advice was not tested, which tells nothing (it once said "does not hold here")."""
+    to_the_cores = [_point(0, [50, 52], cores=4), _point(2, [90, 92], cores=4), _point(4, [120, 124], cores=4)]
+    finding = dl.judge_workers(to_the_cores)
+    assert finding.verdict == ("could not tell here (the sweep has no point at 2-4x the cores to judge: it went to "
+                               "num_workers=4 on 4 cores)")
+    assert not finding.recorded

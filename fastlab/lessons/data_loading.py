@@ -343,7 +343,9 @@ def _judge_sweep(results: list[RunResult], reading: SweepReading) -> Finding:
         return Finding(f"does not hold here (no worker count beat num_workers=0 outside the spread, where a "
                        f"{claims.MIN_GAIN:g}x gain would have been seen)", evidence)
     if not advised:
-        return Finding("does not hold here (the sweep has no point at 2-4x the cores to judge)", evidence)
+        top = max(workers_of(r) for r in results if r.window_throughput)  # e.g. the gpu fast version stops at the cores
+        return Finding(f"{claims.COULD_NOT_TELL} (the sweep has no point at 2-4x the cores to judge: it went to "
+                       f"num_workers={top} on {n} cores)", evidence, recorded=False)
     if any(workers_of(r) in reading.near_peak for r in advised):
         return Finding(f"holds (2-4x the cores is at the peak, within its spread: peak at "
                        f"num_workers={workers_of(reading.peak)})", evidence)
