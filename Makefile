@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab bench dashboard test test-cpu-kinds lint overhead gpu-check gpu-wheels gpu-notebooks clean
+.PHONY: lab bench dashboard test test-gpu-dry test-cpu-kinds lint overhead gpu-check gpu-wheels gpu-notebooks clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ lint: $(STAMP)
 
 test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval over notebooks/ (smoke profile)
 	FASTLAB_PROFILE=smoke FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
+
+# Every notebook under the gpu-dry profile (the gpu profile's ResNet-18, device loader and paths at smoke's sizes, on
+# this CPU), each in a fresh process: not yet inside make test's time (tests/test_gpu_dry.py says why).
+test-gpu-dry: $(STAMP)
+	FASTLAB_GPU_DRY_NOTEBOOKS=1 FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider tests/test_gpu_dry.py
 
 # The suite as each kind of CPU these machines bring (fastlab/cpu_kind.py: torch's and oneDNN's instruction sets
 # capped, fastlab reading that kind's flags), one after another on this machine; CPU_KINDS="avx2" for one kind.
