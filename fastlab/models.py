@@ -75,3 +75,26 @@ def build_model(name: str) -> nn.Module:
 
 
 ModelArg = nn.Module | Callable[[], nn.Module] | None  # a module, or a function that builds one
+
+
+def blocks_and_head(net: nn.Module) -> tuple[list[nn.Module], nn.Module]:
+    """net's forward as blocks run one after another, then its head: the pieces a loop checkpoints one by one.
+
+    The net's children in order: a Sequential opened into its blocks (a workbook net's `features`, a ResNet's stages),
+    other children side by side kept as one block (a ResNet's stem, whose in-place ReLU must be recomputed with the
+    layers before it), the last child the head, with a flatten before it (the one line of ResNet's forward that is
+    no child; a no-op on a flat input). A net whose forward does more than call its children in order needs its own
+    list: check that head applied after the blocks gives net(x).
+    """
+    *body, head = net.children()
+    blocks: list[nn.Module] = []
+    loose: list[nn.Module] = []  # children side by side that are no Sequential: one block
+    for child in body:
+        if isinstance(child, nn.Sequential):
+            blocks += [nn.Sequential(*loose)] if loose else []
+            blocks += list(child)
+            loose = []
+        else:
+            loose.append(child)
+    blocks += [nn.Sequential(*loose)] if loose else []
+    return blocks + [nn.Flatten()], head

@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+from fresh_process import ran_in_fresh_process
 
 from fastlab.lessons import hygiene as H
 from fastlab.profiles import PROFILES
@@ -137,7 +138,10 @@ def test_find_syncs_sets_the_mode_in_the_process_that_trains(quick, monkeypatch,
     """05 under the gpu profile (issue 53): runs train in a fresh process, and the sync-debug mode is per process, so
     find_syncs must set it where the steps train and bring that process's warnings back. On this CPU: a recorded
     set_sync_debug_mode, and a training that warns as CUDA would while the mode is "warn"; children are forked
-    (not started by the forkserver), so they carry these fakes."""
+    (not started by the forkserver), so they carry these fakes; in a fresh interpreter, since a fork after the
+    suite's earlier backward passes started autograd's threads refuses to run."""
+    if ran_in_fresh_process(f"{__file__}::test_find_syncs_sets_the_mode_in_the_process_that_trains"):
+        return
     import multiprocessing
     import os
     import warnings

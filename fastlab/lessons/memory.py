@@ -14,9 +14,8 @@ from .. import claims
 from ..claims import Finding
 from ..config import positive_int
 from ..measure import Spread, now, resolve_device, synchronize
-from ..models import build_model
+from ..models import blocks_and_head, build_model
 from ..plots import ShownFigure
-from .technique_code import blocks_and_head
 
 MiB = 2**20
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -42,7 +41,7 @@ def _saved(store: list):
 
 class Segmented(nn.Module):
     """A net whose forward checkpoints its blocks (use_reentrant=False) in `segments` pieces: the blocks of
-    technique_code.blocks_and_head, the same for a workbook net and a torchvision ResNet. Each piece's input is
+    models.blocks_and_head, the same for a workbook net and a torchvision ResNet. Each piece's input is
     recorded in `kept`."""
 
     def __init__(self, net: nn.Module, segments: int = 2) -> None:
@@ -61,7 +60,7 @@ class Segmented(nn.Module):
 
 
 def _pieces(net: nn.Module, segments: int) -> list[nn.Module]:
-    """net's blocks (technique_code.blocks_and_head) in `segments` consecutive pieces, at most, then its head."""
+    """net's blocks (models.blocks_and_head) in `segments` consecutive pieces, at most, then its head."""
     blocks, head = blocks_and_head(net)
     size = -(-len(blocks) // segments)
     return [nn.Sequential(*blocks[i:i + size]) for i in range(0, len(blocks), size)] + [head]

@@ -20,6 +20,8 @@ from torch.profiler import ProfilerActivity
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from ..models import blocks_and_head  # 12's cells read it here too (tc.blocks_and_head)
+
 
 def tiny_batches(steps: int, batch_size: int = 16, seed: int = 0,
                  device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -113,29 +115,6 @@ def train_steps_watched(w, model: nn.Module, batches: list, opt: torch.optim.Opt
 
 
 # ------------------------------------------------------------------ 12: activation checkpointing
-
-
-def blocks_and_head(net: nn.Module) -> tuple[list[nn.Module], nn.Module]:
-    """net's forward as blocks run one after another, then its head: the pieces a loop checkpoints one by one.
-
-    The net's children in order: a Sequential opened into its blocks (a workbook net's `features`, a ResNet's stages),
-    other children side by side kept as one block (a ResNet's stem, whose in-place ReLU must be recomputed with the
-    layers before it), the last child the head, with a flatten before it (the one line of ResNet's forward that is
-    no child; a no-op on a flat input). A net whose forward does more than call its children in order needs its own
-    list: check that head applied after the blocks gives net(x).
-    """
-    *body, head = net.children()
-    blocks: list[nn.Module] = []
-    loose: list[nn.Module] = []  # children side by side that are no Sequential: one block
-    for child in body:
-        if isinstance(child, nn.Sequential):
-            blocks += [nn.Sequential(*loose)] if loose else []
-            blocks += list(child)
-            loose = []
-        else:
-            loose.append(child)
-    blocks += [nn.Sequential(*loose)] if loose else []
-    return blocks + [nn.Flatten()], head
 
 
 def train_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> float:
