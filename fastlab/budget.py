@@ -1,7 +1,9 @@
 """A notebook's time budget: started by its first cell (tools.timings.notebook_time), split among the notebook's
 comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
-refusing to start a comparison's run once the budget is spent. So no comparison runs past the budget by more than
-its longest single run; a cell's own single runs are not cut (its code formats their figures). Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
+refusing to start a comparison's run once the budget is spent. A notebook's parts that are not sized comparisons (an
+exercise's check, a time-to-accuracy ladder, torchrun launches: declared with held_part) take their share of the split
+too and are refused the same way. So no part runs past the budget by more than its longest single run; a cell's own
+single runs are not cut (its code formats their figures). Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 # A run's wall time beyond its steps: its process, data and model set up, and its held-out evaluation (a forward
@@ -46,6 +48,22 @@ class NotebookBudget:
 
 
 _ACTIVE: NotebookBudget | None = None
+HELD_PARTS: list[str] = []  # "NN_notebook:what" of each part held to its notebook's budget that is not a sized comparison
+
+
+def held_part(name: str) -> str:
+    """Declare `name` ("09_all_together:time_to_accuracy") a part of its notebook's budget that is not a registered
+    comparison: it takes its share of the split (share_for), and its runs, started inside within(name, None), are
+    refused once the budget is spent. Returns the name."""
+    if ":" not in name:
+        raise ValueError(f"held_part: names look like 'NN_notebook:what', got {name!r}")
+    if name not in HELD_PARTS:
+        HELD_PARTS.append(name)
+    return name
+
+
+def held_parts_of(notebook: str) -> list[str]:
+    return [n for n in HELD_PARTS if n.split(":", 1)[0] == notebook]
 
 
 def start(notebook: str, profile: str, seconds: float | None,
@@ -143,13 +161,14 @@ def fit(share: float, *, runs_per_repeat: int, repeats: int, steps: int, fewest_
     return Fit(kept_steps, kept_repeats, share, cost(kept_steps, kept_repeats), tuple(cuts))
 
 
-def share_for(name: str, comparisons_of_notebook: int) -> float | None:
-    """Seconds of the remaining budget for the comparison `name`: an even split among the notebook's comparisons
-    not yet run (None without a budget, or for another notebook's comparison)."""
+def share_for(name: str, parts: Collection[str]) -> float | None:
+    """Seconds of the remaining budget for the part `name`: an even split among the notebook's `parts` (its
+    registered comparisons and held parts) not yet run, `name` included (None without a budget, or for another
+    notebook's part)."""
     b = _ACTIVE
     if b is None or not name.startswith(b.notebook + ":"):
         return None
-    left = max(1, comparisons_of_notebook - len(b.comparisons_done - {name}))
+    left = len({*parts, name} - (b.comparisons_done - {name}))
     return max(0.0, b.remaining()) / left
 
 

@@ -37,11 +37,21 @@ def comparisons_of(notebook: str) -> list[str]:
     return [n for n in REGISTERED if n.split(":", 1)[0] == notebook]
 
 
+def parts_of(notebook: str) -> list[str]:
+    """The parts `notebook`'s budget is split among: its registered comparisons and its held parts (fastlab.budget)."""
+    return comparisons_of(notebook) + budget.held_parts_of(notebook)
+
+
+def share_of(name: str) -> float | None:
+    """Seconds of the notebook's remaining budget for the part `name` (None: no budget, or another notebook's)."""
+    return budget.share_for(name, parts_of(name.split(":", 1)[0]))
+
+
 def fit_to_budget(name: str, base: TrainConfig, runs_per_repeat: int, repeats: int,
                   calibration: dict[str, Any]) -> tuple[TrainConfig, int | None]:
     """`base` with the timed steps, and the repeats (None: not cut), that fit the comparison's share of the
     notebook's budget (fastlab.budget); each cut is said in one line."""
-    share = budget.share_for(name, len(comparisons_of(name.split(":", 1)[0])))
+    share = share_of(name)
     sizing = time_sizing(base.profile)
     if share is None or sizing is None:
         return base, None

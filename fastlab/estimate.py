@@ -13,18 +13,16 @@ are not counted: NOTEBOOK_START_SECONDS stands for a kernel's start, its imports
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from . import budget
 from .calibration import WORKLOAD_FIELDS
-from .config import TrainConfig, comparison_repeats, config_for, time_sizing
+from .config import TrainConfig, comparison_repeats, config_for, thorough, time_sizing
+from .measure import assumed_cores
 
 REFERENCE = Path(__file__).parent / "reference" / "nvidia-h200.json"
 NOTEBOOK_START_SECONDS = 20.0  # a kernel's start and imports, the first cell's calibration, the cells' own runs
@@ -120,20 +118,12 @@ class NotebookEstimate:
     comparisons: dict[str, tuple[float, str]]
 
 
-@contextlib.contextmanager
-def cores_of(count: int) -> Iterator[None]:
-    """The lessons' comparisons see `count` usable cores (the reference machine's), not this machine's."""
-    from .lessons import data_loading, own_model
-
-    with mock.patch.object(data_loading, "usable_cpu_count", lambda: count), \
-            mock.patch.object(own_model, "usable_cpu_count", lambda: count):
-        yield
-
-
 def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTimes) -> tuple[float, str]:
     """The comparison `name`'s estimated seconds within `share`, and how it was estimated."""
     from .comparisons import REGISTERED
 
+    if name not in REGISTERED:  # a held part (fastlab.budget.held_part): an exercise's check, TTA, torchrun launches
+        return share, "a held part, not sized by time, no reference run: its whole share of the budget"
     compared, sizing = REGISTERED[name], time_sizing(base.profile)
     cal, wall, where = steps.for_config(name, base)
     eval_batches = -(-base.eval_images // base.batch_size)
@@ -159,7 +149,7 @@ def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTi
 
 def estimate_notebooks(profile: str = "gpu", steps: StepTimes | None = None) -> list[NotebookEstimate]:
     """Each notebook's estimated fast-version seconds on the reference GPU ([] where the profile has fixed steps)."""
-    from .comparisons import REGISTERED
+    from .comparisons import REGISTERED, parts_of
     from .tools import reference_run  # noqa: F401  (imports every lesson: their comparisons register)
 
     sizing = time_sizing(profile)
@@ -168,10 +158,10 @@ def estimate_notebooks(profile: str = "gpu", steps: StepTimes | None = None) -> 
     steps = steps or load_step_times()
     notebooks = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
     out = []
-    with cores_of(steps.cores):
+    with assumed_cores(steps.cores):
         base = config_for(profile)
         for notebook in notebooks or sorted({n.split(":")[0] for n in REGISTERED}):
-            names = [n for n in REGISTERED if n.split(":", 1)[0] == notebook]
+            names = parts_of(notebook)
             remaining, parts = float(sizing["notebook_seconds"]), {}
             for i, name in enumerate(names):
                 seconds, how = comparison_seconds(name, base, max(remaining, 0.0) / (len(names) - i), steps)
@@ -188,7 +178,7 @@ def estimate_table(profile: str = "gpu", steps: StepTimes | None = None) -> str:
     rows = estimate_notebooks(profile, steps)
     if not rows:
         return f"profile {profile} has fixed steps: nothing is sized by time, so nothing to estimate"
-    lines = [f"Estimated time of each notebook's {'thorough' if _thorough() else 'fast'} version on profile "
+    lines = [f"Estimated time of each notebook's {'thorough' if thorough() else 'fast'} version on profile "
              f"{profile} on the {steps.device} (from the profile's sizes and the reference step times in "
              f"fastlab/reference/{REFERENCE.name}, fastlab's harness, labelled below; {NOTEBOOK_START_SECONDS:g} s "
              "each for a kernel's start and the cells' own runs, assumed):"]
@@ -198,9 +188,3 @@ def estimate_table(profile: str = "gpu", steps: StepTimes | None = None) -> str:
     lines.append(f"  the whole workbook: {budget.duration(sum(e.seconds for e in rows))}; the longest notebook "
                  f"{budget.duration(max(e.seconds for e in rows))}")
     return "\n".join(lines)
-
-
-def _thorough() -> bool:
-    from .config import thorough
-
-    return thorough()

@@ -9,6 +9,7 @@ measures both in turns with fastlab.watch: the technique is read from what the w
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import os
 import textwrap
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import budget
 from .code import CodeDiff
 from .config import TrainConfig, active_profile
 from .measure import Spread
@@ -87,8 +89,10 @@ def unchanged(given: LoopFn, mine: LoopFn) -> bool:
 
 @dataclass(frozen=True)
 class Technique:
-    """A technique as an exercise checks it: its line, whether the watch's facts show it, and what it changes."""
+    """A technique as an exercise checks it: its notebook, its line, whether the watch's facts show it, and what it
+    changes."""
 
+    notebook: str  # the notebook whose exercise it is: its check is a part of that notebook's budget
     line: str  # what to write, as the learner would
     shown: Callable[[dict, dict], bool | None]  # (the loop's facts, the given loop's): None where nothing showed
     seen: Callable[[dict], str]  # what the watch saw of it, in words
@@ -98,55 +102,56 @@ class Technique:
 
 TECHNIQUES: dict[str, Technique] = {
     "workers": Technique(
-        "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
+        "01_data_loading", "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
         lambda f, g: f.get("num_workers", 0) > 0 and (bool(f.get("pin_memory")) or f["device"] != "cuda"),
         lambda f: (f"DataLoader(num_workers={f['num_workers']}, pin_memory={f.get('pin_memory')})"
                    if f.get("loader") == "dataloader" else "no DataLoader")),
     "autocast": Technique(
-        "with torch.autocast(device.type, dtype=...): around the forward and the loss",
+        "02_mixed_precision", "with torch.autocast(device.type, dtype=...): around the forward and the loss",
         lambda f, g: f["autocast"] in ("float16", "bfloat16"),
         lambda f: f"the forward under autocast to {f['autocast']}" if f["autocast"] else "the forward in float32"),
     "channels_last": Technique(
-        "model.to(device, memory_format=torch.channels_last) and x.contiguous(memory_format=torch.channels_last)",
+        "03_cudnn_benchmark_and_channels_last", "model.to(device, memory_format=torch.channels_last) and x.contiguous(memory_format=torch.channels_last)",
         lambda f, g: f["input_layout"] == f["weights_layout"] == "channels_last",
         lambda f: f"the model's weights in the {f['weights_layout']} layout, its input in the {f['input_layout']}"),
     "batch_size": Technique(
-        "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
+        "04_batch_size", "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
         lambda f, g: f["images_per_step"] > g["images_per_step"] and (f["lr"] or 0) > (g["lr"] or 0),
         lambda f: f"{f['images_per_step']} images a step at lr " + ("unknown" if f["lr"] is None else f"{f['lr']:.3g}"),
         quantity="lr"),
     "no_grad": Technique(
-        "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
+        "05_no_grad_detach_item", "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
         lambda f, g: f["eval_with_grad"] == 0 if f.get("eval_forwards") else None,
         lambda f: f"{f['eval_with_grad']} of {f['eval_forwards']} evaluation forwards recording a graph",
         quantity="memory"),
     "adamw_schedule": Technique(
-        "torch.optim.AdamW(...) and a scheduler (CosineAnnealingLR) stepped every batch",
+        "06_adamw_and_schedules", "torch.optim.AdamW(...) and a scheduler (CosineAnnealingLR) stepped every batch",
         lambda f, g: f["optimizer"] == "AdamW" and f["scheduled"],
         lambda f: f"{f['optimizer']}, " + ("a scheduler attached" if f["scheduled"] else "no scheduler"),
         quantity="loss"),
     "export": Technique(
-        "torch.export.export(model, (example,), dynamic_shapes=...).module()",
+        "07_compile_and_export", "torch.export.export(model, (example,), dynamic_shapes=...).module()",
         lambda f, g: f["graph_module"], lambda f: f"the model called as {f['model']}"),
     "profiler": Technique(
-        "torch.profiler.profile(schedule=...) started before the loop, prof.step() in each step",
+        "08_profiling", "torch.profiler.profile(schedule=...) started before the loop, prof.step() in each step",
         lambda f, g: f["profiled"], lambda f: "steps under torch.profiler" if f["profiled"] else "no profiled step"),
     "fused_in_memory": Technique(
-        "fused=True in AdamW, and batches indexed from tensors in memory instead of a DataLoader",
+        "09_all_together", "fused=True in AdamW, and batches indexed from tensors in memory instead of a DataLoader",
         lambda f, g: bool(f["fused"]) and f.get("loader") != "dataloader",
         lambda f: f"{f['optimizer']}(fused={f['fused']}), batches from " + (
             "a DataLoader" if f.get("loader") == "dataloader" else "memory")),
     "paused": Technique(
-        "with w.paused(): around the evaluation", lambda f, g: f["paused_blocks"] > 0,
+        "10_your_own_model", "with w.paused(): around the evaluation", lambda f, g: f["paused_blocks"] > 0,
         lambda f: f"{f['paused_blocks']} w.paused() block(s)"),
     "ddp": Technique(
-        "model = DistributedDataParallel(model) after dist.init_process_group(...)",
+        "11_multi_gpu_ddp", "model = DistributedDataParallel(model) after dist.init_process_group(...)",
         lambda f, g: f["model"] == "DistributedDataParallel", lambda f: f"the model called as {f['model']}"),
     "checkpoint": Technique(
-        "h = checkpoint(block, h, use_reentrant=False) for the blocks",
+        "12_memory", "h = checkpoint(block, h, use_reentrant=False) for the blocks",
         lambda f, g: f["recomputed"] > 0, lambda f: f"{f['recomputed']} forwards recomputed in backward",
         quantity="memory"),
 }
+EXERCISE_PARTS = [budget.held_part(f"{t.notebook}:exercise") for t in TECHNIQUES.values()]  # one per notebook
 
 
 def brief(technique: str, *, trap: str | None = None, helps: str = "") -> str:
@@ -224,8 +229,14 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     preset = profile(active_profile())
     options.setdefault("window_steps", preset.exercise_window_steps)
     options.setdefault("warmup_steps", preset.exercise_warmup_steps)
-    result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
+    b = budget.active()
+    part = f"{t.notebook if t else b.notebook}:exercise" if b else None
+    with budget.within(part, None) if part else contextlib.nullcontext():  # held to the notebook's budget
+        result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []
+    if result.outcome == "not run":  # the notebook's budget was spent: nothing of the loops was seen
+        print(result.text())
+        return result
     if t is not None:
         shown, seen = technique_shown(technique, result)
         result.technique = (technique, shown)

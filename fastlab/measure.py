@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -261,8 +263,25 @@ def bf16_is_trap(device: torch.device) -> bool:
     return device.type == "cpu" and not bf16_supported(device)
 
 
+_ASSUMED_CORES: int | None = None  # set by assumed_cores: another machine's count, for an estimate of its time
+
+
+@contextlib.contextmanager
+def assumed_cores(count: int) -> Iterator[None]:
+    """While the block runs, usable_cpu_count() is `count`: what is sized by the cores (01's worker sweep, 10's
+    loader) is sized as on a machine with that many (fastlab.estimate: the reference machine's)."""
+    global _ASSUMED_CORES
+    saved, _ASSUMED_CORES = _ASSUMED_CORES, count
+    try:
+        yield
+    finally:
+        _ASSUMED_CORES = saved
+
+
 def usable_cpu_count() -> int:
     """Cores this process may run on: a container's or a job's share, not the host's total (os.cpu_count)."""
+    if _ASSUMED_CORES is not None:
+        return _ASSUMED_CORES
     try:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # not on Linux

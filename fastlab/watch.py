@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from . import budget
 from .clocks import DivergenceWatch, window_ends
 from .config import positive_int
 from .loop_facts import FirstStepFacts
@@ -784,7 +785,9 @@ class LoopComparison:
     after: list[RunResult]
     before_speed: Spread
     after_speed: Spread
-    outcome: str  # "faster", "slower", "no measurable difference", "diverged", "fixed" (before diverged) or "failed"
+    # "faster", "slower", "no measurable difference", "diverged", "fixed" (before diverged), "failed" or "not run"
+    # (the notebook's budget was spent)
+    outcome: str
     sentence: str
     notes: list[str] = field(default_factory=list)
     technique: tuple[str, bool | None] | None = None  # an exercise's check: (technique, shown in the edited loop)
@@ -805,7 +808,8 @@ LoopFn = Callable[[Watch], Any]
 def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tuple[str, str] = ("before", "after"),
                   **options: Any) -> LoopComparison:
     """Run your loop's two versions in turns, each under a new watch it is given (`def before(w): ...`), and
-    compare their speed with fastlab.verdicts' noise rule. options: as for fastlab.watch."""
+    compare their speed with fastlab.verdicts' noise rule. options: as for fastlab.watch. Inside a part held to the
+    notebook's budget (fastlab.budget), a turn is not started once the budget is spent: no comparison, said so."""
     positive_int("compare_loops: repeats", repeats)
     for name, fn in zip(labels, (before, after)):
         if not callable(fn):
@@ -814,7 +818,14 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
     runs: dict[str, list[RunResult]] = {labels[0]: [], labels[1]: []}
     for i, side in turns(2, repeats):  # a drift in the machine's load falls on both sides alike
         name, fn = labels[side], (before, after)[side]
-        w = Watch(f"{name} #{i + 1}" if repeats > 1 else name, **options)
+        label = f"{name} #{i + 1}" if repeats > 1 else name
+        if (refused := budget.refusal(label)) is not None:
+            if said := budget.say_refusal(label, refused):
+                print(said, flush=True)
+            runs[name].append(RunResult({}, label=label, status="time_limited", error=refused,
+                                        extras={"budget": "not started"}))
+            continue
+        w = Watch(label, **options)
         fn(w)
         runs[name].append(w.result())
     return judge_loops(runs[labels[0]], runs[labels[1]])
@@ -833,6 +844,8 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
                               f"{d.label} diverged ({d.error}); " + ("no run of the other side diverged: no speed-up "
                                                                      "over a diverged run is claimed" if fine else
                                                                      "the other side did not finish either"))
+    if (r := next((r for r in before + after if r.extras.get("budget") == "not started"), None)) is not None:
+        return LoopComparison(before, after, nan, nan, "not run", f"{r.label} did not run ({r.error}): no comparison")
     if (r := next((r for r in before + after if not r.ok or not r.window_throughput), None)) is not None:
         reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"
                              if r.ok else r.status)

@@ -18,21 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fresh_process import run_pytest
+
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
 EXPECTED_FILE = Path(__file__).resolve().parents[1] / "notebooks" / "checked_outputs.json"
 
 
 def run_under_nbval(name: str, env: dict[str, str], site: Path | None = None,
                     timeout: float = 1700) -> subprocess.CompletedProcess:
-    """notebooks/`name` run whole under nbval in a fresh process with `env` (and `site`'s sitecustomize first on
-    PYTHONPATH, for this process, the notebook's kernel and the runs it starts): the one way the suite runs a notebook
-    in a setting its own process cannot take (another profile, spawn, a spent budget)."""
-    root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join([*([str(site)] if site else []), str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
-                           "--nbval-current-env", str(root / "notebooks" / name)], cwd=root,
-                          env={**os.environ, **env, "PYTHONPATH": path}, capture_output=True, text=True,
-                          timeout=timeout)
+    """notebooks/`name` run whole under nbval in a fresh process with `env` (and `site`'s sitecustomize, for it, the
+    notebook's kernel and the runs it starts): a notebook in a setting the suite's own process cannot take (another
+    profile, spawn, a spent budget)."""
+    return run_pytest(["--nbval-lax", "--nbval-current-env", str(EXPECTED_FILE.parent / name)], env, site, timeout)
 
 
 def is_checked(cell: dict) -> bool:

@@ -128,3 +128,100 @@ def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, m
     assert "not estimated here" in timings.begin_notebook("01_data_loading", "cpu")
     assert timings.begin_notebook("01_data_loading", "smoke").startswith("01_data_loading: not measured yet")
     assert budget.active() is None  # smoke's steps are fixed: no budget
+
+
+# ---------------------------------------------------------------- parts held to the budget that are not comparisons
+
+def test_a_held_part_takes_its_share_of_the_split():
+    clock = Clock()
+    name = budget.held_part("99_test_notebook:exercise")
+    try:
+        budget.start("99_test_notebook", "cpu", 90.0, clock)
+        assert comparisons.parts_of("99_test_notebook") == [name]
+        assert comparisons.share_of(name) == 90.0  # alone: the whole budget
+        with budget.within("99_test_notebook:other", None):
+            pass
+        clock.now += 30.0
+        assert comparisons.share_of(name) == 60.0  # what is left; a part that ran is not counted again
+        assert comparisons.share_of("98_another:exercise") is None  # another notebook's part: no share here
+    finally:
+        budget.HELD_PARTS.remove(name)
+
+
+def test_every_exercise_is_a_held_part_of_its_own_notebook():
+    from pathlib import Path
+
+    from fastlab import exercise
+
+    notebooks = {p.stem: p.read_text() for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")}
+    for technique, t in exercise.TECHNIQUES.items():
+        assert f"{t.notebook}:exercise" in budget.HELD_PARTS
+        assert f'technique=\\"{technique}\\"' in notebooks[t.notebook], (technique, t.notebook)
+
+
+def loop(calls: list[str], name: str):
+    def run(w):
+        calls.append(name)
+        for _x in w(range(6)):
+            with w.step(1):
+                pass
+    return run
+
+
+def test_an_exercise_check_is_not_started_once_the_budget_is_spent(capsys):
+    from fastlab import exercise
+
+    calls: list[str] = []
+    clock = Clock()
+    budget.start("05_no_grad_detach_item", "cpu", 10.0, clock)
+    clock.now += 11.0
+
+    def mine(w):
+        calls.append("mine")
+
+    result = exercise.check(loop(calls, "given"), mine, technique="no_grad")
+    out = capsys.readouterr().out.splitlines()
+    assert calls == [] and result.outcome == "not run"
+    assert out[0].startswith("budget: 'run (as given) #1' not started: notebook 05_no_grad_detach_item's budget")
+    assert "did not run" in out[-1] and "images/s" in out[-1]
+    assert budget.active().comparisons_done == {"05_no_grad_detach_item:exercise"}
+
+
+def test_compare_loops_stops_its_turns_at_the_budget_past_it_by_at_most_one_run(capsys):
+    from fastlab.watch import compare_loops
+
+    clock, calls = Clock(), []
+    budget.start("05_no_grad_detach_item", "cpu", 12.0, clock)
+
+    def timed(name):
+        def run(w):
+            loop(calls, name)(w)
+            clock.now += 5.0
+        return run
+
+    with budget.within("05_no_grad_detach_item:exercise", None):
+        c = compare_loops(timed("before"), timed("after"), repeats=3, warmup_steps=1, window_steps=2)
+    assert calls == ["before", "after", "after"]  # turns before/after, after/before: the fourth would start at 15 s
+    assert c.outcome == "not run" and "before #2 did not run" in c.sentence
+    assert budget.active().elapsed() <= 12.0 + 5.0
+    assert sum(line.startswith("budget: ") for line in capsys.readouterr().out.splitlines()) == 1
+    budget.stop()
+    c = compare_loops(timed("before"), timed("after"), repeats=1, warmup_steps=1, window_steps=2)
+    assert c.outcome != "not run"  # no budget: every turn runs
+
+
+def test_the_ddp_demo_fits_its_runs_to_its_share(capsys):
+    from fastlab.lessons import ddp
+
+    cfg = config_for("cpu", device="cpu")
+    assert ddp.fit_to_budget(cfg, runs=4, launches=2) == cfg  # no budget: the profile's max_seconds
+    clock = Clock()
+    budget.start("11_multi_gpu_ddp", "cpu", 240.0, clock)
+    share = comparisons.share_of(ddp.NAME)
+    assert share < 240.0  # the exercise is a part of the notebook too
+    cut = ddp.fit_to_budget(cfg, runs=4, launches=2)
+    expected = max(ddp.FEWEST_TIMED_SECONDS, (share - 2 * ddp.LAUNCH_OVERHEAD_SECONDS) / 4)
+    assert cut.max_seconds == round(expected, 1) < cfg.max_seconds
+    assert "each run's timed steps stop after" in capsys.readouterr().out
+    clock.now += 1000.0  # spent: the runs keep their floor, so the cell's figures still come
+    assert ddp.fit_to_budget(cfg, runs=4, launches=2).max_seconds == ddp.FEWEST_TIMED_SECONDS

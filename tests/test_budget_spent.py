@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 from notebook_tools import run_under_nbval
 
+import fastlab.exercise  # noqa: F401  (declares each notebook's exercise a held part)
 import fastlab.lessons
+from fastlab.budget import HELD_PARTS
 from fastlab.comparisons import REGISTERED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,13 +83,16 @@ def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_the_notebook_runs_with_its_budget_spent(name, tmp_path):
-    """The notebook runs whole under nbval with every registered comparison's runs refused, and every comparison
-    its cells call was refused (a notebook that calls none may refuse nothing: it runs whole all the same)."""
+    """The notebook runs whole under nbval with every registered comparison's and held part's runs refused, its
+    exercise's check and every comparison its cells call among them (a notebook that calls none may refuse nothing: it runs whole all the same)."""
     log = tmp_path / "refused.log"
     r = run_under_nbval(name, {"FASTLAB_PROFILE": "smoke", "FASTLAB_BUDGET_LOG": str(log)}, BUDGET_SITE)
     assert r.returncode == 0, f"{name} fails with its budget spent:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
     calls = called_by(name)  # imports every lesson first, so REGISTERED holds every comparison
     comparisons = {c for c, _, _ in refused(log)}
-    assert comparisons <= set(REGISTERED), f"{name}: refused runs outside a registered comparison: {comparisons}"
+    held = {p for p in HELD_PARTS if p.startswith(name.removesuffix(".ipynb") + ":")}
+    assert comparisons <= set(REGISTERED) | held, f"{name}: refused runs outside its budget's parts: {comparisons}"
+    exercise = {p for p in held if p.endswith(":exercise")}
+    assert exercise <= comparisons, f"{name}: its exercise's check ran with the budget spent"
     assert calls <= comparisons, (
         f"{name}: calls {sorted(calls)} but only the runs of {sorted(comparisons)} were refused")

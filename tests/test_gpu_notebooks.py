@@ -174,3 +174,14 @@ def test_a_part_past_its_cap_is_stopped_and_the_run_goes_on(tmp_path, monkeypatc
     monkeypatch.setattr(gpu_notebooks.subprocess, "Popen", popen)
     said = gpu_notebooks.capped_part("reference", tmp_path, "smoke", seconds=1.0)
     assert said.startswith("stopped at its cap of 1 s") and "--part" in started[0]
+
+
+def test_the_estimate_sizes_by_the_reference_machines_cores_and_gives_this_ones_back():
+    from fastlab import measure
+
+    here = measure.usable_cpu_count()
+    with measure.assumed_cores(here + 14):
+        assert measure.usable_cpu_count() == here + 14
+        from fastlab.lessons import data_loading
+        assert data_loading.usable_cpu_count() == here + 14  # a lesson's own import of it sees the same count
+    assert measure.usable_cpu_count() == here

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import budget
 from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
@@ -19,6 +20,7 @@ from ..train import interleave, run
 from ..verdicts import ratio_of, uncredited, verdict
 
 NAME = "09_all_together:ladder"
+TTA_PART = budget.held_part(f"{NAME}:time_to_accuracy")  # a part of the notebook's budget (run_tta)
 
 def compile_skip(base: TrainConfig) -> str | None:
     """Why base's profile skips torch.compile here (Profile.skip_compile: smoke, gpu-dry), or None where it runs."""
@@ -178,6 +180,11 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
     """Time to accuracy of tta_rung_names over tta_seeds(base), with each rung's config; all-no-op rungs skipped."""
+    with budget.within(TTA_PART, None):  # its runs are held to the notebook's budget
+        return _run_tta(results, base, progress)
+
+
+def _run_tta(results: list[RunResult], base: TrainConfig, progress: bool) -> list[TimeToAccuracy]:
     wanted = set(tta_rung_names(base))
     out: list[TimeToAccuracy] = []
     below: TimeToAccuracy | None = None
@@ -194,7 +201,7 @@ def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) 
         t = time_to_accuracy(cfg, seeds=tta_seeds(base), label=r.label, progress=progress, limits=tta_limits(below))
         for x in t.runs:
             x.extras.update(rung=name, why=r.extras.get("why", ""), metric="time-to-accuracy",
-                            comparison=f"{NAME}:time_to_accuracy")
+                            comparison=TTA_PART)
             if r.extras.get("dropped"):
                 x.extras["dropped"] = r.extras["dropped"]
         out.append(t)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..comparisons import comparison
+from .. import budget
+from ..comparisons import comparison, share_of
 from ..config import TrainConfig, config_for, positive_int
 from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, run_ddp
 from ..measure import Spread
@@ -20,6 +21,10 @@ from ..verdicts import ratio_of, verdict
 NAME = "11_multi_gpu_ddp:scaling"
 ACCUM_STEPS = 2  # micro-batches per optimiser step in the no_sync demo
 LAUNCH_TIMEOUT_S = 600.0  # bounds each torchrun launch; each run inside also has the profile's max_seconds
+# A launch's wall time beyond its runs' timed steps (torchrun, each rank's imports, the process group, data, warm-up,
+# evaluation): assumed from a loaded 2-core CPU, where 4 runs of at most 45 timed seconds in 2 launches took 316 s.
+LAUNCH_OVERHEAD_SECONDS = 30.0
+FEWEST_TIMED_SECONDS = 10.0  # a run's timed steps are never cut below this to fit the notebook's budget
 
 
 @dataclass(frozen=True)
@@ -141,13 +146,31 @@ def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUN
          accumulation: bool = True) -> Demo:
     """1 process, then one launch of N processes training the same config (and the no_sync pair, if accumulation)."""
     setup = setup_for(base, nproc)
-    one = run_ddp(setup.config, 1, label="1 process", timeout_s=timeout_s, quiet=quiet)
-    pair = accumulation_jobs(setup.config) if accumulation else ()
-    many = launch([DDPJob(setup.config, DDPOptions(), f"{setup.nproc} processes"), *pair], setup.nproc,
-                  timeout_s=timeout_s, quiet=quiet)
+    setup = replace(setup, config=fit_to_budget(setup.config, runs=4 if accumulation else 2, launches=2))
+    with budget.within(NAME, None):
+        one = run_ddp(setup.config, 1, label="1 process", timeout_s=timeout_s, quiet=quiet)
+        pair = accumulation_jobs(setup.config) if accumulation else ()
+        many = launch([DDPJob(setup.config, DDPOptions(), f"{setup.nproc} processes"), *pair], setup.nproc,
+                      timeout_s=timeout_s, quiet=quiet)
     for run in [one, *many]:
         run.result.extras["comparison"] = NAME
     return Demo(setup, one, many[0], many[1:])
+
+
+def fit_to_budget(cfg: TrainConfig, runs: int, launches: int) -> TrainConfig:
+    """cfg with each run's timed steps stopped at its share of the notebook's budget (fastlab.budget), never below
+    FEWEST_TIMED_SECONDS; the cut said in one line. Unchanged without a budget or where the share is enough."""
+    share = share_of(NAME)
+    if share is None:
+        return cfg
+    per_run = max(FEWEST_TIMED_SECONDS, (share - launches * LAUNCH_OVERHEAD_SECONDS) / runs)
+    if cfg.max_seconds and per_run >= cfg.max_seconds:
+        return cfg
+    was = f"{cfg.max_seconds:g} s" if cfg.max_seconds else "none"
+    print(f"{NAME}: budget: this part's share is {budget.duration(share)} for {runs} runs in {launches} launches, so "
+          f"each run's timed steps stop after {per_run:.0f} s (max_seconds; the profile's: {was}): fewer steps, so a "
+          "smaller difference may not be told apart", flush=True)
+    return cfg.replace(max_seconds=round(per_run, 1))
 
 
 @dataclass(frozen=True)
