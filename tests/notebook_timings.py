@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.thorough:
         os.environ["FASTLAB_THOROUGH"] = "1"
     sys.path.insert(0, str(ROOT))
-    from fastlab.tools.timings import record_timing
+    from fastlab.tools.timings import estimate_here, record_timing
 
     names = [n.removesuffix(".ipynb") for n in args.notebooks] or sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
@@ -117,11 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     where = machine()
     for profile in profiles:
         for name in names:
+            os.environ["FASTLAB_PROFILE"] = profile
+            planned, estimate, _ = estimate_here(name, profile)  # the notebook's first line's, before it runs
             seconds, status, load, first, core = time_notebook(NOTEBOOKS / f"{name}.ipynb", profile, args.timeout,
                                                                Path(args.keep) if args.keep else None)
             key = f"{profile}-thorough" if args.thorough else profile
             record_timing(args.out, name, key, seconds, status, where, load=load, first_result=first, core_path=core,
-                          step_seconds=step_seconds(profile))
+                          step_seconds=step_seconds(profile), budget_seconds=planned, estimate=estimate)
             shown = f", first result after {first:.0f} s" if first is not None else ""
             shown += f", core path {core:.0f} s" if core is not None else ""
             print(f"{name} [{key}]: {seconds:.0f} s{shown}, {status}, load average {load:.1f}", flush=True)

@@ -225,3 +225,14 @@ def test_the_ddp_demo_fits_its_runs_to_its_share(capsys):
     assert "each run's timed steps stop after" in capsys.readouterr().out
     clock.now += 1000.0  # spent: the runs keep their floor, so the cell's figures still come
     assert ddp.fit_to_budget(cfg, runs=4, launches=2).max_seconds == ddp.FEWEST_TIMED_SECONDS
+
+
+def test_the_timings_table_says_each_notebooks_budget_and_estimate_beside_its_time(tmp_path):
+    path = tmp_path / "timings.json"
+    timings.record_timing(path, "05_no_grad_detach_item", "cpu", 300.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+                          "2026-12-06T00:00", load=6.1, step_seconds=0.3, budget_seconds=240.0, estimate=200.0)
+    timings.record_timing(path, "05_no_grad_detach_item", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+                          "2026-12-06T00:00")
+    table = timings.timings_table(path=path)
+    assert "| 5.0 min (budget 4.0 min, estimated 3.3 min before it ran) |" in table
+    assert "| 20 s |" in table  # fixed steps: no budget, no estimate

@@ -61,7 +61,7 @@ def load_timings(path: str | os.PathLike | None = None) -> dict[str, dict[str, d
 
 
 _ENTRY_KINDS = {"seconds": (int, float), "status": str, "machine": str, "date": str}  # what the readers here use
-_OPTIONAL_NUMBERS = ("load", "first_result", "core_path", "step_seconds")
+_OPTIONAL_NUMBERS = ("load", "first_result", "core_path", "step_seconds", "budget", "estimate")
 _SAID: set[tuple[str, str]] = set()  # (path, what): each said once per kernel, not at every read
 
 
@@ -85,15 +85,18 @@ def _say_ignored(path: Path, what: str) -> None:
 def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
                   machine: str, date: str | None = None, load: float | None = None,
                   first_result: float | None = None, core_path: float | None = None,
-                  step_seconds: float | None = None) -> None:
+                  step_seconds: float | None = None, budget_seconds: float | None = None,
+                  estimate: float | None = None) -> None:
     """Set one notebook's time on one profile, atomically, keeping the other entries. load: the 1-minute load
     average while it ran; first_result: seconds to its tagged first result; core_path: seconds to "## Going further";
-    step_seconds: the calibrated step of the profile's config on that machine (scales the time to another)."""
+    step_seconds: the calibrated step of the profile's config on that machine (scales the time to another);
+    budget_seconds and estimate: the notebook's budget there and the time its first line estimated before it ran."""
     path = Path(path)
     notebooks = load_timings(path)
     entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
              "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    optional = {"load": load, "first_result": first_result, "core_path": core_path}
+    optional = {"load": load, "first_result": first_result, "core_path": core_path, "budget": budget_seconds,
+                "estimate": estimate}
     entry.update({k: round(float(v), 1) for k, v in optional.items() if v is not None})
     if step_seconds is not None:
         entry["step_seconds"] = float(f"{step_seconds:.4g}")
@@ -106,21 +109,31 @@ def begin_notebook(notebook: str, profile: str | None = None) -> str:
     """A notebook's first line: start its time budget (fastlab.budget; none on smoke) and say the budget, the time
     estimated for this machine now (the time measured elsewhere, scaled by this machine's calibrated step against
     that machine's), and the time measured elsewhere."""
-    from ..calibration import calibrate
-    from ..config import active_profile, config_for, time_sizing
+    from ..config import active_profile
 
     profile = profile or active_profile()
-    seconds = (time_sizing(profile) or {}).get("notebook_seconds")
+    seconds, estimate, recorded_without_step = estimate_here(notebook, profile)
     budget.start(notebook, profile, seconds)
-    entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile) or {}
-    estimate = None
-    if seconds is not None and _number(entry.get("seconds")) and _number(entry.get("step_seconds")):
-        here = calibrate(config_for(profile)).step_seconds
-        estimate = budget.scaled_estimate(entry["seconds"], entry["step_seconds"], here, seconds)
-    elif seconds is not None and entry:
+    if recorded_without_step:
         estimate_note = "not estimated here: the time measured elsewhere was recorded without that machine's step time"
         return budget.describe_estimate(seconds, None, f"{estimate_note}; {notebook_time(notebook, profile)}")
     return budget.describe_estimate(seconds, estimate, notebook_time(notebook, profile))
+
+
+def estimate_here(notebook: str, profile: str) -> tuple[float | None, float | None, bool]:
+    """(the notebook's budget on `profile`, None for fixed steps; the time estimated for this machine now, None where
+    it cannot be; whether the time measured elsewhere lacks that machine's step time)."""
+    from ..calibration import calibrate
+    from ..config import config_for, time_sizing
+
+    seconds = (time_sizing(profile) or {}).get("notebook_seconds")
+    entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile) or {}
+    if seconds is None or not entry:
+        return seconds, None, False
+    if not (_number(entry.get("seconds")) and _number(entry.get("step_seconds"))):
+        return seconds, None, True
+    here = calibrate(config_for(profile)).step_seconds
+    return seconds, budget.scaled_estimate(entry["seconds"], entry["step_seconds"], here, seconds), False
 
 
 def _number(value: Any) -> bool:
@@ -169,7 +182,10 @@ def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.P
             if not e:
                 cells.append("not measured yet")
                 continue
-            first = f"; first result after {budget.duration(e['first_result'])}" if e.get("first_result") else ""
+            planned = [f"budget {budget.duration(e['budget'])}"] if e.get("budget") else []
+            planned += [f"estimated {budget.duration(e['estimate'])}"] if e.get("estimate") else []
+            first = f" ({', '.join(planned)} before it ran)" if planned else ""
+            first += f"; first result after {budget.duration(e['first_result'])}" if e.get("first_result") else ""
             first += f"; core path {budget.duration(e['core_path'])}" if e.get("core_path") else ""
             cells.append(budget.duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})") + first)
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
