@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .config import CHOICES, PROFILES, TrainConfig, add_config_flags
+from .files import NotWritten
 
 
 class CliError(Exception):
@@ -53,6 +54,8 @@ def _what_and_fix(e: BaseException) -> tuple[str, str]:
             return f"{what} is not allowed", fix
         what, mark, fix = text.partition("; ")  # "unknown rung 'x'; rungs are: ..." and the like
         return (what, fix) if mark else (text, "see `python -m fastlab --help`")
+    if isinstance(e, NotWritten):  # says the path, why and what was kept
+        return str(e), e.fix
     if isinstance(e, OSError):
         where = f" ({e.filename})" if e.filename and str(e.filename) not in text else ""
         return f"{text}{where}", "check the path and its permissions"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, comparison_repeats, config_for, plan_arm, preferred_amp
+from .files import write_atomic
 from .measure import Spread, bf16_is_trap, resolve_device, usable_cpu_count
 from .outcomes import (
     DEFAULT_SEEDS,
@@ -347,9 +348,9 @@ def write_report(results_path: str | Path) -> tuple[Path, Path]:
     else:
         fig = plot_waterfall(results, title="fastlab bench")
     png = results_path.parent / "bench.png"
-    png.write_bytes(figure_png(fig, dpi=110))
+    write_atomic(png, figure_png(fig, dpi=110))
     md = results_path.parent / "bench.md"
-    md.write_text(report_markdown(doc))
+    write_atomic(md, report_markdown(doc))
     return png, md
 
 

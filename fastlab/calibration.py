@@ -18,8 +18,8 @@ import torch
 
 from . import budget, measure
 from .config import TrainConfig, positive_int, time_sizing
+from .files import write_json
 from .measure import resolve_device
-from .results import write_json
 
 CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
 CALIBRATION_STEPS = 4  # timed steps, each a window of its own

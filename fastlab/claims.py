@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .config import active_profile
+from .files import write_json
 from .measure import Spread, device_name, resolve_device
-from .results import RunResult, write_json
+from .results import RunResult
 from .verdicts import CREDITED, Comparison, as_runs, runs_verdict, step_slowdown, verdict
 from .verdicts import pooled_throughput as pooled_throughput  # the lessons pool seeds' windows with it
 

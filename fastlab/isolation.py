@@ -28,6 +28,7 @@ import torch
 
 from .clocks import window_ends
 from .data import load_data
+from .exits import describe_exit, oom_kills
 from .harness import TrainingRun, cold_compile_caches, progress_bar
 from .results import RunResult
 
@@ -208,6 +209,7 @@ class BudgetClock:
 
 def _run_child(training: Any, spec: RunSpec) -> Any:
     stop = StopFlag(_mp_context())
+    oom_before = oom_kills()  # a SIGKILL the out-of-memory killer sends raises it: then the end is named so
     child, here = _start(_child_main, f"fastlab-run {spec.label}", stop, spec)
     bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
     done, outcome, killed, over_budget = 0, None, None, False
@@ -259,7 +261,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
             kill_with_its_processes(child)
     if over_budget:
         return _over_budget(training, killed)
-    return _outcome(training, outcome, child.exitcode, done, killed)
+    return _outcome(training, outcome, child.exitcode, done, killed, oom_before)
 
 
 def kill_with_its_processes(child: Any) -> None:
@@ -343,11 +345,13 @@ def _without_main() -> Any:
         spawn.get_preparation_data = original
 
 
-def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int, killed: str | None = None) -> Any:
+def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int, killed: str | None = None,
+             oom_before: int | None = None) -> Any:
     if outcome is None:  # the child died: what it streamed is what we know
         result = training.result
         result.status = "failed"
-        result.error = f"the run's process ended without a result ({describe_exit(exitcode)}) after {done} steps"
+        how = describe_exit(exitcode, oom_before, killed_here=killed is not None)
+        result.error = f"the run's process ended without a result ({how}) after {done} steps"
         if killed:
             result.error += f"; killed here {killed}"
     else:
@@ -367,27 +371,17 @@ class ChildTraceback(Exception):
         return f"in the run's process:\n{self.text}"
 
 
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running when given up"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(*args, **kwargs) in a fresh process, waited for: its return value, or its exception raised here. For a
     measurement that is not a training run; fn and its arguments must be importable or picklable."""
+    oom_before = oom_kills()
     child, here = _start(_call_child, "fastlab-call", _setup(), fn, args, kwargs)
     try:
         message = _receive(here)
     except EOFError:
         child.join()
         raise RuntimeError(f"{getattr(fn, '__name__', fn)!s} ended its process without a result "
-                           f"({describe_exit(child.exitcode)})") from None
+                           f"({describe_exit(child.exitcode, oom_before)})") from None
     except BaseException:  # Ctrl-C while waiting: the child's work is abandoned with it
         child.kill()
         child.join()

@@ -6,12 +6,12 @@ import dataclasses
 import json
 import os
 import statistics
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import write_json
 from .measure import Spread
 from .version import __version__
 
@@ -241,24 +241,6 @@ def save_results(path: str | os.PathLike, results: list[RunResult], meta: dict[s
     """Write results as JSON atomically (write_json)."""
     return write_json(Path(path), {"schema_version": SCHEMA_VERSION, "fastlab": __version__, "meta": meta or {},
                                    "results": [r.to_dict() for r in results]})
-
-
-def write_json(path: Path, doc: dict[str, Any], sort_keys: bool = False) -> Path:
-    """Write doc as JSON atomically: a reader never sees half a file, a crash keeps the old one. The file is
-    created by open(), so it gets the mode the umask gives any other file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=sort_keys)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def load_document(path: str | os.PathLike) -> dict[str, Any]:

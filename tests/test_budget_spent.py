@@ -3,8 +3,12 @@
 On a loaded machine a notebook's budget (fastlab.budget) can run out before its last comparison, whose runs then do
 not start (status time_limited, extras budget="not started"); every cell that formats a comparison's figures must
 still run, saying what did not run and why. tests/budget_site/sitecustomize.py gives every notebook a budget of 0 s
-on the smoke profile (fixed steps: nothing else changes) in every process started with that folder on PYTHONPATH, and
-logs each refusal to FASTLAB_BUDGET_LOG, so the test also sees that the runs really were refused.
+on a profile of fixed steps (smoke, gpu-dry: nothing else changes) in every process started with that folder on
+PYTHONPATH, and logs each refusal to FASTLAB_BUDGET_LOG, so the test also sees that the runs really were refused.
+
+The pass runs under smoke and under gpu-dry (the gpu profile's ResNet-18, device loader and paths at smoke's sizes):
+with the comparisons refused, what is left of each notebook under gpu-dry (its cells' own runs, plots and words on the
+gpu profile's model and loader) fits make test's time; the comparisons' runs under gpu-dry are `make test-gpu-dry`'s.
 
 The `# NBVAL_CHECK_OUTPUT` cells stay checked: each prints validation errors of a config or a lesson's arguments,
 never a run's figure, so a refused run must not change them (if one did, that would be the defect to see).
@@ -81,13 +85,14 @@ def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
 
 @pytest.mark.slow  # each notebook runs whole under nbval: 2-5 min each on a 2-core CPU at load 10-40 (09: 14 min)
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("profile", ["smoke", "gpu-dry"])
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_the_notebook_runs_with_its_budget_spent(name, tmp_path):
+def test_the_notebook_runs_with_its_budget_spent(name, profile, tmp_path):
     """The notebook runs whole under nbval with every registered comparison's and held part's runs refused, its
     exercise's check and every comparison its cells call among them (a notebook that calls none may refuse nothing: it runs whole all the same)."""
     log = tmp_path / "refused.log"
-    r = run_under_nbval(name, {"FASTLAB_PROFILE": "smoke", "FASTLAB_BUDGET_LOG": str(log)}, BUDGET_SITE)
-    assert r.returncode == 0, f"{name} fails with its budget spent:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
+    r = run_under_nbval(name, {"FASTLAB_PROFILE": profile, "FASTLAB_BUDGET_LOG": str(log)}, BUDGET_SITE)
+    assert r.returncode == 0, f"{name} fails under {profile} with its budget spent:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
     calls = called_by(name)  # imports every lesson first, so REGISTERED holds every comparison
     comparisons = {c for c, _, _ in refused(log)}
     held = {p for p in HELD_PARTS if p.startswith(name.removesuffix(".ipynb") + ":")}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
-import json
 import os
 import signal
 import sys
@@ -24,6 +23,8 @@ from unittest import mock
 
 import torch
 from torch import nn
+
+from ..files import write_json
 
 # (module, its package, what needs it): what gpu-check imports beyond torch.
 PACKAGES: tuple[tuple[str, str, str], ...] = (
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         outcomes.append({"check": name, "ok": ok, "seconds": round(seconds, 1), "detail": detail})
         print(f"{'PASS' if ok else 'FAIL'} [{seconds:5.1f} s] {name}: {detail}", flush=True)
-        (out / "checks.json").write_text(json.dumps(outcomes, indent=1))
+        write_json(out / "checks.json", outcomes)
     if not args.no_ladder:
         tables, ok = within_deadline(lambda: run_ladders(out, args.ladder_budget_s),
                                      args.ladder_budget_s + LADDER_OVERRUN_S)

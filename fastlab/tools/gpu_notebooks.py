@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..files import write_json
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 # Caps in seconds (each part's, on an H200); the reference runs get what is left of TOTAL_S, 9 minutes.
@@ -166,7 +168,7 @@ def timed(part: str, times: dict[str, float], out: Path, fn):
         return fn()
     finally:
         times[part] = round(time.perf_counter() - t0, 1)
-        (out / "parts.json").write_text(json.dumps(times, indent=1))
+        write_json(out / "parts.json", times)
         print(f"fastlab gpu-notebooks: {part} took {times[part]:.0f} s", flush=True)
 
 

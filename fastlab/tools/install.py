@@ -10,10 +10,11 @@ import argparse
 import copy
 import hashlib
 import json
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..files import write_atomic, write_json
 
 # After changing these, run `python -m fastlab.tools.install --ensure-notebooks notebooks/`.
 SOURCE_ENV = "FASTLAB_INSTALL_SOURCE"
@@ -92,7 +93,7 @@ def ensure_install_cell(path: str | Path) -> bool:
     first_code = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
     nb["cells"] = cells[:first_code] + [cell] + cells[first_code:]
     # nbformat's layout, so the diff shows only the cell
-    path.write_text(json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
     return True
 
 
@@ -143,10 +144,10 @@ def copy_notebooks(dest: str | Path = DEFAULT_DIR, force: bool = False) -> CopyR
             continue
         else:
             bucket = report.copied if have is None else report.updated if have == copied else report.overwritten
-            shutil.copyfile(nb, target)
+            write_atomic(target, nb.read_bytes())
         manifest[nb.name] = new
         bucket.append(nb.name)
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_json(manifest_path, manifest, sort_keys=True)
     return report
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import budget
-from ..results import write_json
+from ..files import write_json
 
 TIMINGS_VERSION = 1
 TIMINGS_NAME = "timings.json"
