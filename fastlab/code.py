@@ -7,6 +7,7 @@ Ctrl-C, budgets and the no-op fallbacks stay in the harness (fastlab.harness).
 
 from __future__ import annotations
 
+import ast
 import difflib
 import html
 import inspect
@@ -58,13 +59,11 @@ def _header(cfg: TrainConfig, dataset: str) -> str:
     changed = "Changed from fastlab's TrainConfig defaults: " + (
         ", ".join(f"{k}={v!r}" for k, v in _STOCK.diff(cfg).items()) or "none")
     kind = "SYNTHETIC (CIFAR-shaped, generated offline)" if dataset == "synthetic" else "real CIFAR-10 (torchvision)"
-    imports = ["import itertools"] + (["import contextlib"] if cfg.eval_mode == "autograd" else [])
-    imports += ["from collections.abc import Iterator", "from dataclasses import dataclass", "from typing import Any",
-                "", "import numpy as np", "import torch"]
-    if cfg.loader == "dataloader" or cfg.model == "resnet18" or dataset == "cifar10":
-        imports.append("import torchvision")
-    imports += ["from torch import nn", "from torch.nn import functional as F",
-                "from torch.utils.data import DataLoader, Dataset"]
+    # every import a script may need: code() drops those this one does not use
+    imports = ["import contextlib", "import itertools", "from collections.abc import Iterator",
+               "from dataclasses import dataclass", "from typing import Any", "", "import numpy as np", "import torch",
+               "import torchvision", "from torch import nn", "from torch.nn import functional as F",
+               "from torch.utils.data import DataLoader, Dataset"]
     return "\n".join([
         '"""One fastlab training run as a plain PyTorch script (written by fastlab.code; it does not import fastlab).',
         "", *textwrap.wrap(f"{changed}.", 112, subsequent_indent="    "), f"Data: {kind}.", '"""', "",
@@ -120,9 +119,25 @@ def code(cfg: TrainConfig) -> str:
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"fastlab.code(cfg): cfg must be a TrainConfig, got {type(cfg).__name__}")
     dataset = _dataset(cfg)
-    return (_header(cfg, dataset) + _constants(dataset, cfg) + _definitions(cfg, dataset)
-            + "\n\n\n# ------------------------------------------------------------------ training\n\n\n"
-            + training_code(cfg) + _main(cfg, dataset))
+    return _without_unused_imports(
+        _header(cfg, dataset) + _constants(dataset, cfg) + _definitions(cfg, dataset)
+        + "\n\n\n# ------------------------------------------------------------------ training\n\n\n"
+        + training_code(cfg) + _main(cfg, dataset))
+
+
+def _without_unused_imports(script: str) -> str:
+    """The script without the module-level imports (one line each) of names it never uses."""
+    tree = ast.parse(script)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    lines = script.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "module", None) == "__future__":
+            continue
+        kept = [a for a in node.names if (a.asname or a.name.split(".")[0]) in used]
+        if len(kept) < len(node.names):
+            line = ast.unparse(node.__class__(**{**node.__dict__, "names": kept})) + "\n" if kept else ""
+            lines[node.lineno - 1:node.end_lineno] = [line]
+    return "".join(lines)
 
 
 # ------------------------------------------------------------------ the diff between two runs' scripts

@@ -13,7 +13,9 @@ are not counted: NOTEBOOK_START_SECONDS stands for a kernel's start, its imports
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,8 +151,11 @@ def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTi
 
 def estimate_notebooks(profile: str = "gpu", steps: StepTimes | None = None) -> list[NotebookEstimate]:
     """Each notebook's estimated fast-version seconds on the reference GPU ([] where the profile has fixed steps)."""
+    from . import lessons
     from .comparisons import REGISTERED, parts_of
-    from .tools import reference_run  # noqa: F401  (imports every lesson: their comparisons register)
+
+    for module in pkgutil.iter_modules(lessons.__path__):  # every lesson: their comparisons register
+        importlib.import_module(f"{lessons.__name__}.{module.name}")
 
     sizing = time_sizing(profile)
     if sizing is None:

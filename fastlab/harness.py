@@ -45,6 +45,7 @@ class TrainingRun:
                                 images_per_step=config.batch_size * config.grad_accum_steps)
         self.no_ops = self.result.no_ops  # knob -> why it does nothing here
         self.preloaded = None  # the config's own images, loaded by the caller (fastlab.isolation hands them over)
+        self.waiting = None  # set by fastlab.isolation in a run's process: when the loop began waiting for a batch
 
     def execute(self) -> RunResult:
         cfg, res = self.cfg, self.result
@@ -85,7 +86,7 @@ class TrainingRun:
                         target_accuracy=checkpoints.target if checkpoints else None,
                         max_training_seconds=checkpoints.max_training_seconds if checkpoints else None,
                         agree=par.agree if par else None, on_step=on_step, sample_parts=cfg.compile == "off",
-                        evaluate_after_trap=checkpoints is None, result=res)
+                        evaluate_after_trap=checkpoints is None, result=res, waiting=self.waiting)
         w = Watch(res.label, device=dev, warmup_steps=cfg.warmup_steps, log_every=cfg.log_every, budget=budget)
         graphs = CudaGraphSkips() if cfg.compile != "off" and dev.type == "cuda" else contextlib.nullcontext()
         net = None

@@ -37,6 +37,11 @@ _context: Any = None
 T = TypeVar("T")
 STOP_GRACE_SECONDS = 30.0  # after a stop, a run's process that sends nothing for this long is killed
 BUDGET_GRACE_SECONDS = 3.0  # a step still running this long past the run's time budget is ended mid-step
+# A loader that sends no batch for max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step) has hung: the
+# floor leaves room for an epoch's workers to start on a loaded machine (each imports torch), the multiple for a slow
+# step's data.
+DATA_WAIT_FLOOR_SECONDS = 120.0
+DATA_WAIT_STEPS = 20
 STREAMED = ("step_seconds", "data_wait_seconds", "memory_trace_mb")  # per-step lists a child sends with each step
 
 
@@ -207,14 +212,46 @@ class BudgetClock:
                 f"{BUDGET_GRACE_SECONDS:g} s past the budget, mid-step, keeping the {done} steps it finished")
 
 
+class DataWait:
+    """How long the run's loop has waited for its next batch, from the shared value its watch sets (Budget.waiting);
+    a wait past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far) is a hung loader."""
+
+    def __init__(self, waiting: Any, cfg: Any) -> None:
+        self.waiting, self.steps = waiting, []
+        workers = cfg.num_workers if cfg.loader == "dataloader" else 0
+        self.where = (f"on its DataLoader's {workers} worker processes" if workers else
+                      "on its data in the run's own process (num_workers=0: the Dataset's __getitem__ or the loader)")
+
+    def step(self, facts: dict[str, Any]) -> None:
+        self.steps.append(facts["step_seconds"])
+
+    def bound(self) -> float:
+        median = sorted(self.steps)[len(self.steps) // 2] if self.steps else 0.0
+        return max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS * median)
+
+    def waited(self) -> float:
+        since = self.waiting.value
+        return time.monotonic() - since if since > 0 else 0.0
+
+    def hung(self) -> bool:
+        return self.waited() > self.bound()
+
+    def reason(self, done: int) -> str:
+        return (f"its loader sent no batch for {self.waited():.0f} s, waiting {self.where} (the bound: "
+                f"{DATA_WAIT_FLOOR_SECONDS:g} s or {DATA_WAIT_STEPS} x the median step, whichever is longer): the "
+                f"loader hung, so the run's process and its workers were ended, keeping the {done} steps it finished")
+
+
 def _run_child(training: Any, spec: RunSpec) -> Any:
     stop = StopFlag(_mp_context())
+    waiting = _mp_context().RawValue("d", 0.0)
     oom_before = oom_kills()  # a SIGKILL the out-of-memory killer sends raises it: then the end is named so
-    child, here = _start(_child_main, f"fastlab-run {spec.label}", stop, spec)
+    child, here = _start(_child_main, f"fastlab-run {spec.label}", stop, waiting, spec)
     bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
-    done, outcome, killed, over_budget = 0, None, None, False
+    done, outcome, killed, over_budget, hung = 0, None, None, False, False
     heard = None  # when the child was last heard from, once a stop was asked
     clock = BudgetClock(spec.config.max_seconds, spec.config.warmup_steps)
+    data_wait = DataWait(waiting, spec.config)
     try:
         while outcome is None:
             try:
@@ -229,6 +266,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                         _, step, total, facts = message
                         keep_step(training.result, step, facts)
                         clock.step(step, facts)
+                        data_wait.step(facts)
                         bar = bar or progress_bar(total, spec.label, training.progress)
                         bar.update(step - done)
                         done = step
@@ -243,6 +281,9 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                     break
                 elif clock.over():
                     killed, over_budget = clock.reason(done), True
+                    break
+                elif data_wait.hung():
+                    killed, hung = data_wait.reason(done), True
                     break
             except KeyboardInterrupt:  # the caller's Ctrl-C: the child stops at its next step and reports
                 if heard is not None:
@@ -259,8 +300,8 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
         child.join(timeout=0 if killed else 30)
         if child.is_alive():
             kill_with_its_processes(child)
-    if over_budget:
-        return _over_budget(training, killed)
+    if over_budget or hung:
+        return _ended_here(training, killed, "time_limited" if over_budget else "failed")
     return _outcome(training, outcome, child.exitcode, done, killed, oom_before)
 
 
@@ -305,11 +346,14 @@ def keep_step(result: RunResult, step: int, facts: dict[str, Any]) -> None:
     result.steps_done = step
 
 
-def _over_budget(training: Any, reason: str | None) -> RunResult:
-    """A run ended mid-step at its time budget: time_limited, with the steps it streamed and the windows they
-    closed (a window's time is the sum of its steps' times: the watch reads its clock once per step)."""
+def _ended_here(training: Any, reason: str | None, status: str) -> RunResult:
+    """A run its parent ended mid-step (at its time budget: time_limited; a hung loader: failed), with the steps it
+    streamed and the windows they closed (a window's time is the sum of its steps' times: the watch reads its clock
+    once per step)."""
     result, cfg = training.result, training.cfg
-    result.status, result.stopped_by, result.error = "time_limited", "max_seconds", reason
+    result.status, result.error = status, reason
+    if status == "time_limited":
+        result.stopped_by = "max_seconds"
     result.warmup_seconds = sum(result.step_seconds[:cfg.warmup_steps])
     result.peak_memory_mb = max(result.memory_trace_mb, default=0.0)
     start = cfg.warmup_steps
@@ -446,13 +490,38 @@ def _shift_layout() -> tuple[int, int]:
     return pages, heap
 
 
+PARENT_POLL_SECONDS = 1.0  # how often a child looks whether the process that started it is still there
+
+
+def _end_with_parent() -> None:
+    """In a child: a thread that, once the process that started it is gone (the caller killed by SIGTERM, SIGHUP or
+    SIGKILL, or a kernel shut down; with forkserver, its server ends with the caller), kills the child's own processes
+    (DataLoader workers, even one stuck in a Dataset) and ends the child, so nothing of the run is left running."""
+    import psutil
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            if os.getppid() != parent:
+                for p in psutil.Process().children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                os._exit(1)
+
+    threading.Thread(target=watch, name="fastlab-parent-watch", daemon=True).start()
+
+
 def _begin(setup: tuple) -> tuple[int, int]:
-    """A child's first step: the caller's setup, then a random layout (not with FASTLAB_LAYOUT=fixed); its shift."""
+    """A child's first step: the caller's setup, a watch on its parent, then a random layout (not with
+    FASTLAB_LAYOUT=fixed); its shift."""
     _adopt(*setup)
+    _end_with_parent()
     return (0, 0) if os.environ.get("FASTLAB_LAYOUT") == "fixed" else _shift_layout()
 
 
-def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
+def _child_main(conn: Any, stop: Any, waiting: Any, spec: RunSpec) -> None:
     """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
     try:
         layout = _begin(spec.setup)
@@ -462,13 +531,17 @@ def _child_main(conn: Any, stop: Any, spec: RunSpec) -> None:
         training.on_step = lambda step, total: conn.send(("step", step, total,
                                                           step_facts(training.result, step, total)))
         training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
+        training.waiting = waiting
         training.result.extras["run_pid"] = os.getpid()
         training.result.extras["layout_shift"] = {"pages": layout[0], "heap_bytes": layout[1]}
         with cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
             result = training.execute()
         conn.send(("value", result))
+    except (BrokenPipeError, ConnectionResetError):  # the caller is gone: nobody to tell, nothing to print
+        os._exit(1)
     except BaseException as e:  # handed to the caller, who raises it again
-        conn.send(("error", _portable(e), traceback.format_exc()))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.send(("error", _portable(e), traceback.format_exc()))
     finally:
         conn.close()
 

@@ -5,7 +5,9 @@ With libcst (a concrete syntax tree: comments and layout survive the rewrite):
 - an `if` whose test is now constant keeps only the branch taken (its comment moves onto that branch's first line);
 - a name given a constant once and never again is replaced by it; an argument left at its default is dropped;
 - the watch touches go: `w(batches)` is `batches`, `w.step_done(...)` goes, `w.paused()` blocks are their body;
-- the parameters only the harness passes are dropped, each replaced by the value a plain script has.
+- the parameters only the harness passes are dropped, each replaced by the value a plain script has;
+- a comment that names what was removed from its statement (a dropped argument's keyword, the watch) goes with it,
+  and a name assigned a constant that nothing reads any more goes too.
 """
 
 from __future__ import annotations
@@ -57,12 +59,13 @@ class Specialise(cst.CSTTransformer):
     """One pass of the rewrite (see the module's text); run it until the text stops changing."""
 
     def __init__(self, cfg: Any, known: Mapping[str, str], calls: Mapping[str, Callable[[Any], str]],
-                 drop_params: set[str], constants: Mapping[str, Any]) -> None:
+                 drop_params: set[str], constants: Mapping[str, Any], unread: set[str] = frozenset()) -> None:
         self.cfg, self.known, self.calls, self.drop_params = cfg, known, calls, drop_params
-        self.constants = constants
+        self.constants, self.unread = constants, unread
         self.elifs: set[int] = set()  # If nodes in an elif's place
         self.pending: list[list[cst.EmptyLine]] = [[]]  # per block: comment lines of removed statements
         self.protected: set[int] = set()  # ids of the names in _NOT_VALUES' fields
+        self.removed: list[set[str]] = []  # per statement being rewritten: the words naming what left it
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         name = getattr(node, _NOT_VALUES.get(type(node), ""), None)
@@ -127,6 +130,7 @@ class Specialise(cst.CSTTransformer):
         if _code(updated) in self.known:  # isinstance(data, tuple): what it is in a plain script
             return cst.parse_expression(self.known[_code(updated)])
         if func == "w" and len(updated.args) == 1:  # w(batches): the batches themselves
+            self._removed("watch")
             return updated.args[0].value
         if func in self.calls and len(updated.args) == 1:
             ok, value = _constant(updated.args[0].value)
@@ -141,10 +145,50 @@ class Specialise(cst.CSTTransformer):
                 args[-1] = args[-1].with_changes(comma=args[-1].comma.with_changes(whitespace_after=after.with_changes(
                     first_line=cst.TrailingWhitespace())))
         if len(args) != len(updated.args):
+            kept = {id(a) for a in args}
+            self._removed(*(a.keyword.value for a in updated.args if id(a) not in kept and a.keyword is not None))
             if args:
                 args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             return updated.with_changes(args=args)
         return updated
+
+    def _removed(self, *words: str) -> None:
+        if self.removed:
+            self.removed[-1].update(words)
+
+    def _statement(self, node: cst.CSTNode) -> None:
+        self.removed.append(set())
+
+    visit_SimpleStatementLine = visit_For = visit_With = visit_While = _statement
+
+    def _without_stale_comments(self, node: Any) -> Any:
+        """node (a statement just left) without the comments that name what was removed from it."""
+        words = self.removed.pop()
+        if not words or not isinstance(node, cst.CSTNode):
+            return node
+
+        def stale(comment: cst.Comment | None) -> bool:
+            return comment is not None and any(w in comment.value for w in words)
+
+        changes: dict[str, Any] = {}
+        lines = list(getattr(node, "leading_lines", ()))
+        blocks: list[list[cst.EmptyLine]] = []  # a comment running over several lines is one comment
+        for line in lines:
+            if blocks and line.comment is not None and blocks[-1][-1].comment is not None:
+                blocks[-1].append(line)
+            else:
+                blocks.append([line])
+        if any(stale(line.comment) for line in lines):
+            changes["leading_lines"] = [line for block in blocks if not any(stale(x.comment) for x in block)
+                                        for line in block]
+        trailing = getattr(node, "trailing_whitespace", None)
+        if trailing is not None and stale(trailing.comment):
+            changes["trailing_whitespace"] = trailing.with_changes(comment=None, whitespace=cst.SimpleWhitespace(""))
+        body = getattr(node, "body", None)
+        if isinstance(body, cst.IndentedBlock) and stale(body.header.comment):
+            changes["body"] = body.with_changes(header=body.header.with_changes(
+                comment=None, whitespace=cst.SimpleWhitespace("")))
+        return node.with_changes(**changes) if changes else node
 
     def _default(self, arg: cst.Arg) -> bool:
         if isinstance(arg.value, cst.Name) and arg.value.value == "cfg" and arg.keyword is None:
@@ -194,7 +238,10 @@ class Specialise(cst.CSTTransformer):
         return result.with_changes(leading_lines=[*carried, *result.leading_lines])
 
     def leave_For(self, original: cst.For, updated: cst.For) -> Any:
-        return self._emit(updated)
+        return self._emit(self._without_stale_comments(updated))
+
+    def leave_While(self, original: cst.While, updated: cst.While) -> Any:
+        return self._without_stale_comments(updated)
 
     def visit_If(self, node: cst.If) -> None:
         if isinstance(node.orelse, cst.If):
@@ -217,6 +264,7 @@ class Specialise(cst.CSTTransformer):
         return self._emit(_with_comment(updated.orelse.body, updated.leading_lines))
 
     def leave_With(self, original: cst.With, updated: cst.With) -> Any:
+        updated = self._without_stale_comments(updated)
         items = []
         for item in updated.items:
             call = item.item
@@ -234,12 +282,13 @@ class Specialise(cst.CSTTransformer):
         return self._emit(updated.with_changes(items=items))
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Any:
+        updated = self._without_stale_comments(updated)
         first = original.body[0]
         watch = isinstance(first, cst.Expr) and isinstance(first.value, cst.Call) and _code(first.value.func)[:2] == "w."
         target = first.targets[0].target if isinstance(first, cst.Assign) and len(first.targets) == 1 else (
             first.target if isinstance(first, cst.AnnAssign) else None)
-        # w.step_done(...), or a constant's assignment: its value is written where it is used
-        constant = isinstance(target, cst.Name) and target.value in self.constants
+        # w.step_done(...), a constant's assignment (its value is written where it is used), or one nothing reads
+        constant = isinstance(target, cst.Name) and (target.value in self.constants or target.value in self.unread)
         return self._emit(cst.RemovalSentinel.REMOVE, updated) if watch or constant else self._emit(updated)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
@@ -294,11 +343,22 @@ class _Assignments(cst.CSTVisitor):
         self.count: dict[str, int] = {}
         self.value: dict[str, Any] = {}
         self.mutated: set[str] = set()
+        self.constant_assigned: set[str] = set()  # names assigned an expression of constants
+        self.mentions: dict[str, int] = {}  # every Name node of that name: its assignments, reads, attributes...
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.mentions[node.value] = self.mentions.get(node.value, 0) + 1
+
+    def unread(self) -> set[str]:
+        """Names assigned a constant once and never mentioned anywhere else: nothing reads them."""
+        return {n for n in self.constant_assigned if self.count.get(n) == 1 and self.mentions.get(n) == 1}
 
     def _assigned(self, target: cst.CSTNode, value: cst.BaseExpression | None = None) -> None:
         for name in _names(target):
             self.count[name] = self.count.get(name, 0) + 1
         ok, constant = _constant(value) if value is not None else (False, None)
+        if isinstance(target, cst.Name) and ok:
+            self.constant_assigned.add(target.value)
         if isinstance(target, cst.Name) and ok and (constant is None or isinstance(constant, bool) or constant == {}):
             self.value[target.value] = constant
 
@@ -337,14 +397,16 @@ def specialise(fn: Callable[..., Any], cfg: Any, *, known: Mapping[str, str] | N
     module = cst.parse_module(textwrap.dedent(inspect.getsource(fn)))
     drop = set(drop_params or ()) | {"cfg", "w"}
     constants: dict[str, Any] = {}
+    unread: set[str] = set()
     for _ in range(10):  # until nothing changes: a folded test may make a name constant, and so on
         before = module.code
-        module = module.visit(Specialise(cfg, known or {}, calls or {}, drop, constants))
+        module = module.visit(Specialise(cfg, known or {}, calls or {}, drop, constants, unread))
         seen = _Assignments()
         module.visit(seen)
         # None, True, False and {} only: a number or a string keeps its name (total_steps reads better than 65)
         constants = {name: value for name, value in seen.value.items()
                      if seen.count[name] == 1 and not (value == {} and name in seen.mutated)}
-        if module.code == before and not constants:
+        unread = seen.unread()
+        if module.code == before and not constants and not unread:
             break
     return module.code.rstrip() + "\n"

@@ -155,7 +155,8 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
     # ---- the loop
     if cfg.log_loss == "tensor":
         kept_losses: list[torch.Tensor] = []  # the pitfall below: `total_loss += loss` keeps as much
-    step = micro = 0
+    step = 0
+    micro = 0  # micro-batches since the optimiser's last step
     raw_model.train()
     for x, y in w(batches):  # the watch ends it early on Ctrl-C, a time budget, divergence or a reached target
         # the copy queues behind the previous step's kernels; non_blocking: the host does not wait for it (from
@@ -205,8 +206,10 @@ def train(cfg: TrainConfig, w: Any, data: ImageSet | tuple[Dataset, Dataset], *,
         log({"kept_loss_tensors": len(kept_losses)})
         kept_losses.clear()
 
-    # ---- held-out accuracy (one process evaluates: the replicas are identical; a checkpoint may just have)
-    if (parallel is None or parallel.evaluates) and not (eval_every and step % eval_every == 0):
+    # ---- held-out accuracy
+    evaluates = parallel is None or parallel.evaluates  # one process evaluates: the replicas are identical
+    evaluated = eval_every > 0 and step % eval_every == 0  # a checkpoint evaluated it at this very step
+    if evaluates and not evaluated:
         with w.paused() as p:
             p.accuracy = evaluate(cfg, raw_model, eval_loader, device)
         log({"held_out_accuracy": p.accuracy})

@@ -290,6 +290,9 @@ class Budget:
     sample_parts: bool = False  # time the copy, forward, backward and optimiser of warm-up steps 2.. (step_parts)
     evaluate_after_trap: bool = True  # False: a diverged or time-limited run skips its held-out evaluation
     result: RunResult | None = None  # the result to fill (the harness's: its config, label and environment stay)
+    # a shared value (multiprocessing RawValue "d") the run's parent reads: the monotonic time the loop began waiting
+    # for a batch, 0.0 while it is not waiting (fastlab.isolation ends a run whose loader hangs)
+    waiting: Any = None
 
 
 class RunEnded(Exception):
@@ -406,8 +409,15 @@ class Watch:
     def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
         """get(source), booked as data wait: wall and process CPU time (so torch's intra-op threads count too)."""
         t, cpu = time.perf_counter(), time.process_time()
-        with torch.profiler.record_function(DATA_RANGE) if self._prof is not None else contextlib.nullcontext():
-            got = get(source)
+        waiting = self.budget.waiting if self.budget is not None else None
+        if waiting is not None:
+            waiting.value = time.monotonic()
+        try:
+            with torch.profiler.record_function(DATA_RANGE) if self._prof is not None else contextlib.nullcontext():
+                got = get(source)
+        finally:
+            if waiting is not None:
+                waiting.value = 0.0
         wall = time.perf_counter() - t
         self._wait += wall
         self._fetch_wall += wall

@@ -138,3 +138,29 @@ SLEEP_AT_THIRD_STEP_S = 20.0
 
 def sleeps_at_third_step() -> nn.Module:
     return SleepsAtThirdStep()
+
+
+class HangsAfter(torch.utils.data.Dataset):
+    """CIFAR-shaped random items, 10 classes; once a process has served `after` items, every further item blocks
+    (a hung network file system, a stuck decoder): in a DataLoader worker, or in the run's own process."""
+
+    def __init__(self, items: int = 512, after: int = 10**9) -> None:
+        self.items, self.after, self.served = items, after, 0
+
+    def __len__(self) -> int:
+        return self.items
+
+    def __getitem__(self, i: int):
+        self.served += 1
+        if self.served > self.after:
+            time.sleep(3600)
+        g = torch.Generator().manual_seed(i)
+        return torch.rand(3, 32, 32, generator=g), int(i % 10)
+
+
+def hung_run_main() -> None:
+    """A script's whole run (tests/test_isolation.py starts it, then kills this process): two workers, one hung."""
+    import fastlab
+
+    cfg = fastlab.config_for("smoke").replace(loader="dataloader", num_workers=2)
+    fastlab.run(cfg, dataset=(HangsAfter(after=0), HangsAfter()), progress=False)

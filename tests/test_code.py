@@ -205,6 +205,31 @@ def test_every_script_renders_as_standalone_pytorch(every_config):
         assert len(script.splitlines()) < 400, cfg
 
 
+# A comment word that names something the specialiser can remove, and what the script's code must then hold for
+# the comment to be true (None: nothing of it is ever in a printed script).
+COMMENT_NEEDS = {"watch": None, "non_blocking": "non_blocking=True", "set_to_none": "set_to_none=",
+                 "replica": "DistributedDataParallel", "all-reduce": "DistributedDataParallel", "rank": None,
+                 "checkpoint": None, "micro-batch": "micro", "GradScaler": "GradScaler", "scheduler": "scheduler"}
+
+
+def test_every_printed_script_passes_ruff_and_keeps_no_comment_about_what_it_lacks(every_config, tmp_path):
+    """No unused name or import (ruff's F rules), and no comment about a line the specialiser removed."""
+    scripts = list(dict.fromkeys(code(cfg) for cfg in every_config))
+    for i, script in enumerate(scripts):
+        (tmp_path / f"script_{i:03d}.py").write_text(script)
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "F", "--no-cache", "--isolated",
+                          "--output-format", "concise", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-5000:]
+    for script in scripts:
+        lines = script.splitlines()
+        code_part = "\n".join(line.split("#", 1)[0] for line in lines)
+        for line in lines:
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            for word, needs in COMMENT_NEEDS.items():
+                if word in comment:
+                    assert needs is not None and needs in code_part, (line, script[:600])
+
+
 @pytest.mark.slow  # about 40 scripts: two minutes of CPU on 2 cores
 def test_every_ladder_and_notebook_script_runs_without_fastlab_and_learns(every_config, tmp_path):
     scripts = list(dict.fromkeys(code(smoke_sized(cfg)) for cfg in every_config))  # identical ones once

@@ -10,7 +10,7 @@ import torch
 
 from fastlab import budget, estimate
 from fastlab.calibration import Calibration
-from fastlab.config import config_for
+from fastlab.config import config_for, time_sizing
 from fastlab.lessons import compile_export, data_loading
 from fastlab.tools import gpu_notebooks, timings
 
@@ -82,7 +82,8 @@ def test_the_first_line_scales_a_gpu_timing_ten_times_up_to_the_budget(tmp_path,
     monkeypatch.setenv("FASTLAB_TIMINGS", str(path))
     slower = Calibration(step_seconds=0.2, workload={}, fingerprint={}, steps_measured=4, measured_at="now")
     monkeypatch.setattr("fastlab.calibration.calibrate", lambda cfg, measure=None: slower)
-    for seconds, shown in ((6.0, "estimated here now: 60 s"), (60.0, "estimated here now: 1.7 min")):
+    held = budget.duration(time_sizing("gpu")["notebook_seconds"])
+    for seconds, shown in ((6.0, "estimated here now: 60 s"), (60.0, f"estimated here now: {held}")):
         timings.record_timing(path, "08_profiling", "gpu", seconds, "ok", "NVIDIA H200", "2026-12-04T00:00",
                               step_seconds=0.02)
         line = timings.begin_notebook("08_profiling", "gpu")

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +23,8 @@ from fastlab.verdicts import is_noise, verdict
 
 sys.path.insert(0, os.path.dirname(__file__))
 import isolation_probe  # noqa: E402  (a module the run's child can import)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def probe_lines(path) -> list[dict]:
@@ -259,3 +265,64 @@ def test_a_step_past_the_time_budget_is_ended_mid_step_keeping_the_steps_streame
     assert len(seen["processes"]) >= 2  # the run's process and its DataLoader worker: none goes on running
     _, alive = psutil.wait_procs(seen["processes"], timeout=5)
     assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), alive
+
+
+# ---------------------------------------------------------------- a hung loader, and a caller that is killed
+
+def _started_here() -> set[int]:
+    """This process's descendants that are a run's or its workers (multiprocessing's own servers excepted)."""
+    import psutil
+
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "forkserver" not in cmd and "resource_tracker" not in cmd:
+            found.add(p.pid)
+    return found
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hung_loader_ends_the_run_failed_keeping_its_steps_and_leaving_no_process(quick, monkeypatch, workers):
+    monkeypatch.setattr(isolation, "DATA_WAIT_FLOOR_SECONDS", 4.0)
+    before = _started_here()
+    cfg = quick.replace(loader="dataloader", num_workers=workers, steps=20, windows=4, max_seconds=0.0)
+    per_process = 3 * cfg.batch_size  # each loading process serves three batches, then blocks
+    t = time.monotonic()
+    r = fastlab.run(cfg, dataset=(isolation_probe.HangsAfter(after=per_process), isolation_probe.HangsAfter()),
+                    progress=False)
+    assert time.monotonic() - t < 120  # bounded: without the bound it waits for the hour the Dataset sleeps
+    assert r.status == "failed" and "its loader sent no batch for" in r.error, r.error
+    where = "on its DataLoader's 2 worker processes" if workers else "in the run's own process (num_workers=0"
+    assert where in r.error and "the loader hung" in r.error
+    assert 3 <= r.steps_done < cfg.warmup_steps + cfg.steps and len(r.step_seconds) == r.steps_done  # kept
+    time.sleep(1.0)
+    assert _started_here() - before == set()  # the run's process and its workers are gone
+
+
+def test_a_caller_killed_by_sigterm_leaves_no_run_or_worker_behind():
+    import psutil
+
+    script = ("import sys; sys.path.insert(0, 'tests'); import isolation_probe; isolation_probe.hung_run_main()")
+    caller = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, run = time.monotonic() + 180, []
+        while time.monotonic() < deadline:  # the run's process and its two workers are up, waiting on a hung item
+            procs = psutil.Process(caller.pid).children(recursive=True)
+            run = [p for p in procs if "forkserver" not in " ".join(p.cmdline()) and
+                   "resource_tracker" not in " ".join(p.cmdline())]
+            if len(run) >= 3:
+                break
+            time.sleep(0.5)
+        assert len(run) >= 3, [p.cmdline() for p in run]
+        caller.send_signal(signal.SIGTERM)
+        caller.wait(timeout=30)
+        gone, alive = psutil.wait_procs(run, timeout=20)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        for p in psutil.Process(caller.pid).children(recursive=True) if caller.poll() is None else []:
+            p.kill()
+        caller.kill()
