@@ -5,7 +5,17 @@ RunResult with save_results / load_results (what was measured). The notebook wid
 fastlab.widgets, which alone imports ipywidgets.
 """
 
+import sys as _sys
+
 from . import cpu_kind  # noqa: F401  (first: FASTLAB_CPU_KIND caps torch's kernels before torch is imported)
+
+if _sys.argv[:1] == ["-m"]:  # `python -m fastlab ...`: a Ctrl-C while torch loads ends in one line, not a traceback
+    try:
+        import torch  # noqa: F401
+    except KeyboardInterrupt:
+        print("fastlab: interrupted (Ctrl-C) while starting — nothing was run", file=_sys.stderr)
+        raise SystemExit(130) from None
+
 from .advisor import advise, verify  # fastlab.advise(result), fastlab.verify(result)
 from .code import code, code_diff
 from .config import PROFILES, TrainConfig, active_profile, config_for

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 # pass over eval_images, about a third of a training step's work per batch). Seen on a loaded 2-core CPU: 3-5 s.
 RUN_OVERHEAD_SECONDS = 3.0
 EVAL_SHARE_OF_A_STEP = 1 / 3
+# The share of a notebook's budget its parts are not split: kept for the cells' own single runs, which are never cut
+# (in 01 under the cpu profile at load 6 they and the imports took 130 s of its 380 s).
+OWN_RUNS_SHARE = 0.25
 
 
 @dataclass
@@ -162,14 +165,14 @@ def fit(share: float, *, runs_per_repeat: int, repeats: int, steps: int, fewest_
 
 
 def share_for(name: str, parts: Collection[str]) -> float | None:
-    """Seconds of the remaining budget for the part `name`: an even split among the notebook's `parts` (its
-    registered comparisons and held parts) not yet run, `name` included (None without a budget, or for another
-    notebook's part)."""
+    """Seconds of the remaining budget, less OWN_RUNS_SHARE of the whole kept for the cells' own runs, for the part
+    `name`: an even split among the notebook's `parts` (its registered comparisons and held parts) not yet run, `name`
+    included (None without a budget, or for another notebook's part)."""
     b = _ACTIVE
     if b is None or not name.startswith(b.notebook + ":"):
         return None
     left = len({*parts, name} - (b.comparisons_done - {name}))
-    return max(0.0, b.remaining()) / left
+    return max(0.0, b.remaining() - OWN_RUNS_SHARE * b.seconds) / left
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import budget
+from . import budget, exercise  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
 from .calibration import sized
 from .config import TrainConfig, comparison_repeats, config_for, time_sizing
 from .results import RunResult

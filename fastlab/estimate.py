@@ -167,7 +167,7 @@ def estimate_notebooks(profile: str = "gpu", steps: StepTimes | None = None) -> 
         base = config_for(profile)
         for notebook in notebooks or sorted({n.split(":")[0] for n in REGISTERED}):
             names = parts_of(notebook)
-            remaining, parts = float(sizing["notebook_seconds"]), {}
+            remaining, parts = float(sizing["notebook_seconds"]) * (1 - budget.OWN_RUNS_SHARE), {}
             for i, name in enumerate(names):
                 seconds, how = comparison_seconds(name, base, max(remaining, 0.0) / (len(names) - i), steps)
                 parts[name] = (seconds, how)

@@ -96,10 +96,11 @@ def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch,
 
     try:
         monkeypatch.setattr(comparisons, "sized", lambda cfg, arms: (cfg.replace(steps=40), {"step_seconds": 1.0}))
-        budget.start("99_test_notebook", "cpu", 100.0, clock)
+        budget.start("99_test_notebook", "cpu", 200.0, clock)
         first(base, progress=False)
         line = capsys.readouterr().out
-        assert line.startswith("99_test_notebook:first: budget: this comparison's share is 50 s")  # 100 s for two
+        # 200 s less the quarter kept for the cells' own runs, for two
+        assert line.startswith("99_test_notebook:first: budget: this comparison's share is 75 s")
         assert seen["steps"] < 40 and seen["repeats"] < comparison_repeats(base)
         assert comparison_repeats(base) == 2  # the cap holds only while that comparison runs
         assert budget.active().comparisons_done == {"99_test_notebook:first"}
@@ -136,9 +137,9 @@ def test_a_held_part_takes_its_share_of_the_split():
     clock = Clock()
     name = budget.held_part("99_test_notebook:exercise")
     try:
-        budget.start("99_test_notebook", "cpu", 90.0, clock)
+        budget.start("99_test_notebook", "cpu", 120.0, clock)
         assert comparisons.parts_of("99_test_notebook") == [name]
-        assert comparisons.share_of(name) == 90.0  # alone: the whole budget
+        assert comparisons.share_of(name) == 90.0  # alone: the whole budget but the cells' own runs' quarter
         with budget.within("99_test_notebook:other", None):
             pass
         clock.now += 30.0
@@ -236,3 +237,27 @@ def test_the_timings_table_says_each_notebooks_budget_and_estimate_beside_its_ti
     table = timings.timings_table(path=path)
     assert "| 5.0 min (budget 4.0 min, estimated 3.3 min before it ran) |" in table
     assert "| 20 s |" in table  # fixed steps: no budget, no estimate
+
+
+def test_the_worker_sweep_leaves_out_its_most_oversubscribed_counts_to_fit_its_share(monkeypatch, capsys):
+    from fastlab.lessons import data_loading
+
+    base = config_for("cpu", device="cpu")
+    monkeypatch.setattr(data_loading, "calibrate", lambda cfg: Calibration(0.1, {}, {}, 4, "now"))
+    assert data_loading.sweep_counts(base, 2) == data_loading.worker_counts(2)  # no budget: every count
+    clock = Clock()
+    budget.start("01_data_loading", "cpu", 4000.0, clock)
+    assert data_loading.sweep_counts(base, 2, say=True) == data_loading.worker_counts(2)  # a share that fits them
+    assert capsys.readouterr().out == ""
+    assert len(comparisons.parts_of("01_data_loading")) == 4  # three comparisons and the exercise
+    clock.now += 4000.0 - (1000.0 + 4 * 40.0)  # 40 s left for each part, beside the cells' own runs' quarter
+    counts = data_loading.sweep_counts(base, 2, say=True)
+    assert counts[:3] == [0, 1, 2] and len(counts) < len(data_loading.worker_counts(2))  # the cores always run
+    repeats, fewest = comparison_repeats(base), max(base.windows, 10)
+    per_run = budget.run_seconds(0.1, fewest, base.warmup_steps, -(-base.eval_images // base.batch_size))
+    assert sum(repeats * (per_run + n * data_loading.WORKER_START_SECONDS) for n in counts) <= 40.0 or \
+        counts == [0, 1, 2]
+    line = capsys.readouterr().out
+    assert line.startswith("01_data_loading:num_workers: budget: this comparison's share is 40 s, so num_workers=")
+    clock.now += 1000.0
+    assert data_loading.sweep_counts(base, 2) == [0, 1, 2]  # spent: the cores' counts (refused all the same)

@@ -246,3 +246,20 @@ def test_wrong_data_is_named_in_one_line_by_its_item_before_any_timing(case, fra
         preflight(_tiny_net, pair, TrainConfig(batch_size=4, device="cpu"))
     text = str(e.value)
     assert "\n" not in text and fragment in text, text
+
+
+def test_ctrl_c_while_torch_loads_ends_the_cli_in_one_line(tmp_path):
+    """A Ctrl-C in the first seconds of `python -m fastlab` (torch loading) is one line and status 130: a stand-in
+    torch that is interrupted as it imports makes the moment exact."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise KeyboardInterrupt\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "fastlab", "env"], cwd=root, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])})
+    assert out.returncode == 130 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == "fastlab: interrupted (Ctrl-C) while starting — nothing was run"

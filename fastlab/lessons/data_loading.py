@@ -15,8 +15,9 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from .. import budget, claims
+from ..calibration import calibrate
 from ..claims import Finding
-from ..comparisons import comparison
+from ..comparisons import comparison, share_of
 from ..config import TrainConfig, comparison_repeats, time_sizing
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
@@ -32,6 +33,7 @@ OVERSUBSCRIBE = (2, 4, 6)  # the sweep goes past the advice's 2-4x the cores, to
 # A sweep run's start-up per worker: the H200 reference's warm-up with 96 workers against 16 (5.4 s against 2.3 s,
 # fastlab/reference/nvidia-h200.json, 16 usable cores), over the 80 workers between them.
 WORKER_START_SECONDS = 0.04
+SWEEP = "01_data_loading:num_workers"
 
 
 def worker_counts(cpu_count: int | None = None) -> list[int]:
@@ -47,23 +49,39 @@ def worker_counts(cpu_count: int | None = None) -> list[int]:
     return counts + [n] + [k * n for k in OVERSUBSCRIBE]
 
 
-def sweep_counts(base: TrainConfig, cpu_count: int | None = None) -> list[int]:
+def sweep_counts(base: TrainConfig, cpu_count: int | None = None, say: bool = False) -> list[int]:
     """The counts the sweep runs under base's profile: worker_counts, its largest oversubscribed counts left out
-    while the sweep's estimated time (each count's runs: a run's set-up, its seconds and its workers' start) passes
-    the profile's time sizing's sweep_seconds. The counts up to the cores always run; no sweep_seconds: all of them."""
+    while the sweep's estimated time passes what it may take: the profile's sweep_seconds, and the sweep's share of
+    the notebook's budget (fastlab.budget), estimated from this machine's calibrated step with each run cut to its
+    fewest steps. The counts up to the cores always run; with neither limit, all of them. say: print the cut."""
     counts = worker_counts(usable_cpu_count() if cpu_count is None else cpu_count)
     sizing = time_sizing(base.profile) or {}
-    if "sweep_seconds" not in sizing:
+    share = share_of(SWEEP)
+    limits = [s for s in (sizing.get("sweep_seconds"), share) if s is not None]
+    if not limits:
         return counts
     repeats = comparison_repeats(base)
+    if share is None:
+        per_run = budget.RUN_OVERHEAD_SECONDS + sizing["run_seconds"]
+    elif share <= 0:  # the budget is spent: the sweep's runs are refused, so nothing is worth calibrating for
+        per_run = math.inf
+    else:  # this machine now: its calibrated step (the load included), each run at its fewest steps
+        fewest = max(base.windows, int(sizing.get("min_steps", base.steps)))
+        per_run = budget.run_seconds(calibrate(base).step_seconds, fewest, base.warmup_steps,
+                                     -(-base.eval_images // base.batch_size))
 
     def sweep_seconds(kept: list[int]) -> float:
-        per_run = budget.RUN_OVERHEAD_SECONDS + sizing["run_seconds"]
         return sum(repeats * (per_run + n * WORKER_START_SECONDS) for n in kept)
 
+    all_counts = counts
     cores = counts.index(max(c for c in counts if c <= (cpu_count or usable_cpu_count()))) + 1
-    while len(counts) > cores and sweep_seconds(counts) > sizing["sweep_seconds"]:
+    while len(counts) > cores and sweep_seconds(counts) > min(limits):
         counts = counts[:-1]
+    if say and share is not None and len(counts) < len(all_counts):
+        left_out = ", ".join(str(n) for n in all_counts[len(counts):])
+        print(f"{SWEEP}: budget: this comparison's share is {budget.duration(share)}, so num_workers={left_out} "
+              f"left out (the most oversubscribed: where more workers than cores cost is not measured here)",
+              flush=True)
     return counts
 
 
@@ -92,12 +110,12 @@ def short_for_smoke(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(**profile_of(cfg).loading_shortening)
 
 
-@comparison("01_data_loading:num_workers", arms=lambda base: len(sweep_counts(base)))
+@comparison(SWEEP, arms=lambda base: len(sweep_counts(base)))
 def compare_num_workers(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     """The worker sweep on the DataLoader (workers not kept between epochs), the counts run in turns."""
     cfg = short_for_smoke(base.replace(loader="dataloader", persistent_workers=False, prefetch_factor=None))
     cores = usable_cpu_count()
-    counts = sweep_counts(base, cores)
+    counts = sweep_counts(base, cores, say=True)
     results = interleave([(f"num_workers={n}", cfg.replace(num_workers=n)) for n in counts], progress=progress)
     for n, r in zip(counts, results):
         r.extras["usable_cpus"] = cores
