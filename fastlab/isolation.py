@@ -490,35 +490,39 @@ def _shift_layout() -> tuple[int, int]:
     return pages, heap
 
 
-PARENT_POLL_SECONDS = 1.0  # how often a child looks whether the process that started it is still there
+PARENT_POLL_SECONDS = 1.0  # how often a child looks whether its caller is still there
 
 
 def _end_with_parent() -> None:
-    """In a child: a thread that, once the process that started it is gone (the caller killed by SIGTERM, SIGHUP or
-    SIGKILL, or a kernel shut down; with forkserver, its server ends with the caller), kills the child's own processes
-    (DataLoader workers, even one stuck in a Dataset) and ends the child, so nothing of the run is left running."""
+    """In a child: once its caller is gone (killed by SIGTERM, SIGHUP or SIGKILL, or a kernel shut down), kill the
+    child's own processes (DataLoader workers, even one stuck in a Dataset) and end, so nothing of the run is left
+    running. Its OS parent may be the forkserver, which outlives the caller while any child lives, so the caller is
+    read through multiprocessing's parent sentinel, on a timer signal: a thread's malloc arena would undo the random
+    layout (_shift_layout). System calls the signal interrupts are restarted."""
+    parent = multiprocessing.parent_process()
+    if parent is None or not hasattr(signal, "setitimer"):
+        return
     import psutil
 
-    parent = os.getppid()
+    def check(signum: int, frame: Any) -> None:
+        if not parent.is_alive():
+            for p in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            os._exit(1)
 
-    def watch() -> None:
-        while True:
-            time.sleep(PARENT_POLL_SECONDS)
-            if os.getppid() != parent:
-                for p in psutil.Process().children(recursive=True):
-                    with contextlib.suppress(psutil.Error):
-                        p.kill()
-                os._exit(1)
-
-    threading.Thread(target=watch, name="fastlab-parent-watch", daemon=True).start()
+    signal.signal(signal.SIGALRM, check)
+    signal.siginterrupt(signal.SIGALRM, False)
+    signal.setitimer(signal.ITIMER_REAL, PARENT_POLL_SECONDS, PARENT_POLL_SECONDS)
 
 
 def _begin(setup: tuple) -> tuple[int, int]:
     """A child's first step: the caller's setup, a watch on its parent, then a random layout (not with
     FASTLAB_LAYOUT=fixed); its shift."""
     _adopt(*setup)
-    _end_with_parent()
-    return (0, 0) if os.environ.get("FASTLAB_LAYOUT") == "fixed" else _shift_layout()
+    shift = (0, 0) if os.environ.get("FASTLAB_LAYOUT") == "fixed" else _shift_layout()
+    _end_with_parent()  # after the shift: its thread's stack would otherwise land where the shift decides
+    return shift
 
 
 def _child_main(conn: Any, stop: Any, waiting: Any, spec: RunSpec) -> None:

@@ -141,26 +141,33 @@ def sleeps_at_third_step() -> nn.Module:
 
 
 class HangsAfter(torch.utils.data.Dataset):
-    """CIFAR-shaped random items, 10 classes; once a process has served `after` items, every further item blocks
-    (a hung network file system, a stuck decoder): in a DataLoader worker, or in the run's own process."""
+    """CIFAR-shaped random items, 10 classes; in a process other than the one that built it (a run's process, a
+    DataLoader worker), once it has served `after` items there, every further item blocks (a hung network file
+    system, a stuck decoder). The building process (which checks a sample before any timing) is served at once."""
 
     def __init__(self, items: int = 512, after: int = 10**9) -> None:
-        self.items, self.after, self.served = items, after, 0
+        self.items, self.after, self.served, self.home = items, after, 0, os.getpid()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "served": 0}  # each process counts its own
 
     def __len__(self) -> int:
         return self.items
 
     def __getitem__(self, i: int):
-        self.served += 1
-        if self.served > self.after:
-            time.sleep(3600)
+        if os.getpid() != self.home:
+            self.served += 1
+            if self.served > self.after:
+                time.sleep(3600)
         g = torch.Generator().manual_seed(i)
         return torch.rand(3, 32, 32, generator=g), int(i % 10)
 
 
 def hung_run_main() -> None:
-    """A script's whole run (tests/test_isolation.py starts it, then kills this process): two workers, one hung."""
+    """A script's whole run (tests/test_isolation.py starts it, then kills this process): two workers, both hung
+    once the run's process has checked its sample of the items (fastlab.preflight)."""
     import fastlab
+    from fastlab.preflight import sampled_indices
 
     cfg = fastlab.config_for("smoke").replace(loader="dataloader", num_workers=2)
-    fastlab.run(cfg, dataset=(HangsAfter(after=0), HangsAfter()), progress=False)
+    fastlab.run(cfg, dataset=(HangsAfter(after=len(sampled_indices(512))), HangsAfter()), progress=False)

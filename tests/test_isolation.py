@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import torch
 import fastlab
 from fastlab import isolation, train
 from fastlab.measure import Spread, median_interval
+from fastlab.preflight import sampled_indices
 from fastlab.results import RunResult
 from fastlab.verdicts import is_noise, verdict
 
@@ -269,27 +271,24 @@ def test_a_step_past_the_time_budget_is_ended_mid_step_keeping_the_steps_streame
 
 # ---------------------------------------------------------------- a hung loader, and a caller that is killed
 
-def _started_here() -> set[int]:
-    """This process's descendants that are a run's or its workers (multiprocessing's own servers excepted)."""
+def _runs_under(pid: int) -> list:
+    """The processes under `pid` that are a run's or its workers: every descendant but multiprocessing's own servers
+    (the forkserver and the resource tracker, which serve the caller for its whole life; a run forked from the
+    forkserver carries its command line, so the server is told apart as the caller's direct child)."""
     import psutil
 
-    found = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        if "forkserver" not in cmd and "resource_tracker" not in cmd:
-            found.add(p.pid)
-    return found
+    servers = {p.pid for p in psutil.Process(pid).children()
+               if any(s in " ".join(p.cmdline()) for s in ("forkserver", "resource_tracker"))}
+    return [p for p in psutil.Process(pid).children(recursive=True) if p.pid not in servers]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_hung_loader_ends_the_run_failed_keeping_its_steps_and_leaving_no_process(quick, monkeypatch, workers):
     monkeypatch.setattr(isolation, "DATA_WAIT_FLOOR_SECONDS", 4.0)
-    before = _started_here()
+    before = {p.pid for p in _runs_under(os.getpid())}
     cfg = quick.replace(loader="dataloader", num_workers=workers, steps=20, windows=4, max_seconds=0.0)
-    per_process = 3 * cfg.batch_size  # each loading process serves three batches, then blocks
+    # each loading process: the harness's sample of the items (fastlab.preflight), four batches, then it blocks
+    per_process = len(sampled_indices(512)) + 4 * cfg.batch_size
     t = time.monotonic()
     r = fastlab.run(cfg, dataset=(isolation_probe.HangsAfter(after=per_process), isolation_probe.HangsAfter()),
                     progress=False)
@@ -299,7 +298,7 @@ def test_a_hung_loader_ends_the_run_failed_keeping_its_steps_and_leaving_no_proc
     assert where in r.error and "the loader hung" in r.error
     assert 3 <= r.steps_done < cfg.warmup_steps + cfg.steps and len(r.step_seconds) == r.steps_done  # kept
     time.sleep(1.0)
-    assert _started_here() - before == set()  # the run's process and its workers are gone
+    assert {p.pid for p in _runs_under(os.getpid())} - before == set()  # the run's process and its workers are gone
 
 
 def test_a_caller_killed_by_sigterm_leaves_no_run_or_worker_behind():
@@ -309,11 +308,10 @@ def test_a_caller_killed_by_sigterm_leaves_no_run_or_worker_behind():
     caller = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline, run = time.monotonic() + 180, []
+        deadline, run = time.monotonic() + 120, []
         while time.monotonic() < deadline:  # the run's process and its two workers are up, waiting on a hung item
-            procs = psutil.Process(caller.pid).children(recursive=True)
-            run = [p for p in procs if "forkserver" not in " ".join(p.cmdline()) and
-                   "resource_tracker" not in " ".join(p.cmdline())]
+            with contextlib.suppress(psutil.Error):
+                run = _runs_under(caller.pid)
             if len(run) >= 3:
                 break
             time.sleep(0.5)

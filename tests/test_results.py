@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 import fastlab
+from fastlab import files
 from fastlab.measure import Spread
 from fastlab.results import SCHEMA_VERSION, RunResult, load_document, load_results, save_results
 from fastlab.verdicts import is_noise
@@ -28,10 +29,10 @@ def test_write_is_atomic_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch
     path = save_results(tmp_path / "results.json", [make("old")])
     before = path.read_text()
 
-    def explode(*a, **k):
+    def explode(*a, **k):  # a Ctrl-C with the new file half-made beside the old one
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(json, "dump", explode)
+    monkeypatch.setattr(files.os, "fsync", explode)
     with pytest.raises(KeyboardInterrupt):
         save_results(path, [make("new")])
     assert path.read_text() == before
