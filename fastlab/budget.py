@@ -1,5 +1,5 @@
-"""A notebook's time budget: started by its first cell (tools.timings.notebook_time), split among the notebook's
-comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
+"""A notebook's time budget: started by its first cell (tools.timings.begin_notebook), a quarter kept for the cells'
+own runs and the rest split among the notebook's comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
 refusing to start a comparison's run once the budget is spent. A notebook's parts that are not sized comparisons (an
 exercise's check, a time-to-accuracy ladder, torchrun launches: declared with held_part) take their share of the split
 too and are refused the same way. So no part runs past the budget by more than its longest single run; a cell's own
