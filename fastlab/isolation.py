@@ -237,7 +237,8 @@ class DataWait:
         return self.waited() > self.bound()
 
     def reason(self, done: int) -> str:
-        return (f"its loader sent no batch for {self.waited():.0f} s, waiting {self.where} (the bound: "
+        where = self.where if done else f"{self.where}, or for the items of the Dataset the run checks first"
+        return (f"its loader sent no batch for {self.waited():.0f} s, waiting {where} (the bound: "
                 f"{DATA_WAIT_FLOOR_SECONDS:g} s or {DATA_WAIT_STEPS} x the median step, whichever is longer): the "
                 f"loader hung, so the run's process and its workers were ended, keeping the {done} steps it finished")
 

@@ -324,3 +324,14 @@ def test_a_caller_killed_by_sigterm_leaves_no_run_or_worker_behind():
         for p in psutil.Process(caller.pid).children(recursive=True) if caller.poll() is None else []:
             p.kill()
         caller.kill()
+
+
+def test_a_dataset_hung_from_its_first_item_is_bounded_too(quick, monkeypatch):
+    """The run's process reads a sample of the reader's items before any timing (fastlab.preflight): a Dataset that
+    hangs from the start is bounded there as well, and said to be."""
+    monkeypatch.setattr(isolation, "DATA_WAIT_FLOOR_SECONDS", 4.0)
+    cfg = quick.replace(loader="dataloader", num_workers=0, max_seconds=0.0)
+    t = time.monotonic()
+    r = fastlab.run(cfg, dataset=(isolation_probe.HangsAfter(after=0), isolation_probe.HangsAfter()), progress=False)
+    assert time.monotonic() - t < 120 and r.status == "failed" and r.steps_done == 0
+    assert "or for the items of the Dataset the run checks first" in r.error, r.error
