@@ -1,16 +1,28 @@
 """A command in its own process group, with a time limit and a stop event: what fastlab.distributed runs torchrun
-with, so that a timeout, a Stop button or Ctrl-C never leaves a worker process behind."""
+with, so that a timeout, a Stop button, Ctrl-C or the caller's own end (a kernel shut down, SIGTERM, SIGHUP) never
+leaves a worker process behind."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal the kernel sends a process when the thread that started it ends
+
+
+def _ends_with_caller() -> None:
+    """In the command's process before it starts (Linux): SIGTERM from the kernel when its caller ends, which
+    torchrun passes on to its workers; elsewhere the command outlives a killed caller."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def run_with_timeout(cmd: Sequence[str], log_path: Path, timeout_s: float, *, env: dict[str, str] | None = None,
@@ -22,7 +34,8 @@ def run_with_timeout(cmd: Sequence[str], log_path: Path, timeout_s: float, *, en
     """
     deadline = time.monotonic() + timeout_s
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_ends_with_caller if sys.platform.startswith("linux") else None)
         try:
             while True:
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -267,3 +267,29 @@ def test_a_crashed_rank_fails_the_launch_quickly_and_clearly(quick, tmp_path):
 def test_scaling_comparison_is_named_for_its_reference_results():
     assert lesson.scaling.name == lesson.NAME
     assert os.environ["FASTLAB_PROFILE"] == "smoke"
+
+
+def test_a_command_started_by_a_caller_that_is_killed_ends_with_it(tmp_path):
+    """torchrun is started in a session of its own (so a timeout kills its whole group); a caller killed by SIGTERM
+    (a kernel shut down) must not leave it running: the kernel ends it with its caller (Linux)."""
+    import subprocess
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    script = ("import pathlib, sys; from fastlab.processes import run_with_timeout\n"
+              f"run_with_timeout([sys.executable, '-c', 'import time; time.sleep(600)'], "
+              f"pathlib.Path({str(tmp_path / 'log')!r}), 600)\n")
+    caller = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        deadline, started = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not started:
+            started = psutil.Process(caller.pid).children()
+            time.sleep(0.2)
+        assert started, "the command did not start"
+        caller.send_signal(signal.SIGTERM)
+        caller.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=10)
+        assert alive == []
+    finally:
+        caller.kill()
