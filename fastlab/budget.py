@@ -1,6 +1,6 @@
 """A notebook's time budget: started by its first cell (tools.timings.begin_notebook), a quarter kept for the cells'
 own runs and the rest split among the notebook's comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
-refusing to start a comparison's run once the budget is spent. A notebook's parts that are not sized comparisons (an
+refusing to start a part's run once its share, or the whole budget, is spent. A notebook's parts that are not sized comparisons (an
 exercise's check, a time-to-accuracy ladder, torchrun launches: declared with held_part) take their share of the split
 too and are refused the same way. So no part runs past the budget by more than its longest single run; a cell's own
 single runs are not cut (its code formats their figures). Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
@@ -35,7 +35,9 @@ class NotebookBudget:
     comparisons_done: set[str] = field(default_factory=set)
     repeats_cap: int | None = None  # fewer interleaved repeats for the comparison running now
     running: str | None = None  # the registered comparison running now: only its runs are refused
-    refused: int = 0  # runs not started since it was spent (said once, in the first one's line)
+    part_ends: float | None = None  # on `clock`, when the running part's share is spent (None: no share of its own)
+    part_share: float = 0.0
+    said: set[str] = field(default_factory=set)  # whose refusal was said: the budget's ("") or a part's (its name)
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -89,25 +91,33 @@ def stop() -> None:
 
 
 def refusal(label: str) -> str | None:
-    """Why the run `label` must not start (the notebook's budget is spent), or None. Only the runs of a registered
-    comparison (fastlab.comparisons), whose callers take a run that did not start, are held to it; a cell's own
-    single run (it formats that run's figures) and a panel's Run button (another thread) are never refused."""
+    """Why the run `label` must not start (the notebook's budget, or the running part's share of it, is spent), or
+    None. Only the runs of a part (a registered comparison, fastlab.comparisons, or a held part), whose callers take a
+    run that did not start, are held to it; a cell's own single run (it formats that run's figures) and a panel's Run
+    button (another thread) are never refused."""
     b = _ACTIVE
-    if (b is None or b.running is None or not b.spent()
-            or threading.current_thread() is not threading.main_thread()):
+    if b is None or b.running is None or threading.current_thread() is not threading.main_thread():
         return None
-    return f"not started: {b.describe()} was spent after {duration(b.elapsed())}"
+    if b.spent():
+        return f"not started: {b.describe()} was spent after {duration(b.elapsed())}"
+    if b.part_ends is not None and b.clock() >= b.part_ends:
+        return (f"not started: the share of {b.describe()} for {b.running} ({duration(b.part_share)}) was spent, "
+                f"the rest kept for the notebook's other parts")
+    return None
 
 
 def say_refusal(label: str, reason: str) -> str | None:
-    """The one line that says the budget is spent, for the first run it stops (None for the ones after it: their
-    results carry the reason)."""
+    """The one line that says the budget (or a part's share) is spent, for the first run it stops (None for the ones
+    after it: their results carry the reason)."""
     b = _ACTIVE
     if b is None:
         return None
-    b.refused += 1
-    if b.refused > 1:
+    whose = "" if b.spent() else (b.running or "")
+    if whose in b.said:
         return None
+    b.said.add(whose)
+    if whose:
+        return f"budget: '{label}' {reason}: this part's later runs are not started either (each result says so)"
     return (f"budget: '{label}' {reason}, and so is every run of this notebook's cells after it (each result says "
             f"so; run the first cell again for a new budget, or set FASTLAB_THOROUGH=1 for the thorough version)")
 
@@ -176,17 +186,19 @@ def share_for(name: str, parts: Collection[str]) -> float | None:
 
 
 @contextlib.contextmanager
-def within(name: str, repeats: int | None) -> Iterator[None]:
-    """While the comparison `name` runs: its repeats capped (None: not cut), and counted as run afterwards."""
+def within(name: str, repeats: int | None, share: float | None = None) -> Iterator[None]:
+    """While the part `name` runs: its repeats capped (None: not cut), its runs refused once its `share` of seconds
+    (None: none of its own) or the whole budget is spent, and counted as run afterwards."""
     b = _ACTIVE
     if b is None:
         yield
         return
     b.repeats_cap, b.running = repeats, name
+    b.part_ends, b.part_share = (None, 0.0) if share is None else (b.clock() + share, share)
     try:
         yield
     finally:
-        b.repeats_cap, b.running = None, None
+        b.repeats_cap, b.running, b.part_ends = None, None, None
         b.comparisons_done.add(name)
 
 

@@ -80,12 +80,13 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         def sized_and_tagged(base: TrainConfig | None = None, progress: bool = True,
                              **options: Any) -> list[RunResult]:
             base, calibration, cap = base or config_for(), None, None
+            share = share_of(name)
             if arms is not None:
                 count, repeats = max(1, arms(base) if callable(arms) else arms), comparison_repeats(base)
                 base, calibration = sized(base, count * (repeats if repeated else 1))
                 if calibration is not None:
                     base, cap = fit_to_budget(name, base, count, repeats if repeated else 1, calibration)
-            with budget.within(name, cap if repeated else None):
+            with budget.within(name, cap if repeated else None, share):
                 results = fn(base, progress=progress, **options)
             for r in results:
                 r.extras["comparison"] = name

@@ -261,3 +261,25 @@ def test_the_worker_sweep_leaves_out_its_most_oversubscribed_counts_to_fit_its_s
     assert line.startswith("01_data_loading:num_workers: budget: this comparison's share is 40 s, so num_workers=")
     clock.now += 1000.0
     assert data_loading.sweep_counts(base, 2) == [0, 1, 2]  # spent: the cores' counts (refused all the same)
+
+
+def test_a_part_stops_at_its_own_share_leaving_the_rest_to_the_parts_after_it(quick, monkeypatch, capsys):
+    clock, started = Clock(), []
+    budget.start("01_data_loading", "cpu", 400.0, clock)
+
+    def five_seconds(training, cold=False):
+        started.append(training.result.label)
+        clock.now += 5.0
+        return RunResult(config=training.cfg.to_dict(), label=training.result.label, window_throughput=[1.0])
+
+    monkeypatch.setattr(train.isolation, "execute", five_seconds)
+    monkeypatch.setattr(train, "check_gpu_profile_here", lambda cfg, dev: None)
+    with budget.within("01_data_loading:num_workers", None, share=12.0):
+        fastlab.interleave([("A", quick), ("B", quick.replace(seed=1))], repeats=3, progress=False)
+    assert started == ["A", "B", "B"]  # the fourth would have started 15 s into a 12 s share
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and "the share of notebook 01_data_loading's budget" in said[0]
+    assert "this part's later runs are not started" in said[0] and not budget.active().spent()
+    with budget.within("01_data_loading:pipeline", None, share=12.0):  # the next part has its own share
+        fastlab.interleave([("C", quick), ("D", quick.replace(seed=1))], repeats=1, progress=False)
+    assert started[3:] == ["C", "D"]

@@ -10,7 +10,7 @@ from .. import budget
 from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
-from ..comparisons import comparison
+from ..comparisons import comparison, share_of
 from ..config import TrainConfig, positive_int, thorough
 from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
@@ -180,7 +180,7 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
     """Time to accuracy of tta_rung_names over tta_seeds(base), with each rung's config; all-no-op rungs skipped."""
-    with budget.within(TTA_PART, None):  # its runs are held to the notebook's budget
+    with budget.within(TTA_PART, None, share_of(TTA_PART)):  # its runs are held to its share of the budget
         return _run_tta(results, base, progress)
 
 
