@@ -33,9 +33,11 @@ test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval
 	FASTLAB_PROFILE=smoke FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
 
 # Every notebook under the gpu-dry profile (the gpu profile's ResNet-18, device loader and paths at smoke's sizes, on
-# this CPU), each in a fresh process: not yet inside make test's time (tests/test_gpu_dry.py says why).
+# this CPU), each in a fresh process, whole and with its budget spent: not yet inside make test's time
+# (tests/test_gpu_dry.py and tests/test_budget_spent.py say why).
 test-gpu-dry: $(STAMP)
-	FASTLAB_GPU_DRY_NOTEBOOKS=1 FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider tests/test_gpu_dry.py
+	FASTLAB_GPU_DRY_NOTEBOOKS=1 FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider tests/test_gpu_dry.py \
+		tests/test_budget_spent.py -k "gpu-dry or gpu_dry"
 
 # The suite as each kind of CPU these machines bring (fastlab/cpu_kind.py: torch's and oneDNN's instruction sets
 # capped, fastlab reading that kind's flags), one after another on this machine; CPU_KINDS="avx2" for one kind.
