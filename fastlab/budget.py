@@ -53,13 +53,13 @@ class NotebookBudget:
 
 
 _ACTIVE: NotebookBudget | None = None
-HELD_PARTS: list[str] = []  # "NN_notebook:what" of each part held to its notebook's budget that is not a sized comparison
+HELD_PARTS: list[str] = []  # "NN_notebook:what" of every part of a notebook's budget: its comparisons and held parts
 
 
 def held_part(name: str) -> str:
-    """Declare `name` ("09_all_together:time_to_accuracy") a part of its notebook's budget that is not a registered
-    comparison: it takes its share of the split (share_for), and its runs, started inside within(name, None), are
-    refused once the budget is spent. Returns the name."""
+    """Declare `name` ("09_all_together:time_to_accuracy") a part of its notebook's budget (fastlab.comparisons
+    declares each registered comparison): it takes its share of the split (share_of), and its runs, started inside
+    within(name, ...), are refused once its share or the budget is spent. Returns the name."""
     if ":" not in name:
         raise ValueError(f"held_part: names look like 'NN_notebook:what', got {name!r}")
     if name not in HELD_PARTS:
@@ -67,8 +67,14 @@ def held_part(name: str) -> str:
     return name
 
 
-def held_parts_of(notebook: str) -> list[str]:
+def parts_of(notebook: str) -> list[str]:
+    """The parts `notebook`'s budget is split among: its registered comparisons and its held parts."""
     return [n for n in HELD_PARTS if n.split(":", 1)[0] == notebook]
+
+
+def share_of(name: str) -> float | None:
+    """Seconds of the notebook's remaining budget for the part `name` (None: no budget, or another notebook's)."""
+    return share_for(name, parts_of(name.split(":", 1)[0]))
 
 
 def start(notebook: str, profile: str, seconds: float | None,

@@ -32,19 +32,7 @@ class NamedComparison(Protocol):
 REGISTERED: dict[str, NamedComparison] = {}  # every comparison by name: a notebook's share its budget among them
 
 
-def comparisons_of(notebook: str) -> list[str]:
-    """The names of the registered comparisons of `notebook` ("01_data_loading")."""
-    return [n for n in REGISTERED if n.split(":", 1)[0] == notebook]
-
-
-def parts_of(notebook: str) -> list[str]:
-    """The parts `notebook`'s budget is split among: its registered comparisons and its held parts (fastlab.budget)."""
-    return comparisons_of(notebook) + budget.held_parts_of(notebook)
-
-
-def share_of(name: str) -> float | None:
-    """Seconds of the notebook's remaining budget for the part `name` (None: no budget, or another notebook's)."""
-    return budget.share_for(name, parts_of(name.split(":", 1)[0]))
+parts_of, share_of = budget.parts_of, budget.share_of  # the split among a notebook's parts (fastlab.budget)
 
 
 def fit_to_budget(name: str, base: TrainConfig, runs_per_repeat: int, repeats: int,
@@ -97,6 +85,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         wrapped: Any = sized_and_tagged
         wrapped.name, wrapped.arms, wrapped.repeated = name, arms, repeated
         REGISTERED[name] = wrapped
+        budget.held_part(name)
         return wrapped
 
     return named

@@ -231,9 +231,7 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     options.setdefault("warmup_steps", preset.exercise_warmup_steps)
     b = budget.active()
     part = f"{t.notebook if t else b.notebook}:exercise" if b else None
-    from .comparisons import share_of  # here: fastlab.comparisons imports this module (its exercise parts)
-
-    share = share_of(part) if part else None
+    share = budget.share_of(part) if part else None
     with budget.within(part, None, share) if part else contextlib.nullcontext():  # held to its share of the budget
         result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []

@@ -111,6 +111,7 @@ def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch,
     finally:
         for name in ("99_test_notebook:first", "99_test_notebook:second"):
             comparisons.REGISTERED.pop(name, None)
+            budget.HELD_PARTS.remove(name)
 
 
 def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, monkeypatch):

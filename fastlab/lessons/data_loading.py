@@ -67,8 +67,12 @@ def sweep_counts(base: TrainConfig, cpu_count: int | None = None, say: bool = Fa
         per_run = math.inf
     else:  # this machine now: its calibrated step (the load included), each run at its fewest steps
         fewest = max(base.windows, int(sizing.get("min_steps", base.steps)))
-        per_run = budget.run_seconds(calibrate(base).step_seconds, fewest, base.warmup_steps,
-                                     -(-base.eval_images // base.batch_size))
+        try:
+            step = calibrate(base).step_seconds
+        except ValueError:  # a profile this machine will not run (gpu's on a CPU): the profile's run time
+            step = None
+        per_run = (budget.run_seconds(step, fewest, base.warmup_steps, -(-base.eval_images // base.batch_size))
+                   if step else budget.RUN_OVERHEAD_SECONDS + sizing["run_seconds"])
 
     def sweep_seconds(kept: list[int]) -> float:
         return sum(repeats * (per_run + n * WORKER_START_SECONDS) for n in kept)
