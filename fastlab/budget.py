@@ -1,9 +1,10 @@
 """A notebook's time budget: started by its first cell (tools.timings.begin_notebook), a quarter kept for the cells'
 own runs and the rest split among the notebook's comparisons before each starts (fewer timed steps, then fewer repeats, each cut said in one line), and held by
 refusing to start a part's run once its share, or the whole budget, is spent. A notebook's parts that are not sized comparisons (an
-exercise's check, a time-to-accuracy ladder, torchrun launches: declared with held_part) take their share of the split
-too and are refused the same way. So no part runs past the budget by more than its longest single run; a cell's own
-single runs are not cut (its code formats their figures). Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
+exercise's check, a time-to-accuracy ladder, torchrun launches: declared with part) take their share of the split
+too and are refused the same way. So no part runs past the budget by more than its longest single run. A cell's own
+single run is never refused (its code formats its figures): once the budget is spent it is cut to a short run
+(own_run_cut). Profiles with fixed steps (smoke, custom) have none: nothing is cut there."""
 
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ class NotebookBudget:
     seconds: float
     started: float
     clock: Callable[[], float] = time.monotonic
-    comparisons_done: set[str] = field(default_factory=set)
+    parts_done: set[str] = field(default_factory=set)
     repeats_cap: int | None = None  # fewer interleaved repeats for the comparison running now
     running: str | None = None  # the registered comparison running now: only its runs are refused
     part_ends: float | None = None  # on `clock`, when the running part's share is spent (None: no share of its own)
     part_share: float = 0.0
-    said: set[str] = field(default_factory=set)  # whose refusal was said: the budget's ("") or a part's (its name)
+    said: set[str] = field(default_factory=set)  # what was said: the budget's refusal (""), a part's (its name), the own runs' cut
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -53,28 +54,33 @@ class NotebookBudget:
 
 
 _ACTIVE: NotebookBudget | None = None
-HELD_PARTS: list[str] = []  # "NN_notebook:what" of every part of a notebook's budget: its comparisons and held parts
+PARTS: dict[str, list[str]] = {}  # notebook -> the parts its budget is split among ("NN_notebook:what" each)
 
 
-def held_part(name: str) -> str:
-    """Declare `name` ("09_all_together:time_to_accuracy") a part of its notebook's budget (fastlab.comparisons
-    declares each registered comparison): it takes its share of the split (share_of), and its runs, started inside
-    within(name, ...), are refused once its share or the budget is spent. Returns the name."""
+def part(name: str, notebook: str | None = None) -> str:
+    """Declare `name` ("09_all_together:time_to_accuracy") a part of `notebook`'s budget (default: the notebook its
+    name starts with; another when that notebook calls it too). fastlab.comparisons declares each registered
+    comparison, fastlab.exercise each exercise's check. A part takes its share of the split (share_of), and its runs,
+    started inside within(name, ...), are refused once its share or the budget is spent. Returns the name."""
     if ":" not in name:
-        raise ValueError(f"held_part: names look like 'NN_notebook:what', got {name!r}")
-    if name not in HELD_PARTS:
-        HELD_PARTS.append(name)
+        raise ValueError(f"part: names look like 'NN_notebook:what', got {name!r}")
+    parts = PARTS.setdefault(notebook or name.split(":", 1)[0], [])
+    if name not in parts:
+        parts.append(name)
     return name
 
 
 def parts_of(notebook: str) -> list[str]:
-    """The parts `notebook`'s budget is split among: its registered comparisons and its held parts."""
-    return [n for n in HELD_PARTS if n.split(":", 1)[0] == notebook]
+    """The parts `notebook`'s budget is split among: its registered comparisons, its held parts, and the parts of
+    other notebooks it calls (declared with part(name, notebook))."""
+    return list(PARTS.get(notebook, ()))
 
 
 def share_of(name: str) -> float | None:
-    """Seconds of the notebook's remaining budget for the part `name` (None: no budget, or another notebook's)."""
-    return share_for(name, parts_of(name.split(":", 1)[0]))
+    """Seconds of the running notebook's remaining budget for the part `name` (None: no budget, or a part the
+    running notebook did not declare)."""
+    b = _ACTIVE
+    return None if b is None else share_for(name, parts_of(b.notebook))
 
 
 def start(notebook: str, profile: str, seconds: float | None,
@@ -110,6 +116,23 @@ def refusal(label: str) -> str | None:
         return (f"not started: the share of {b.describe()} for {b.running} ({duration(b.part_share)}) was spent, "
                 f"the rest kept for the notebook's other parts")
     return None
+
+
+def own_run_cut(label: str) -> str | None:
+    """Why a cell's own run `label` (not a part's, not another thread's) is cut to a short run
+    (config.demonstration_config): the notebook's budget is spent. None: not cut. The first cut of a budget says so
+    in one line (printed here); the runs after it carry the reason in their results."""
+    b = _ACTIVE
+    if (b is None or b.running is not None or threading.current_thread() is not threading.main_thread()
+            or not b.spent()):
+        return None
+    reason = f"cut to a short run: {b.describe()} was spent after {duration(b.elapsed())}"
+    if "own runs" not in b.said:
+        b.said.add("own runs")
+        print(f"budget: '{label}' is {reason}, and so is every later run of this notebook's cells (one warm-up step, "
+              "a few timed steps and a few held-out images: its figures rest on those; run the first cell again for "
+              "a new budget)", flush=True)
+    return reason
 
 
 def say_refusal(label: str, reason: str) -> str | None:
@@ -183,11 +206,11 @@ def fit(share: float, *, runs_per_repeat: int, repeats: int, steps: int, fewest_
 def share_for(name: str, parts: Collection[str]) -> float | None:
     """Seconds of the remaining budget, less OWN_RUNS_SHARE of the whole kept for the cells' own runs, for the part
     `name`: an even split among the notebook's `parts` (its registered comparisons and held parts) not yet run, `name`
-    included (None without a budget, or for another notebook's part)."""
+    included (None without a budget, or for a part not among `parts`)."""
     b = _ACTIVE
-    if b is None or not name.startswith(b.notebook + ":"):
+    if b is None or name not in parts:
         return None
-    left = len({*parts, name} - (b.comparisons_done - {name}))
+    left = len({*parts, name} - (b.parts_done - {name}))
     return max(0.0, b.remaining() - OWN_RUNS_SHARE * b.seconds) / left
 
 
@@ -205,7 +228,7 @@ def within(name: str, repeats: int | None, share: float | None = None) -> Iterat
         yield
     finally:
         b.repeats_cap, b.running, b.part_ends = None, None, None
-        b.comparisons_done.add(name)
+        b.parts_done.add(name)
 
 
 def scaled_estimate(measured_seconds: float, measured_step: float, here_step: float,

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import budget, exercise  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
+from . import budget
 from .calibration import sized
 from .config import TrainConfig, comparison_repeats, config_for, time_sizing
 from .results import RunResult
@@ -32,14 +32,11 @@ class NamedComparison(Protocol):
 REGISTERED: dict[str, NamedComparison] = {}  # every comparison by name: a notebook's share its budget among them
 
 
-parts_of, share_of = budget.parts_of, budget.share_of  # the split among a notebook's parts (fastlab.budget)
-
-
 def fit_to_budget(name: str, base: TrainConfig, runs_per_repeat: int, repeats: int,
                   calibration: dict[str, Any]) -> tuple[TrainConfig, int | None]:
     """`base` with the timed steps, and the repeats (None: not cut), that fit the comparison's share of the
     notebook's budget (fastlab.budget); each cut is said in one line."""
-    share = share_of(name)
+    share = budget.share_of(name)
     sizing = time_sizing(base.profile)
     if share is None or sizing is None:
         return base, None
@@ -68,7 +65,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         def sized_and_tagged(base: TrainConfig | None = None, progress: bool = True,
                              **options: Any) -> list[RunResult]:
             base, calibration, cap = base or config_for(), None, None
-            share = share_of(name)
+            share = budget.share_of(name)
             if arms is not None:
                 count, repeats = max(1, arms(base) if callable(arms) else arms), comparison_repeats(base)
                 base, calibration = sized(base, count * (repeats if repeated else 1))
@@ -85,7 +82,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
         wrapped: Any = sized_and_tagged
         wrapped.name, wrapped.arms, wrapped.repeated = name, arms, repeated
         REGISTERED[name] = wrapped
-        budget.held_part(name)
+        budget.part(name)
         return wrapped
 
     return named

@@ -459,7 +459,8 @@ def plan_arm(baseline: TrainConfig, arm: TrainConfig, device: torch.device | str
 
 
 def demonstration_config(arm: TrainConfig) -> TrainConfig:
-    """A trap's demonstration: one warm-up step, DEMONSTRATION_STEPS timed (or DEMONSTRATION_SECONDS), few images."""
+    """A short run: one warm-up step, DEMONSTRATION_STEPS timed (or DEMONSTRATION_SECONDS), few held-out images. A
+    trap's demonstration, and a cell's own run once its notebook's budget is spent (fastlab.budget.own_run_cut)."""
     budget = min(arm.max_seconds, DEMONSTRATION_SECONDS) if arm.max_seconds else DEMONSTRATION_SECONDS
     return arm.replace(warmup_steps=1, steps=DEMONSTRATION_STEPS, windows=1, max_seconds=budget,
                        eval_images=min(arm.eval_images, arm.batch_size, DEMONSTRATION_EVAL_IMAGES))

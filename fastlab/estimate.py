@@ -124,7 +124,7 @@ def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTi
     """The comparison `name`'s estimated seconds within `share`, and how it was estimated."""
     from .comparisons import REGISTERED
 
-    if name not in REGISTERED:  # a held part (fastlab.budget.held_part): an exercise's check, TTA, torchrun launches
+    if name not in REGISTERED:  # a held part (fastlab.budget.part): an exercise's check, TTA, torchrun launches
         return share, "a held part, not sized by time, no reference run: its whole share of the budget"
     compared, sizing = REGISTERED[name], time_sizing(base.profile)
     cal, wall, where = steps.for_config(name, base)
@@ -151,8 +151,9 @@ def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTi
 
 def estimate_notebooks(profile: str = "gpu", steps: StepTimes | None = None) -> list[NotebookEstimate]:
     """Each notebook's estimated fast-version seconds on the reference GPU ([] where the profile has fixed steps)."""
-    from . import lessons
-    from .comparisons import REGISTERED, parts_of
+    from . import exercise, lessons  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
+    from .budget import parts_of
+    from .comparisons import REGISTERED
 
     for module in pkgutil.iter_modules(lessons.__path__):  # every lesson: their comparisons register
         importlib.import_module(f"{lessons.__name__}.{module.name}")

@@ -9,7 +9,6 @@ measures both in turns with fastlab.watch: the technique is read from what the w
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
 import os
 import textwrap
@@ -151,7 +150,7 @@ TECHNIQUES: dict[str, Technique] = {
         lambda f, g: f["recomputed"] > 0, lambda f: f"{f['recomputed']} forwards recomputed in backward",
         quantity="memory"),
 }
-EXERCISE_PARTS = [budget.held_part(f"{t.notebook}:exercise") for t in TECHNIQUES.values()]  # one per notebook
+EXERCISE_PARTS = [budget.part(f"{t.notebook}:exercise") for t in TECHNIQUES.values()]  # one per notebook
 
 
 def brief(technique: str, *, trap: str | None = None, helps: str = "") -> str:
@@ -230,9 +229,8 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     options.setdefault("window_steps", preset.exercise_window_steps)
     options.setdefault("warmup_steps", preset.exercise_warmup_steps)
     b = budget.active()
-    part = f"{t.notebook if t else b.notebook}:exercise" if b else None
-    share = budget.share_of(part) if part else None
-    with budget.within(part, None, share) if part else contextlib.nullcontext():  # held to its share of the budget
+    part = f"{t.notebook if t else b.notebook}:exercise" if b else ""  # (no budget: within and share_of do nothing)
+    with budget.within(part, None, budget.share_of(part)):  # held to its share of the notebook's budget
         result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []
     if result.outcome == "not run":  # the notebook's budget was spent: nothing of the loops was seen

@@ -156,9 +156,11 @@ class RunResult:
                                                              str(self.error) else "")
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
+        short = self.extras.get("budget", "")
+        short = f", a short run: {short}" if str(short).startswith("cut to a short run") else ""
         if not self.window_throughput:
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
-                    f"({self.error or 'stopped early'}; {step_time(self)}), {data}")
+                    f"({self.error or 'stopped early'}; {step_time(self)}), {data}{short}")
         t, wait, copy = self.throughput, self.data_wait_fraction(), self.copy_fraction()  # NaN: not measured
         split = f"data wait {'not measured' if wait != wait else f'{wait:.0%}'}"
         split += "" if copy != copy else f", copy to device {copy:.0%}"
@@ -173,7 +175,7 @@ class RunResult:
             parts.append(f"TIME LIMITED: {self.error}")
         if self.status == "diverged":
             parts.insert(1, f"DIVERGED: {self.error} (speed not credited)")
-        return ", ".join(parts)
+        return ", ".join(parts) + short
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

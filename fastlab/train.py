@@ -39,9 +39,15 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
     stop: set it (from another thread) to end the run early; the result is marked interrupted.
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
     Out-of-memory, Ctrl-C, config.max_seconds and divergence end the run marked failed, interrupted, time_limited
-    or diverged, keeping the steps it finished.
+    or diverged, keeping the steps it finished. Once the notebook's budget is spent, a cell's own run is cut to a
+    short run (fastlab.budget.own_run_cut): its result's extras["budget"] says why.
     """
-    return _run(TrainingRun(config, label, model, dataset, progress, stop, on_step), comparison)
+    cut = budget.own_run_cut(label)
+    result = _run(TrainingRun(config if cut is None else demonstration_config(config), label, model, dataset,
+                              progress, stop, on_step), comparison)
+    if cut is not None:
+        result.extras["budget"] = cut
+    return result
 
 
 def _run(training: TrainingRun, comparison: str | None = None, cold_compile_caches: bool = False) -> RunResult:

@@ -8,7 +8,7 @@ import threading
 import fastlab
 from fastlab import budget, comparisons, train
 from fastlab.calibration import Calibration
-from fastlab.config import comparison_repeats, config_for
+from fastlab.config import comparison_repeats, config_for, demonstration_config
 from fastlab.results import RunResult
 from fastlab.tools import timings
 
@@ -103,7 +103,7 @@ def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch,
         assert line.startswith("99_test_notebook:first: budget: this comparison's share is 75 s")
         assert seen["steps"] < 40 and seen["repeats"] < comparison_repeats(base)
         assert comparison_repeats(base) == 2  # the cap holds only while that comparison runs
-        assert budget.active().comparisons_done == {"99_test_notebook:first"}
+        assert budget.active().parts_done == {"99_test_notebook:first"}
         seen.clear()
         budget.stop()
         first(base, progress=False)  # no budget (smoke, custom): nothing cut, nothing said
@@ -111,7 +111,7 @@ def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch,
     finally:
         for name in ("99_test_notebook:first", "99_test_notebook:second"):
             comparisons.REGISTERED.pop(name, None)
-            budget.HELD_PARTS.remove(name)
+            budget.PARTS[name.split(":")[0]].remove(name)
 
 
 def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, monkeypatch):
@@ -136,28 +136,68 @@ def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, m
 
 def test_a_held_part_takes_its_share_of_the_split():
     clock = Clock()
-    name = budget.held_part("99_test_notebook:exercise")
+    name = budget.part("99_test_notebook:exercise")
     try:
         budget.start("99_test_notebook", "cpu", 120.0, clock)
-        assert comparisons.parts_of("99_test_notebook") == [name]
-        assert comparisons.share_of(name) == 90.0  # alone: the whole budget but the cells' own runs' quarter
+        assert budget.parts_of("99_test_notebook") == [name]
+        assert budget.share_of(name) == 90.0  # alone: the whole budget but the cells' own runs' quarter
         with budget.within("99_test_notebook:other", None):
             pass
         clock.now += 30.0
-        assert comparisons.share_of(name) == 60.0  # what is left; a part that ran is not counted again
-        assert comparisons.share_of("98_another:exercise") is None  # another notebook's part: no share here
+        assert budget.share_of(name) == 60.0  # what is left; a part that ran is not counted again
+        assert budget.share_of("98_another:exercise") is None  # another notebook's part: no share here
     finally:
-        budget.HELD_PARTS.remove(name)
+        budget.PARTS[name.split(":")[0]].remove(name)
 
 
-def test_every_exercise_is_a_held_part_of_its_own_notebook():
+def test_a_part_another_notebook_calls_takes_a_share_of_that_notebooks_budget_too():
+    clock = Clock()
+    borrowed = budget.part("98_another:comparison", notebook="99_test_notebook")
+    own = budget.part("99_test_notebook:own")
+    try:
+        budget.start("99_test_notebook", "cpu", 120.0, clock)
+        assert budget.parts_of("99_test_notebook") == [borrowed, own]
+        assert budget.share_of(borrowed) == 45.0  # 90 s for the parts, split in two
+        assert borrowed not in budget.parts_of("98_another")  # declared for 99 only: 98 declares its own
+        budget.start("98_another", "cpu", 120.0, clock)
+        assert budget.share_of(borrowed) is None
+    finally:
+        budget.PARTS.pop("98_another", None)
+        budget.PARTS["99_test_notebook"].clear()
+
+
+def test_a_cells_own_run_is_cut_to_a_short_run_once_the_budget_is_spent(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(train, "_run", lambda training, comparison=None: ran.append(training.cfg) or training.result)
+    base = config_for("smoke").replace(steps=40, warmup_steps=5, max_seconds=45.0, eval_images=256)
+    clock = Clock()
+    budget.start("99_test_notebook", "cpu", 60.0, clock)
+    first = train.run(base, label="before")
+    assert ran[-1] == base and "budget" not in first.extras  # within the budget: the run as written
+    clock.now += 61.0
+    cut = train.run(base, label="after")
+    line = capsys.readouterr().out
+    assert ran[-1] == demonstration_config(base) and ran[-1].steps < base.steps and ran[-1].eval_images < 256
+    assert line.startswith("budget: 'after' is cut to a short run: notebook 99_test_notebook's budget of 60 s")
+    assert cut.extras["budget"].startswith("cut to a short run") and "a short run: cut to" in cut.summary()
+    train.run(base, label="again")
+    assert ran[-1] == demonstration_config(base) and capsys.readouterr().out == ""  # said once
+    with budget.within("99_test_notebook:part", None):  # a part's run is refused, never cut (its caller says so)
+        assert budget.own_run_cut("in a part") is None
+    other = threading.Thread(target=lambda: train.run(base, label="panel"))  # a panel's Run button: never cut
+    other.start()
+    other.join()
+    assert ran[-1] == base
+
+
+def test_every_exercise_is_a_part_of_its_own_notebook():
     from pathlib import Path
 
     from fastlab import exercise
 
     notebooks = {p.stem: p.read_text() for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")}
     for technique, t in exercise.TECHNIQUES.items():
-        assert f"{t.notebook}:exercise" in budget.HELD_PARTS
+        assert f"{t.notebook}:exercise" in budget.parts_of(t.notebook)
         assert f'technique=\\"{technique}\\"' in notebooks[t.notebook], (technique, t.notebook)
 
 
@@ -186,7 +226,7 @@ def test_an_exercise_check_is_not_started_once_the_budget_is_spent(capsys):
     assert calls == [] and result.outcome == "not run"
     assert out[0].startswith("budget: 'run (as given) #1' not started: notebook 05_no_grad_detach_item's budget")
     assert "did not run" in out[-1] and "images/s" in out[-1]
-    assert budget.active().comparisons_done == {"05_no_grad_detach_item:exercise"}
+    assert budget.active().parts_done == {"05_no_grad_detach_item:exercise"}
 
 
 def test_compare_loops_stops_its_turns_at_the_budget_past_it_by_at_most_one_run(capsys):
@@ -219,7 +259,7 @@ def test_the_ddp_demo_fits_its_runs_to_its_share(capsys):
     assert ddp.fit_to_budget(cfg, runs=4, launches=2) == cfg  # no budget: the profile's max_seconds
     clock = Clock()
     budget.start("11_multi_gpu_ddp", "cpu", 240.0, clock)
-    share = comparisons.share_of(ddp.NAME)
+    share = budget.share_of(ddp.NAME)
     assert share < 240.0  # the exercise is a part of the notebook too
     cut = ddp.fit_to_budget(cfg, runs=4, launches=2)
     expected = max(ddp.FEWEST_TIMED_SECONDS, (share - 2 * ddp.LAUNCH_OVERHEAD_SECONDS) / 4)
@@ -250,7 +290,7 @@ def test_the_worker_sweep_leaves_out_its_most_oversubscribed_counts_to_fit_its_s
     budget.start("01_data_loading", "cpu", 4000.0, clock)
     assert data_loading.sweep_counts(base, 2, say=True) == data_loading.worker_counts(2)  # a share that fits them
     assert capsys.readouterr().out == ""
-    assert len(comparisons.parts_of("01_data_loading")) == 4  # three comparisons and the exercise
+    assert len(budget.parts_of("01_data_loading")) == 4  # three comparisons and the exercise
     clock.now += 4000.0 - (1000.0 + 4 * 40.0)  # 40 s left for each part, beside the cells' own runs' quarter
     counts = data_loading.sweep_counts(base, 2, say=True)
     assert counts[:3] == [0, 1, 2] and len(counts) < len(data_loading.worker_counts(2))  # the cores always run

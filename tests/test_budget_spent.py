@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 from notebook_tools import run_under_nbval
 
-import fastlab.exercise  # noqa: F401  (declares each notebook's exercise a held part)
+import fastlab.exercise  # noqa: F401  (declares each notebook's exercise a part of its budget)
 import fastlab.lessons
-from fastlab.budget import HELD_PARTS
+from fastlab.budget import parts_of
 from fastlab.comparisons import REGISTERED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,8 @@ def spent_env(log: Path) -> dict[str, str]:
 
 
 def refused(log: Path) -> list[tuple[str, str, str]]:
-    """(comparison, run's label, reason) of each refusal the log recorded."""
+    """(comparison, run's label, reason) of each refusal the log recorded, and ("(own run)", label, reason) of each cell's
+    own run cut short."""
     lines = log.read_text().splitlines() if log.exists() else []
     return [tuple(line.split("\t", 2)) for line in lines]
 
@@ -67,7 +68,8 @@ def test_the_notebooks_call_registered_comparisons():
 
 
 def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
-    """Under tests/budget_site a registered comparison's run is refused and logged; a single run is not."""
+    """Under tests/budget_site a registered comparison's run is refused and logged; a single run is cut short, and
+    logged."""
     log = tmp_path / "refused.log"
     script = ("from fastlab import budget, config, train\n"
               "from fastlab.tools.timings import begin_notebook\n"
@@ -80,8 +82,9 @@ def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=spent_env(log), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "time_limited not started\nok\n" in r.stdout, r.stdout
-    assert [(c, label) for c, label, _ in refused(log)] == [("00_start_here:probe", "refused")]
+    assert r.stdout.splitlines()[-1] == "ok" and "time_limited not started\n" in r.stdout, r.stdout
+    assert [(c, label) for c, label, _ in refused(log)] == [("00_start_here:probe", "refused"), ("(own run)", "single")]
+    assert "budget: 'single' is cut to a short run" in r.stdout
 
 
 @pytest.mark.slow  # each notebook runs whole under nbval: 2-5 min each on a 2-core CPU at load 10-40 (09: 14 min)
@@ -91,13 +94,17 @@ def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_the_notebook_runs_with_its_budget_spent(name, profile, tmp_path):
     """The notebook runs whole under nbval with every registered comparison's and held part's runs refused, its
-    exercise's check and every comparison its cells call among them (a notebook that calls none may refuse nothing: it runs whole all the same)."""
+    exercise's check and every comparison its cells call among them (a notebook that calls none may refuse nothing:
+    it runs whole all the same), and its cells' own runs cut short."""
     log = tmp_path / "refused.log"
     r = run_under_nbval(name, {"FASTLAB_PROFILE": profile, "FASTLAB_BUDGET_LOG": str(log)}, BUDGET_SITE)
     assert r.returncode == 0, f"{name} fails under {profile} with its budget spent:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
     calls = called_by(name)  # imports every lesson first, so REGISTERED holds every comparison
-    comparisons = {c for c, _, _ in refused(log)}
-    held = {p for p in HELD_PARTS if p.startswith(name.removesuffix(".ipynb") + ":")}
+    comparisons = {c for c, _, _ in refused(log) if c != "(own run)"}
+    cut = [label for c, label, _ in refused(log) if c == "(own run)"]
+    if "fastlab.run(" in (ROOT / "notebooks" / name).read_text():
+        assert cut, f"{name}: its cells' own runs were not cut short with the budget spent"
+    held = set(parts_of(name.removesuffix(".ipynb")))
     assert comparisons <= set(REGISTERED) | held, f"{name}: refused runs outside its budget's parts: {comparisons}"
     exercise = {p for p in held if p.endswith(":exercise")}
     assert exercise <= comparisons, f"{name}: its exercise's check ran with the budget spent"

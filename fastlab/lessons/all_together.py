@@ -10,7 +10,7 @@ from .. import budget
 from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
 from ..claims import Finding, verdict_conditions, verdict_speedup
-from ..comparisons import comparison, share_of
+from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, thorough
 from ..measure import Spread, bf16_supported, device_name, resolve_device
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_verdict
@@ -20,7 +20,7 @@ from ..train import interleave, run
 from ..verdicts import ratio_of, uncredited, verdict
 
 NAME = "09_all_together:ladder"
-TTA_PART = budget.held_part(f"{NAME}:time_to_accuracy")  # a part of the notebook's budget (run_tta)
+TTA_PART = budget.part(f"{NAME}:time_to_accuracy")  # a part of the notebook's budget (run_tta)
 
 def compile_skip(base: TrainConfig) -> str | None:
     """Why base's profile skips torch.compile here (Profile.skip_compile: smoke, gpu-dry), or None where it runs."""
@@ -180,7 +180,7 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
     """Time to accuracy of tta_rung_names over tta_seeds(base), with each rung's config; all-no-op rungs skipped."""
-    with budget.within(TTA_PART, None, share_of(TTA_PART)):  # its runs are held to its share of the budget
+    with budget.within(TTA_PART, None, budget.share_of(TTA_PART)):  # its runs are held to its share of the budget
         return _run_tta(results, base, progress)
 
 

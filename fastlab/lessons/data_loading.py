@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import budget, claims
 from ..calibration import calibrate
 from ..claims import Finding
-from ..comparisons import comparison, share_of
+from ..comparisons import comparison
 from ..config import TrainConfig, comparison_repeats, time_sizing
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
@@ -56,7 +56,7 @@ def sweep_counts(base: TrainConfig, cpu_count: int | None = None, say: bool = Fa
     fewest steps. The counts up to the cores always run; with neither limit, all of them. say: print the cut."""
     counts = worker_counts(usable_cpu_count() if cpu_count is None else cpu_count)
     sizing = time_sizing(base.profile) or {}
-    share = share_of(SWEEP)
+    share = budget.share_of(SWEEP)
     limits = [s for s in (sizing.get("sweep_seconds"), share) if s is not None]
     if not limits:
         return counts

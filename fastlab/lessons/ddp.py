@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import budget
-from ..comparisons import comparison, share_of
+from ..comparisons import comparison
 from ..config import TrainConfig, config_for, positive_int
 from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, run_ddp
 from ..measure import Spread
@@ -160,7 +160,7 @@ def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUN
 def fit_to_budget(cfg: TrainConfig, runs: int, launches: int) -> TrainConfig:
     """cfg with each run's timed steps stopped at its share of the notebook's budget (fastlab.budget), never below
     FEWEST_TIMED_SECONDS; the cut said in one line. Unchanged without a budget or where the share is enough."""
-    share = share_of(NAME)
+    share = budget.share_of(NAME)
     if share is None:
         return cfg
     per_run = max(FEWEST_TIMED_SECONDS, (share - launches * LAUNCH_OVERHEAD_SECONDS) / runs)

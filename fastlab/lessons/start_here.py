@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from .. import budget
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..results import RunResult
 from ..train import interleave
 
 NAME = "00_start_here:same_twice"
+# 00 shows notebook 08's naive-against-tuned step anatomy too: a part of 00's budget as well as 08's
+NAIVE_VS_TUNED = budget.part("08_profiling:naive_vs_tuned", notebook="00_start_here")
 
 
 @comparison(NAME, arms=2)

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import budget
+from .. import budget, exercise  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
 from ..files import write_json
 
 TIMINGS_VERSION = 1

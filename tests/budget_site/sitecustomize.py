@@ -4,10 +4,11 @@ notebook's time budget (fastlab.budget) ran out, on the smoke profile (which has
 Python imports `sitecustomize` at startup from its import path, so with this folder on PYTHONPATH every process
 started with that environment begins here: pytest, and the notebook's kernel. Once `fastlab.budget` is imported, its
 `start` gives a notebook without a budget (smoke's None) one of 0 s, so every run of a registered comparison is refused
-(`budget.refusal`), as it is on a loaded machine once the budget is spent; a cell's own single runs still run.
+(`budget.refusal`), and every cell's own single run is cut to a short run (`budget.own_run_cut`), as they are on a
+loaded machine once the budget is spent.
 
-With FASTLAB_BUDGET_LOG naming a file, every refusal appends `<comparison>\t<label>\t<reason>` to it, so a test can
-see that runs really were refused, and of which comparison, not just asked to be.
+With FASTLAB_BUDGET_LOG naming a file, every refusal appends `<comparison>\t<label>\t<reason>` to it, and every cut
+`(own run)\t<label>\t<reason>`, so a test can see that runs really were refused or cut, and which, not just asked to be.
 """
 
 import importlib.abc
@@ -18,20 +19,24 @@ import sys
 
 def _spend(budget) -> None:
     """Patch the module `budget` (fastlab.budget): a budget of 0 s where there was none, and each refusal logged."""
-    start, refusal = budget.start, budget.refusal
+    start, refusal, own_run_cut = budget.start, budget.refusal, budget.own_run_cut
 
     def start_spent(notebook, profile, seconds, *args, **kwargs):
         return start(notebook, profile, 0.0 if seconds is None else seconds, *args, **kwargs)
 
-    def refusal_logged(label):
-        reason = refusal(label)
-        log = os.environ.get("FASTLAB_BUDGET_LOG")
-        if reason is not None and log:
-            with open(log, "a") as f:
-                f.write(f"{budget.active().running}\t{label}\t{reason}\n")
-        return reason
+    def logged(check, whose):
+        def check_logged(label):
+            reason = check(label)
+            log = os.environ.get("FASTLAB_BUDGET_LOG")
+            if reason is not None and log:
+                with open(log, "a") as f:
+                    f.write(f"{whose()}\t{label}\t{reason}\n")
+            return reason
+        return check_logged
 
-    budget.start, budget.refusal = start_spent, refusal_logged
+    budget.start = start_spent
+    budget.refusal = logged(refusal, lambda: budget.active().running)
+    budget.own_run_cut = logged(own_run_cut, lambda: "(own run)")
 
 
 class _PatchBudget(importlib.abc.MetaPathFinder):
