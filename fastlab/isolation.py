@@ -39,7 +39,7 @@ STOP_GRACE_SECONDS = 30.0  # after a stop, a run's process that sends nothing fo
 BUDGET_GRACE_SECONDS = 3.0  # a step still running this long past the run's time budget is ended mid-step
 # A loader that sends no batch for max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step) has hung: the
 # floor leaves room for an epoch's workers to start on a loaded machine (each imports torch), the multiple for a slow
-# step's data.
+# step's data. A paused block (the held-out evaluation) gets the multiple for each of its held-out batches.
 DATA_WAIT_FLOOR_SECONDS = 120.0
 DATA_WAIT_STEPS = 20
 STREAMED = ("step_seconds", "data_wait_seconds", "memory_trace_mb")  # per-step lists a child sends with each step
@@ -213,11 +213,14 @@ class BudgetClock:
 
 
 class DataWait:
-    """How long the run's loop has waited for its next batch, from the shared value its watch sets (Budget.waiting);
-    a wait past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far) is a hung loader."""
+    """How long the run's loop has waited for its next batch, or been inside a paused block (its held-out
+    evaluation), from the shared value its watch sets (Budget.waiting: when it began; negative for a paused block; 0
+    for neither). A wait past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far), or a paused
+    block past that for each held-out batch, is a hung loader."""
 
     def __init__(self, waiting: Any, cfg: Any) -> None:
         self.waiting, self.steps = waiting, []
+        self.eval_batches = max(1, -(-cfg.eval_images // cfg.batch_size))
         workers = cfg.num_workers if cfg.loader == "dataloader" else 0
         self.where = (f"on its DataLoader's {workers} worker processes" if workers else
                       "on its data in the run's own process (num_workers=0: the Dataset's __getitem__ or the loader)")
@@ -225,18 +228,26 @@ class DataWait:
     def step(self, facts: dict[str, Any]) -> None:
         self.steps.append(facts["step_seconds"])
 
+    def evaluating(self) -> bool:
+        return self.waiting.value < 0
+
     def bound(self) -> float:
         median = sorted(self.steps)[len(self.steps) // 2] if self.steps else 0.0
-        return max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS * median)
+        return max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS * median * (self.eval_batches if self.evaluating() else 1))
 
     def waited(self) -> float:
-        since = self.waiting.value
+        since = abs(self.waiting.value)
         return time.monotonic() - since if since > 0 else 0.0
 
     def hung(self) -> bool:
         return self.waited() > self.bound()
 
     def reason(self, done: int) -> str:
+        if self.evaluating():
+            return (f"its held-out evaluation (a paused block: `with w.paused()`) did not end in {self.waited():.0f} s "
+                    f"({self.eval_batches} held-out batches; the bound: {DATA_WAIT_FLOOR_SECONDS:g} s or "
+                    f"{DATA_WAIT_STEPS} x the median step for each, whichever is longer): its loader hung, so the run's "
+                    f"process and its workers were ended, keeping the {done} steps it finished")
         where = self.where if done else f"{self.where}, or for the items of the Dataset the run checks first"
         return (f"its loader sent no batch for {self.waited():.0f} s, waiting {where} (the bound: "
                 f"{DATA_WAIT_FLOOR_SECONDS:g} s or {DATA_WAIT_STEPS} x the median step, whichever is longer): the "

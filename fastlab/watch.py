@@ -454,10 +454,15 @@ class Watch:
         self._meter.reset()
         p = Pause()
         t = time.perf_counter()
+        waiting = self.budget.waiting if self.budget is not None else None
+        if waiting is not None:  # a hung evaluation is bounded as a hung loader is (negative: paused, not fetching)
+            waiting.value = -time.monotonic()
         try:
             with _sampling(self._meter):
                 yield p
         finally:
+            if waiting is not None:
+                waiting.value = 0.0
             self._sync()
             seconds = time.perf_counter() - t
             self._meter.sample()

@@ -301,6 +301,22 @@ def test_a_hung_loader_ends_the_run_failed_keeping_its_steps_and_leaving_no_proc
     assert {p.pid for p in _runs_under(os.getpid())} - before == set()  # the run's process and its workers are gone
 
 
+def test_a_held_out_evaluation_that_hangs_ends_the_run_failed_keeping_its_steps(quick, monkeypatch):
+    """The held-out evaluation runs inside the watch's paused block: a held-out Dataset that hangs there is bounded
+    as a hung loader is, and named as the evaluation."""
+    monkeypatch.setattr(isolation, "DATA_WAIT_FLOOR_SECONDS", 4.0)
+    before = {p.pid for p in _runs_under(os.getpid())}
+    cfg = quick.replace(loader="dataloader", num_workers=0, max_seconds=0.0)
+    held_out = isolation_probe.HangsAfter(after=len(sampled_indices(512)))  # the run's sample, then it blocks
+    t = time.monotonic()
+    r = fastlab.run(cfg, dataset=(isolation_probe.HangsAfter(), held_out), progress=False)
+    assert time.monotonic() - t < 120 and r.status == "failed", (r.status, r.error)
+    assert "its held-out evaluation (a paused block: `with w.paused()`) did not end in" in r.error, r.error
+    assert r.steps_done == cfg.warmup_steps + cfg.steps and r.eval_accuracy is None  # every step kept
+    time.sleep(1.0)
+    assert {p.pid for p in _runs_under(os.getpid())} - before == set()
+
+
 def test_a_caller_killed_by_sigterm_leaves_no_run_or_worker_behind():
     import psutil
 
