@@ -1,5 +1,5 @@
 """The harness around fastlab.training.train: data, the reader's model checked before any timing, the config as
-it runs here, and a watch under a Budget. A run ends with a status, never an exception."""
+it runs here, and a watch under its RunLimits (fastlab.run_limits). A run ends with a status, never an exception."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from .models import ModelArg
 from .models import build_model as build_named_model
 from .preflight import preflight
 from .results import RunResult
+from .run_limits import RunEnded, RunLimits
 from .training import train
-from .watch import Budget, RunEnded, Watch
+from .watch import Watch
 
 if TYPE_CHECKING:
     from .parallel import Parallel
@@ -88,13 +89,13 @@ class TrainingRun:
             if self.on_step is not None:
                 self.on_step(done, total)
 
-        budget = Budget(steps=cfg.steps, windows=cfg.windows, max_seconds=cfg.max_seconds, stops=tuple(self.stops),
-                        checkpoint_every=checkpoints.every if checkpoints else 0,
-                        target_accuracy=checkpoints.target if checkpoints else None,
-                        max_training_seconds=checkpoints.max_training_seconds if checkpoints else None,
-                        agree=par.agree if par else None, on_step=on_step, sample_parts=cfg.compile == "off",
-                        evaluate_after_trap=checkpoints is None, result=res, waiting=self.waiting)
-        w = Watch(res.label, device=dev, warmup_steps=cfg.warmup_steps, log_every=cfg.log_every, budget=budget)
+        limits = RunLimits(steps=cfg.steps, windows=cfg.windows, max_seconds=cfg.max_seconds, stops=tuple(self.stops),
+                           checkpoint_every=checkpoints.every if checkpoints else 0,
+                           target_accuracy=checkpoints.target if checkpoints else None,
+                           max_training_seconds=checkpoints.max_training_seconds if checkpoints else None,
+                           agree=par.agree if par else None, on_step=on_step, sample_parts=cfg.compile == "off",
+                           evaluate_after_trap=checkpoints is None, result=res, waiting=self.waiting)
+        w = Watch(res.label, device=dev, warmup_steps=cfg.warmup_steps, log_every=cfg.log_every, limits=limits)
         graphs = CudaGraphSkips() if cfg.compile != "off" and dev.type == "cuda" else contextlib.nullcontext()
         net = None
         try:

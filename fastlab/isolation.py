@@ -214,7 +214,7 @@ class BudgetClock:
 
 class DataWait:
     """How long the run's loop has waited for its next batch, or been inside a paused block (its held-out
-    evaluation), from the shared value its watch sets (Budget.waiting: when it began; negative for a paused block; 0
+    evaluation), from the shared value its watch sets (RunLimits.waiting: when it began; negative for a paused block; 0
     for neither). A wait past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far), or a paused
     block past that for each held-out batch, is a hung loader."""
 

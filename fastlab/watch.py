@@ -42,11 +42,12 @@ from typing import Any
 import torch
 
 from . import budget
-from .clocks import DivergenceWatch, window_ends
+from .clocks import DivergenceWatch
 from .config import positive_int
 from .loop_facts import FirstStepFacts
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .results import RunResult
+from .run_limits import RunLimits
 from .step_parts import StepParts
 from .verdicts import turns, verdict
 
@@ -273,32 +274,6 @@ def _sampling(meter: MemoryMeter, every_s: float = 0.002) -> Iterator[None]:
         thread.join()
 
 
-@dataclass
-class Budget:
-    """What fastlab.run's harness asks of the watch besides measuring: its timed windows, and when the loop must end
-    early (a stop event, max_seconds, divergence, an accuracy target reached, a training-time limit used up)."""
-
-    steps: int  # timed optimiser steps after the warm-up
-    windows: int  # split into this many timed windows (the last takes the remainder)
-    max_seconds: float = 0.0
-    stops: tuple[threading.Event, ...] = ()
-    checkpoint_every: int = 0  # the training function evaluates every so many steps (time to accuracy)
-    target_accuracy: float | None = None
-    max_training_seconds: float | None = None
-    agree: Callable[[bool], bool] | None = None  # data-parallel: every rank takes each stop decision together
-    on_step: Callable[[int, int], None] | None = None  # on_step(steps done, total steps)
-    sample_parts: bool = False  # time the copy, forward, backward and optimiser of warm-up steps 2.. (step_parts)
-    evaluate_after_trap: bool = True  # False: a diverged or time-limited run skips its held-out evaluation
-    result: RunResult | None = None  # the result to fill (the harness's: its config, label and environment stay)
-    # a shared value (multiprocessing RawValue "d") the run's parent reads: the monotonic time the loop began waiting
-    # for a batch, 0.0 while it is not waiting (fastlab.isolation ends a run whose loader hangs)
-    waiting: Any = None
-
-
-class RunEnded(Exception):
-    """Raised by w.paused() under a Budget once the run has ended in a way that skips evaluation."""
-
-
 @dataclass(slots=True)
 class Pause:
     """What `with w.paused() as p:` hands the block: set `p.accuracy = ...` for a held-out accuracy."""
@@ -308,12 +283,12 @@ class Pause:
 
 class Watch:
     """Measures a loop you wrote (see this module's docstring). config: what you know about the loop, e.g.
-    {"amp": "bf16", "lr": 1e-3}; budget: fastlab.run's own (a Budget)."""
+    {"amp": "bf16", "lr": 1e-3}; limits: fastlab.run's harness's own (fastlab.run_limits), never a reader's."""
 
     def __init__(self, label: str = "your loop", *, device: str | torch.device = "auto", warmup_steps: int = 3,
                  window_steps: int = 10, log_every: int = 10, sync_debug: bool = False, profile_steps: int = 0,
                  trace_dir: str | Path | None = None, config: dict[str, Any] | None = None, facts: bool = False,
-                 budget: Budget | None = None) -> None:
+                 limits: RunLimits | None = None) -> None:
         self.label = label
         self.device = _watch_device(device)
         self.warmup_steps = positive_int("fastlab.watch: warmup_steps", warmup_steps, 0)
@@ -324,7 +299,7 @@ class Watch:
         self.sync_debug = bool(sync_debug)
         self.trace_dir = trace_dir
         self.known = dict(config or {})  # what the reader tells about the loop (e.g. {"amp": "bf16"})
-        self.res = budget.result if budget is not None and budget.result is not None else RunResult({}, label=label)
+        self.res = limits.result if limits is not None and limits.result is not None else RunResult({}, label=label)
         self._loader: dict[str, Any] = {}
         self._finished = False
         self._thread: int | None = None  # the thread of the first touch (started): one watch, one loop, one thread
@@ -338,11 +313,11 @@ class Watch:
         self._last_loss: tuple[int, Any] | None = None  # the last step's: read at the end too
         self._last_step: Step | None = None
         self._in_step = False  # inside a `with w.step(...)`: a second one there would count each step twice
-        self.budget = budget
-        self._ends = window_ends(self.warmup_steps, budget.steps, budget.windows) if budget else {}
-        self._total = self.warmup_steps + budget.steps if budget else 0
-        self.divergence = DivergenceWatch(self.res, budget.agree if budget else None)
-        self._parts = StepParts(self.device, bool(budget and budget.sample_parts and self.warmup_steps >= 2))
+        self.limits = limits
+        self._ends = limits.ends(self.warmup_steps) if limits else set()
+        self._total = self.warmup_steps + limits.steps if limits else 0
+        self.divergence = DivergenceWatch(self.res, limits.agree if limits else None)
+        self._parts = StepParts(self.device, bool(limits and limits.sample_parts and self.warmup_steps >= 2))
         self._train_peak = 0.0  # the training peak before each evaluation (its own peak is kept apart)
         self._meter: MemoryMeter | None = None
         self._memory_steps: list[int] = []  # the step (0-based) of each memory sample
@@ -363,7 +338,6 @@ class Watch:
         self._profiled = False  # a step ran under torch.profiler (recorded with the facts)
         self._paused_blocks = 0
         self._steps_before_pause = -1  # steps done when the last w.paused() ended
-        self._stop: str | None = None  # under a Budget: why the loop must end ("interrupted", "reached", ...)
 
     def __call__(self, loader: Iterable) -> WatchedLoader:
         """Iterate `loader` as usual (each epoch); the time spent getting each batch is recorded as data wait."""
@@ -380,7 +354,7 @@ class Watch:
         self._check_open()
         config, data = loader_facts(loader)
         self._loader.update(config)
-        if self.budget is None:  # fastlab.run describes its data itself
+        if self.limits is None:  # fastlab.run describes its data itself
             self.res.dataset = data
 
     def _batches(self, loader: Iterable) -> Iterator:
@@ -391,7 +365,7 @@ class Watch:
         it = self._fetch(iter, loader)  # an epoch's start (DataLoader workers starting) is data wait too
         self._epochs.append(0)
         try:
-            while not self._must_stop():
+            while not (self.limits is not None and self.limits.must_stop(self.res)):
                 self._parts.fetch_started()
                 try:
                     batch = self._fetch(next, it)
@@ -409,7 +383,7 @@ class Watch:
     def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
         """get(source), booked as data wait: wall and process CPU time (so torch's intra-op threads count too)."""
         t, cpu = time.perf_counter(), time.process_time()
-        waiting = self.budget.waiting if self.budget is not None else None
+        waiting = self.limits.waiting if self.limits is not None else None
         if waiting is not None:
             waiting.value = time.monotonic()
         try:
@@ -444,9 +418,8 @@ class Watch:
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
         """Time inside is not the loop's; set `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy."""
-        if self.budget is not None and (self.res.status == "interrupted" or (
-                not self.budget.evaluate_after_trap and self.res.status in ("diverged", "time_limited"))):
-            raise RunEnded(self.res.status)
+        if self.limits is not None:
+            self.limits.check_pause(self.res)
         self._start()
         self._sync()
         self._paused_blocks += 1
@@ -454,7 +427,7 @@ class Watch:
         self._meter.reset()
         p = Pause()
         t = time.perf_counter()
-        waiting = self.budget.waiting if self.budget is not None else None
+        waiting = self.limits.waiting if self.limits is not None else None
         if waiting is not None:  # a hung evaluation is bounded as a hung loader is (negative: paused, not fetching)
             waiting.value = -time.monotonic()
         try:
@@ -473,16 +446,11 @@ class Watch:
             self._exclude(seconds)
 
     def _evaluated(self, accuracy: float, seconds: float, t: float) -> None:
-        """A held-out accuracy: the run's (the last one given), on its time-to-accuracy curve, maybe its target."""
-        res, budget = self.res, self.budget
-        every = budget.checkpoint_every if budget else 0
-        if every and self._steps % every == 0:  # a time-to-accuracy checkpoint: on the curve
-            training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
-            res.tta_curve.append([training, self._steps, float(accuracy)])
-            if budget.target_accuracy is None or accuracy < budget.target_accuracy:
-                return  # not reached: the run's accuracy is its final evaluation's
-            self._stop = "reached"
-        res.eval_accuracy, res.eval_seconds, res.eval_peak_memory_mb = float(accuracy), seconds, self._meter.peak()
+        """A held-out accuracy: the run's (the last one given), or under RunLimits a time-to-accuracy checkpoint."""
+        training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
+        if self.limits is None or self.limits.checkpoint(self.res, self._steps, accuracy, training):
+            self.res.eval_accuracy, self.res.eval_seconds = float(accuracy), seconds
+            self.res.eval_peak_memory_mb = self._meter.peak()
 
     def batch_ready(self) -> None:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
@@ -539,7 +507,7 @@ class Watch:
             if k % self.log_every == 0:
                 self._losses.append(self._last_loss)
         timed = k > self.untimed
-        if self.budget is not None:
+        if self.limits is not None:
             boundary = k == self.warmup_steps or k in self._ends
         else:
             boundary = k == self.warmup_steps or k == self.untimed or (
@@ -567,45 +535,15 @@ class Watch:
         if k == self.warmup_steps:
             self.res.warmup_seconds = t - self._t_start
             self._after_warmup()
-        if self.budget is not None:
-            self._budget_step(k, t, boundary)
+        if self.limits is not None:
+            if 2 <= k + 1 <= self.warmup_steps:
+                self._parts.begin()  # the next step is sampled
+            self.limits.after_step(self.res, k, self._total, boundary, timed=k > self.warmup_steps,
+                                   training_seconds=t - self._t_start - self._excluded,
+                                   timed_seconds=t - self._window_start + sum(sec for _, sec in self._windows))
         if k == self.untimed:
             self._stop_profiler()
             self._t_last = self._window_start = time.perf_counter()  # the analysis is not the loop's time
-
-    def _budget_step(self, k: int, t: float, boundary: bool) -> None:
-        """After step k: the next step sampled or not, the time limits, the caller's on_step."""
-        budget, res = self.budget, self.res
-        if 2 <= k + 1 <= self.warmup_steps:
-            self._parts.begin()
-        limit = budget.max_training_seconds
-        if limit and t - self._t_start - self._excluded > limit and self._stop is None:
-            res.error = (f"stopped after {t - self._t_start - self._excluded:.0f} s of training without reaching "
-                         f"the target (its budget: {limit:.0f} s)")
-            res.stopped_by = "max_training_seconds"  # a trap limit (outcomes.TrapLimits)
-            self._stop = "time_limited"
-        over = bool(budget.max_seconds) and self.warmup_steps < k < self._total and (
-            t - self._window_start + sum(sec for _, sec in self._windows) > budget.max_seconds)
-        if budget.agree is not None:  # every rank stops at the same step, or the others wait in the next all-reduce
-            over = boundary and k < self._total and budget.agree(over)
-        if over and self._stop is None:
-            res.stopped_by = "max_seconds"  # the harness's own budget: never a trap
-            res.error = f"stopped at its max_seconds={budget.max_seconds:g} budget after {k} steps"
-            self._stop = "time_limited"
-        if budget.on_step is not None:
-            budget.on_step(k, self._total)
-
-    def _must_stop(self) -> bool:
-        """Under a Budget: whether the loop must end before its next batch (the status says why)."""
-        if self.budget is None:
-            return False
-        if self._stop is None and any(e.is_set() for e in self.budget.stops):
-            self._stop = "interrupted"
-        if self._stop is None and self.res.status == "diverged":
-            self._stop = "diverged"
-        if self._stop in ("interrupted", "time_limited") and self.res.status in ("ok", "time_limited"):
-            self.res.status = self._stop
-        return self._stop is not None
 
     def _counted(self, n: int) -> int:
         """The images of this step: n, unless n is the key count of the dict batch just fetched (len(batch))."""
@@ -622,9 +560,9 @@ class Watch:
         return n
 
     def _memory_due(self, k: int, t: float, boundary: bool) -> bool:
-        """Sample memory this step? Always where it is cheap, in the first steps and under a Budget (fastlab.run's
+        """Sample memory this step? Always where it is cheap, in the first steps and under RunLimits (fastlab.run's
         results keep one sample per step); else once per MEMORY_EVERY_S."""
-        return (self._meter.kind != "process_rss" or self.budget is not None or boundary
+        return (self._meter.kind != "process_rss" or self.limits is not None or boundary
                 or k <= self.untimed + MEMORY_DENSE_STEPS or t - self._t_memory >= MEMORY_EVERY_S)
 
     def _start(self) -> None:
@@ -692,7 +630,7 @@ class Watch:
         self._sync()
         self._stop_profiler()
         res = self.res
-        if self._window_count and self.budget is None:  # under a Budget, steps after the last window stay untimed
+        if self._window_count and self.limits is None:  # under RunLimits, steps after the last window stay untimed
             self._close_partial_window()
         res.window_throughput = [images / seconds for images, seconds in self._windows]
         res.timed_seconds = sum(seconds for _, seconds in self._windows)
@@ -706,7 +644,7 @@ class Watch:
         trained_since_pause = self._steps > self._steps_before_pause  # not only evaluation since the last reset
         res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
         res.steps_done = self._steps
-        if self.budget is not None:  # the harness's run: its config, environment and data description stay
+        if self.limits is not None:  # the harness's run: its config, environment and data description stay
             res.window_seconds = [seconds for _, seconds in self._windows]
             self.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
             self._read_losses()

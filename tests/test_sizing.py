@@ -15,6 +15,7 @@ from fastlab import bench, calibration, config, measure
 from fastlab.config import config_for, plan_arm
 from fastlab.lessons import kernels, mixed_precision
 from fastlab.profiles import PROFILES
+from fastlab.run_limits import RunLimits
 from fastlab.train import interleave
 
 CPU = torch.device("cpu")
@@ -390,7 +391,7 @@ def test_calibration_on_a_cuda_clock_times_synchronised_steps_not_launches(monke
     def fake_run(cfg, label="run", progress=True):  # the watch fastlab.run measures with, on the pretend device
         res = RunResult(config=cfg.to_dict(), label=label, images_per_step=cfg.batch_size)
         w = watch.Watch(label, device=torch.device("cuda"), warmup_steps=cfg.warmup_steps,
-                        budget=watch.Budget(steps=cfg.steps, windows=cfg.windows, result=res))
+                        limits=RunLimits(steps=cfg.steps, windows=cfg.windows, result=res))
         for _ in range(cfg.warmup_steps + cfg.steps):
             gpu[0] = max(gpu[0], host[0]) + 0.030
             host[0] += 0.001
