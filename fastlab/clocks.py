@@ -29,6 +29,74 @@ def window_ends(warmup: int, steps: int, windows: int) -> dict[int, int]:
     return {end: end - start for start, end in zip([warmup, *ends], ends)}
 
 
+class StepClock:
+    """A loop's clock, read by its watch at each step's end (times passed in: the watch reads time.perf_counter):
+    each step's seconds since the last, the timed windows ([images, seconds] each), and the time left out of both
+    (between epochs, inside w.paused())."""
+
+    def __init__(self) -> None:
+        self.start = self.last = self.window_start = 0.0
+        self.window_images = self.window_steps = 0  # of the window open now
+        self.windows: list[list[float]] = []  # [images, seconds] of each closed window
+        self.excluded = 0.0
+
+    def begin(self, t: float) -> None:
+        self.start = self.last = self.window_start = t
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` just spent out of the step and window clocks."""
+        self.last += seconds
+        self.window_start += seconds
+        self.excluded += seconds
+
+    def step(self, t: float, images: int, timed: bool, boundary: bool) -> float:
+        """A step ended at t: its seconds since the last; a timed step counts into the open window, which a
+        boundary closes."""
+        seconds, self.last = t - self.last, t
+        if timed:
+            self.window_images += images
+            self.window_steps += 1
+            if boundary:
+                self.close_window(t)
+        return seconds
+
+    def close_window(self, t: float) -> None:
+        self.windows.append([self.window_images, t - self.window_start])
+        self.window_start, self.window_images, self.window_steps = t, 0, 0
+
+    def restart(self, t: float) -> None:
+        """The next step's and window's time start at t (what came before is not the loop's time)."""
+        self.last = self.window_start = t
+
+    def training_seconds(self, t: float) -> float:
+        """Wall time of the steps up to t, warm-up included, the left-out time not."""
+        return t - self.start - self.excluded
+
+    def timed_seconds(self, t: float) -> float:
+        """Seconds of the timed steps up to t: the closed windows' and the open one's."""
+        return t - self.window_start + sum(seconds for _, seconds in self.windows)
+
+    def close_tail(self, on_cpu: bool, window_steps: int) -> int:
+        """The steps after the last full window: on a CPU, a window of their own (if at least half a window) or part
+        of the one before; elsewhere untimed, as their queued work's end is unknown. Returns the untimed steps."""
+        untimed = 0
+        if not on_cpu:
+            untimed = self.window_steps
+        elif self.window_steps * 2 >= window_steps or not self.windows:
+            self.close_window(self.last)
+        else:
+            self.windows[-1][0] += self.window_images
+            self.windows[-1][1] += self.last - self.window_start
+        self.window_steps = self.window_images = 0
+        return untimed
+
+    def throughput(self) -> list[float]:
+        return [images / seconds for images, seconds in self.windows]
+
+    def window_seconds(self) -> list[float]:
+        return [seconds for _, seconds in self.windows]
+
+
 class DivergenceWatch:
     """The one divergence rule: a loss that is non-finite or BLOWUP_FACTOR times the first, a collapsed GradScaler
     scale, or non-finite parameters. It checks only values the run reads anyway: no sync of its own."""

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from . import isolation
 from .config import TrainConfig, positive_int
+from .loop_instruments import event_spans, safe_name, spans_length
 from .measure import resolve_device
 from .results import RunResult
-from .watch import event_spans, safe_name, spans_length
 
 # torch.profiler labels each DataLoader fetch with a range named like this.
 DATALOADER_RANGE = "enumerate(DataLoader)"

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import re
 import statistics
-import tempfile
 import threading
 import time
 import warnings
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,17 +40,16 @@ from typing import Any
 import torch
 
 from . import budget
-from .clocks import DivergenceWatch
+from .clocks import DivergenceWatch, StepClock
 from .config import positive_int
 from .loop_facts import FirstStepFacts
+from .loop_instruments import StepProfiler, SyncCounter
 from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
 from .results import RunResult
 from .run_limits import RunLimits
 from .step_parts import StepParts
 from .verdicts import turns, verdict
 
-DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
-SYNC_WARNING = "synchronizing CUDA operation"  # what set_sync_debug_mode("warn") says
 SOURCE = "your loop (fastlab.watch)"
 # Reading a CPU's resident set costs tens of microseconds: after MEMORY_DENSE_STEPS timed steps it is read at most
 # once per MEMORY_EVERY_S.
@@ -60,11 +57,6 @@ MEMORY_EVERY_S = 0.02
 MEMORY_DENSE_STEPS = 16
 # what the last 20 finished watches ran with and measured, so advice never proposes a setting just left
 _EARLIER: deque[dict[str, Any]] = deque(maxlen=20)
-
-
-def safe_name(label: str) -> str:
-    """A label as a plain file name (a trace file's)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "run"
 
 
 def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,111 +76,6 @@ def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return {"loader": "dataloader", "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers,
             "prefetch_factor": loader.prefetch_factor if loader.num_workers else None}, data
-
-
-class SyncCounter:
-    """Counts the host-device syncs torch.cuda.set_sync_debug_mode("warn") reports, by file:line."""
-
-    def __init__(self) -> None:
-        self.where: Counter[str] = Counter()
-        self._warnings = warnings.catch_warnings()
-
-    def start(self) -> None:
-        self._warnings.__enter__()
-        warnings.filterwarnings("always", message=".*" + SYNC_WARNING)  # each one, not once per line
-        show = warnings.showwarning
-
-        def count(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
-            if SYNC_WARNING in str(message):
-                self.where[f"{filename}:{lineno}"] += 1
-            else:
-                show(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = count
-        self._saved_mode = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("warn")
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """watch's own window-end syncs are not the loop's: switch the reporting off around them."""
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            yield
-        finally:
-            torch.cuda.set_sync_debug_mode("warn")
-
-    def stop(self, steps: int) -> dict[str, Any]:
-        """Stop counting; the summary over `steps` steps."""
-        torch.cuda.set_sync_debug_mode(self._saved_mode)
-        self._warnings.__exit__(None, None, None)
-        total = sum(self.where.values())
-        return {"count": total, "steps": steps, "per_step": total / steps if steps else float("nan"),
-                "where": [[w, n] for w, n in self.where.most_common(5)]}
-
-
-def event_spans(events: Iterable[Any], lo: float, hi: float) -> list[tuple[float, float]]:
-    """The events' time ranges clipped to [lo, hi], merged where they overlap."""
-    out: list[tuple[float, float]] = []
-    for start, end in sorted((max(e.time_range.start, lo), min(e.time_range.end, hi)) for e in events):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        elif end > start:
-            out.append((start, end))
-    return out
-
-
-def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Merged spans a minus merged spans b."""
-    out = []
-    for start, end in a:
-        for b_start, b_end in b:
-            if b_end <= start or b_start >= end:
-                continue
-            if b_start > start:
-                out.append((start, b_start))
-            start = max(start, b_end)
-        if end > start:
-            out.append((start, end))
-    return out
-
-
-def spans_length(spans: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in spans)
-
-
-def idle_breakdown(events: Any, cuda: bool) -> dict[str, Any]:
-    """Split the profiled steps' span into busy (GPU kernels and copies; on a CPU, operators outside the data
-    fetches), idle while the host waited for data, and idle otherwise (Python, launches, syncs)."""
-    steps = [e for e in events if e.name.startswith("ProfilerStep")]
-    if not steps:
-        return {}
-    lo, hi = min(e.time_range.start for e in steps), max(e.time_range.end for e in steps)
-    data = event_spans([e for e in events if e.name == DATA_RANGE], lo, hi)
-    if cuda:
-        busy_kind = "GPU kernels and copies"
-        busy = event_spans([e for e in events if getattr(e.device_type, "name", "") == "CUDA"], lo, hi)
-    else:
-        busy_kind = "CPU operators outside the data fetches"
-        busy = _subtract(event_spans([e for e in events if not e.name.startswith("ProfilerStep") and e.name != DATA_RANGE],
-                                lo, hi), data)
-    ms = 1000.0  # profiler times are in microseconds
-    total, busy_ms = (hi - lo) / ms, spans_length(busy) / ms
-    data_idle = spans_length(_subtract(data, busy)) / ms
-    return {"steps": len(steps), "span_ms": total, "busy": busy_kind, "busy_ms": busy_ms,
-            "idle_waiting_for_data_ms": data_idle, "idle_waiting_on_host_ms": max(0.0, total - busy_ms - data_idle)}
-
-
-def profile_text(result: RunResult) -> str:
-    """The profiler window's breakdown in words (empty when the run had none)."""
-    p = result.extras.get("watch", {}).get("profile") or {}
-    if not p.get("span_ms"):
-        return ""
-    share = {k: p[k] / p["span_ms"] for k in ("busy_ms", "idle_waiting_for_data_ms", "idle_waiting_on_host_ms")}
-    device = "GPU" if p["busy"].startswith("GPU") else "CPU"
-    return (f"{result.label}: {p['steps']} profiled steps, {p['span_ms']:.1f} ms (profiler on): {device} busy "
-            f"{share['busy_ms']:.0%} ({p['busy']}), idle while the host waited for data "
-            f"{share['idle_waiting_for_data_ms']:.0%}, idle waiting on the host otherwise (Python, launches, syncs) "
-            f"{share['idle_waiting_on_host_ms']:.0%}\n  trace: {p.get('trace', '?')}")
 
 
 @dataclass(slots=True)
@@ -305,9 +192,7 @@ class Watch:
         self._thread: int | None = None  # the thread of the first touch (started): one watch, one loop, one thread
         self._steps = 0
         self._wait = 0.0
-        self._t_start = self._t_last = self._window_start = 0.0
-        self._window_images = self._window_count = 0
-        self._windows: list[list[float]] = []  # [images, seconds] of each closed window
+        self.clock = StepClock()
         self._batch_sizes: list[int] = []
         self._losses: list[tuple[int, Any]] = []  # (step, loss) every log_every steps
         self._last_loss: tuple[int, Any] | None = None  # the last step's: read at the end too
@@ -328,7 +213,6 @@ class Watch:
         self._ready = 0  # batch_ready() calls
         self._epochs: list[int] = []  # batches fetched in each epoch of w(loader)
         self._epoch_end: float | None = None  # when the last epoch's batches ran out
-        self._excluded = 0.0  # seconds between epochs and in paused(): not the loop's step time
         self._fetch_wall = self._fetch_cpu = 0.0  # wall and process CPU seconds inside the loader
         self._last_batch: Any = None
         self._batch_bytes = 0
@@ -360,7 +244,7 @@ class Watch:
     def _batches(self, loader: Iterable) -> Iterator:
         self._start()
         if self._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
-            self._exclude(time.perf_counter() - self._epoch_end)
+            self.clock.exclude(time.perf_counter() - self._epoch_end)
             self._epoch_end = None
         it = self._fetch(iter, loader)  # an epoch's start (DataLoader workers starting) is data wait too
         self._epochs.append(0)
@@ -387,7 +271,7 @@ class Watch:
         if waiting is not None:
             waiting.value = time.monotonic()
         try:
-            with torch.profiler.record_function(DATA_RANGE) if self._prof is not None else contextlib.nullcontext():
+            with self._prof.fetching() if self._prof is not None else contextlib.nullcontext():
                 got = get(source)
         finally:
             if waiting is not None:
@@ -408,12 +292,6 @@ class Watch:
                     "earlier epoch used up; pass a DataLoader or a list, or make a new generator each epoch")
             warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=3)
             self._notes["empty_epoch"] = note
-
-    def _exclude(self, seconds: float) -> None:
-        """Leave `seconds` just spent out of the step and window clocks."""
-        self._t_last += seconds
-        self._window_start += seconds
-        self._excluded += seconds
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
@@ -443,11 +321,11 @@ class Watch:
                 self._evaluated(p.accuracy, seconds, t)
             self._meter.reset()
             self._steps_before_pause = self._steps
-            self._exclude(seconds)
+            self.clock.exclude(seconds)
 
     def _evaluated(self, accuracy: float, seconds: float, t: float) -> None:
         """A held-out accuracy: the run's (the last one given), or under RunLimits a time-to-accuracy checkpoint."""
-        training = t - self._t_start - self._excluded  # wall time of the steps so far, warm-up included
+        training = self.clock.training_seconds(t)
         if self.limits is None or self.limits.checkpoint(self.res, self._steps, accuracy, training):
             self.res.eval_accuracy, self.res.eval_seconds = float(accuracy), seconds
             self.res.eval_peak_memory_mb = self._meter.peak()
@@ -456,7 +334,7 @@ class Watch:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
         self._start()
         self._ready += 1
-        self._wait += time.perf_counter() - self._t_last
+        self._wait += time.perf_counter() - self.clock.last
 
     @contextlib.contextmanager
     def step(self, batch_size: int, loss: Any = None) -> Iterator[Step]:
@@ -511,39 +389,34 @@ class Watch:
             boundary = k == self.warmup_steps or k in self._ends
         else:
             boundary = k == self.warmup_steps or k == self.untimed or (
-                timed and (self._window_count + 1) % self.window_steps == 0)
+                timed and (self.clock.window_steps + 1) % self.window_steps == 0)
         if self._parts.active:
             self._parts.end(self.res)
         if boundary:
             self._sync()
         t = time.perf_counter()
-        self.res.step_seconds.append(t - self._t_last)
+        self.res.step_seconds.append(self.clock.step(t, n, timed, boundary))
         self.res.data_wait_seconds.append(self._wait)
         if self._memory_due(k, t, boundary):
             self.res.memory_trace_mb.append(self._meter.sample())
             self._memory_steps.append(k - 1)
             self._t_memory = t
         self._batch_sizes.append(n)
-        self._wait, self._t_last = 0.0, t
-        if timed:
-            self._window_images += n
-            self._window_count += 1
-            if boundary:
-                self._close_window(t)
+        self._wait = 0.0
         if self._prof is not None:
             self._prof.step()
         if k == self.warmup_steps:
-            self.res.warmup_seconds = t - self._t_start
+            self.res.warmup_seconds = t - self.clock.start
             self._after_warmup()
         if self.limits is not None:
             if 2 <= k + 1 <= self.warmup_steps:
                 self._parts.begin()  # the next step is sampled
             self.limits.after_step(self.res, k, self._total, boundary, timed=k > self.warmup_steps,
-                                   training_seconds=t - self._t_start - self._excluded,
-                                   timed_seconds=t - self._window_start + sum(sec for _, sec in self._windows))
+                                   training_seconds=self.clock.training_seconds(t),
+                                   timed_seconds=self.clock.timed_seconds(t))
         if k == self.untimed:
             self._stop_profiler()
-            self._t_last = self._window_start = time.perf_counter()  # the analysis is not the loop's time
+            self.clock.restart(time.perf_counter())  # the analysis is not the loop's time
 
     def _counted(self, n: int) -> int:
         """The images of this step: n, unless n is the key count of the dict batch just fetched (len(batch))."""
@@ -580,7 +453,7 @@ class Watch:
         if self.sync_debug and self.device.type != "cuda":
             self.res.no_ops["sync_debug"] = ("host-device syncs exist only between a CUDA GPU and its host; this "
                                              f"loop ran on {self.device.type}: nothing to catch")
-        self._t_start = self._t_last = self._window_start = time.perf_counter()
+        self.clock.begin(time.perf_counter())
         if self.untimed == 0:
             self._after_warmup()
 
@@ -588,33 +461,17 @@ class Watch:
         if self.sync_debug and self.device.type == "cuda":
             self._syncs = SyncCounter()
             self._syncs.start()
-        if self.profile_steps:  # one step for the profiler's own warm-up, then profile_steps recorded steps
-            from torch.profiler import ProfilerActivity, profile, schedule
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-            self._prof = profile(activities=activities,
-                                 schedule=schedule(wait=0, warmup=1, active=self.profile_steps, repeat=1))
-            self._prof.start()
+        if self.profile_steps:
+            self._prof = StepProfiler(self.device, self.profile_steps)
 
     def _sync(self) -> None:
         with self._syncs.paused() if self._syncs is not None else contextlib.nullcontext():
             synchronize(self.device)
 
-    def _close_window(self, t: float) -> None:
-        self._windows.append([self._window_images, t - self._window_start])
-        self._window_start, self._window_images, self._window_count = t, 0, 0
-
     def _stop_profiler(self) -> None:
-        if self._prof is None:
-            return
-        prof, self._prof = self._prof, None
-        prof.stop()
-        folder = Path(self.trace_dir) if self.trace_dir is not None else Path(tempfile.mkdtemp(prefix="fastlab-watch-"))
-        folder.mkdir(parents=True, exist_ok=True)
-        trace = folder / f"{safe_name(self.label)}.pt.trace.json"
-        prof.export_chrome_trace(str(trace))
-        breakdown = idle_breakdown(prof.events(), self.device.type == "cuda")
-        self.res.extras.setdefault("watch", {})["profile"] = {**breakdown, "trace": str(trace)}
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            self.res.extras.setdefault("watch", {})["profile"] = prof.stop(self.trace_dir, self.label)
 
     def _check_open(self) -> None:
         if self._finished:
@@ -630,10 +487,11 @@ class Watch:
         self._sync()
         self._stop_profiler()
         res = self.res
-        if self._window_count and self.limits is None:  # under RunLimits, steps after the last window stay untimed
-            self._close_partial_window()
-        res.window_throughput = [images / seconds for images, seconds in self._windows]
-        res.timed_seconds = sum(seconds for _, seconds in self._windows)
+        if self.clock.window_steps and self.limits is None:  # under RunLimits, steps after the last window: untimed
+            if untimed := self.clock.close_tail(self.device.type == "cpu", self.window_steps):
+                res.extras.setdefault("watch", {})["untimed_tail_steps"] = untimed
+        res.window_throughput = self.clock.throughput()
+        res.timed_seconds = sum(self.clock.window_seconds())
         self._util.__exit__(None, None, None)
         res.gpu_util = self._util.samples
         if self._util.unavailable and self.device.type == "cuda":
@@ -645,7 +503,7 @@ class Watch:
         res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
         res.steps_done = self._steps
         if self.limits is not None:  # the harness's run: its config, environment and data description stay
-            res.window_seconds = [seconds for _, seconds in self._windows]
+            res.window_seconds = self.clock.window_seconds()
             self.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
             self._read_losses()
             res.extras.pop("watch", None)
@@ -661,7 +519,7 @@ class Watch:
                                       "source": SOURCE}
         res.extras["watched"] = True
         watch_extras.update(images=sum(self._batch_sizes), memory_steps=self._memory_steps,
-                            epochs=self._epochs, excluded_seconds=self._excluded, batch_bytes=self._batch_bytes,
+                            epochs=self._epochs, excluded_seconds=self.clock.excluded, batch_bytes=self._batch_bytes,
                             data_cpu_share=self._fetch_cpu / self._fetch_wall if self._fetch_wall else None)
         self._read_losses()
         self._check_use()
@@ -700,18 +558,6 @@ class Watch:
             self._notes["no_loss"] = "no loss given: divergence not checked; " + (
                 "s.loss was set after its `with w.step(...) as s:` block ended: set it inside the block" if late else
                 "set s.loss = loss inside `with w.step(...) as s:` (or step_done(n, loss=loss))")
-
-    def _close_partial_window(self) -> None:
-        """The steps after the last full window: on a CPU, a window of their own (if at least half a window) or part
-        of the one before; on a GPU untimed, as their queued work's end is unknown."""
-        if self.device.type != "cpu":
-            self.res.extras.setdefault("watch", {})["untimed_tail_steps"] = self._window_count
-        elif self._window_count * 2 >= self.window_steps or not self._windows:
-            self._close_window(self._t_last)
-        else:
-            self._windows[-1][0] += self._window_images
-            self._windows[-1][1] += self._t_last - self._window_start
-        self._window_count = self._window_images = 0
 
     def _read_losses(self) -> None:
         """The kept losses and the last step's, read once (one sync), judged by the rule fastlab.run uses."""

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import fastlab
+from fastlab import loop_instruments
 from fastlab.advisor import findings_for, verify
 from fastlab.models import build_model
 from fastlab.results import load_results, save_results
@@ -240,7 +241,7 @@ def test_the_sync_counter_counts_torchs_warnings_by_line_and_passes_others_on(mo
     modes = []
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
-    counter = watch_mod.SyncCounter()
+    counter = loop_instruments.SyncCounter()
     with warnings.catch_warnings(record=True) as others:
         warnings.simplefilter("always")
         counter.start()
@@ -280,8 +281,8 @@ def test_a_profile_window_splits_idle_time_and_saves_a_trace(tmp_path):
     # the loader sleeps at least 2 steps x 4 images x 20 ms inside the profiled steps: all of it idle for data
     assert p["idle_waiting_for_data_ms"] >= 0.9 * 2 * batch * delay * 1000
     trace = tmp_path / "profiled.pt.trace.json"
-    assert p["trace"] == str(trace) and watch_mod.DATA_RANGE in trace.read_text()
-    assert "profiled steps" in watch_mod.profile_text(r) and len(r.window_throughput) == 2
+    assert p["trace"] == str(trace) and loop_instruments.DATA_RANGE in trace.read_text()
+    assert "profiled steps" in loop_instruments.profile_text(r) and len(r.window_throughput) == 2
 
 
 class Event:
@@ -293,11 +294,11 @@ class Event:
 
 def test_idle_breakdown_on_a_gpu_trace():
     events = [Event("ProfilerStep#1", 0, 1000), Event("ProfilerStep#2", 1000, 2000),
-              Event(watch_mod.DATA_RANGE, 0, 400), Event(watch_mod.DATA_RANGE, 1000, 1300),
+              Event(loop_instruments.DATA_RANGE, 0, 400), Event(loop_instruments.DATA_RANGE, 1000, 1300),
               Event("kernel_a", 300, 900, "CUDA"), Event("kernel_b", 800, 950, "CUDA"),
               Event("kernel_c", 1500, 1700, "CUDA"), Event("aten::mm", 400, 900)]
-    b = watch_mod.idle_breakdown(events, cuda=True)
+    b = loop_instruments.idle_breakdown(events, cuda=True)
     assert b["span_ms"] == 2.0 and b["busy_ms"] == pytest.approx(0.85)  # 300-950 and 1500-1700
     assert b["idle_waiting_for_data_ms"] == pytest.approx(0.6)  # 0-300 and 1000-1300
     assert b["idle_waiting_on_host_ms"] == pytest.approx(0.55)
-    assert watch_mod.idle_breakdown([Event("aten::mm", 0, 1)], cuda=False) == {}
+    assert loop_instruments.idle_breakdown([Event("aten::mm", 0, 1)], cuda=False) == {}
