@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -144,6 +145,40 @@ class DivergenceWatch:
         params = [p.detach() for p in net.parameters() if p.is_floating_point()]
         bad = bool(params) and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
         return self._check(bad, step, f"a parameter was non-finite after step {step}")
+
+
+class KeptLosses:
+    """A loop's losses, kept unread (reading a tensor each step would be a host-device sync): every log_every-th
+    step's and the last step's, read once at the end (one sync) and judged by the divergence rule."""
+
+    def __init__(self, log_every: int, divergence: DivergenceWatch) -> None:
+        self.log_every, self.divergence = log_every, divergence
+        self.kept: list[tuple[int, Any]] = []  # (step, loss) every log_every steps
+        self.last: tuple[int, Any] | None = None  # the last step's: read at the end too
+
+    @property
+    def given(self) -> bool:
+        return self.last is not None
+
+    def keep(self, k: int, loss: Any) -> None:
+        """Step k's loss (a tensor or a number), kept unread."""
+        self.last = (k - 1, loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+        self.divergence.first_loss(self.last[1])
+        if k % self.log_every == 0:
+            self.kept.append(self.last)
+
+    def read(self, res: RunResult) -> None:
+        """The kept losses and the last step's into res.losses, read at once; the first that diverged is booked."""
+        if self.last is None:
+            return
+        last_logged = bool(self.kept) and self.kept[-1][0] == self.last[0]
+        kept = self.kept + ([] if last_logged else [self.last])
+        tensors = [v.float().mean() for _, v in kept if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack(tensors).tolist() if tensors else [])
+        res.losses = [(step, next(read) if isinstance(v, torch.Tensor) else v) for step, v in kept]
+        for step, value in res.losses:
+            if self.divergence.loss(step, value):
+                break
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""The watch's optional instruments: torch.profiler over a few steps after the warm-up (StepProfiler, with the
-trace's idle breakdown), and CUDA host-device syncs counted by line (SyncCounter)."""
+"""The watch's instruments besides its clock: memory over the steps and each paused block (MemoryLog), and the
+optional ones: torch.profiler over a few steps after the warm-up (StepProfiler, with the trace's idle breakdown),
+and CUDA host-device syncs counted by line (SyncCounter)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
 import tempfile
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -15,10 +17,73 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from .measure import MemoryMeter
 from .results import RunResult
 
 DATA_RANGE = "fastlab.watch: waiting for data"  # the profiler range around each batch fetch
 SYNC_WARNING = "synchronizing CUDA operation"  # what set_sync_debug_mode("warn") says
+# Reading a CPU's resident set costs tens of microseconds: after the dense steps it is read at most once per
+# MEMORY_EVERY_S.
+MEMORY_EVERY_S = 0.02
+
+
+class MemoryLog:
+    """The loop's memory: a sample at a step's end (every step where it is cheap, up to `dense_until` and at window
+    ends, or with every_step: fastlab.run's results keep one a step; else once per MEMORY_EVERY_S), the training
+    peak kept apart from each paused block's own (sampled from a thread while the block runs, on a CPU)."""
+
+    def __init__(self, device: torch.device, dense_until: int, every_step: bool) -> None:
+        self._meter = MemoryMeter(device)
+        self.kind = self._meter.kind
+        self.dense_until, self.every_step = dense_until, every_step
+        self.steps: list[int] = []  # the step (0-based) of each sample
+        self._t = 0.0  # when the last sample was taken
+        self._train_peak = 0.0  # the training peak before each paused block
+        self._steps_before_pause = -1  # steps done when the last paused block ended
+
+    def step(self, res: RunResult, k: int, t: float, boundary: bool) -> None:
+        """After step k, ended at t: a sample into res.memory_trace_mb where one is due."""
+        if (self.kind != "process_rss" or self.every_step or boundary or k <= self.dense_until
+                or t - self._t >= MEMORY_EVERY_S):
+            res.memory_trace_mb.append(self._meter.sample())
+            self.steps.append(k - 1)
+            self._t = t
+
+    def pause_started(self) -> None:
+        self._train_peak = max(self._train_peak, self._meter.peak())
+        self._meter.reset()
+
+    @contextlib.contextmanager
+    def sampling(self, every_s: float = 0.002) -> Iterator[None]:
+        """The resident set sampled from a thread while the block runs (CUDA's allocator keeps a peak of its own)."""
+        if self.kind != "process_rss":
+            yield
+            return
+        done = threading.Event()
+
+        def sample_until_done() -> None:
+            while not done.wait(every_s):
+                self._meter.sample()
+
+        thread = threading.Thread(target=sample_until_done, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
+    def pause_ended(self, steps: int) -> float:
+        """The paused block's own peak (MiB); the meter starts again for the training after it."""
+        self._meter.sample()
+        peak = self._meter.peak()
+        self._meter.reset()
+        self._steps_before_pause = steps
+        return peak
+
+    def training_peak(self, steps: int) -> float:
+        """The peak over the training steps: before each paused block, and since the last if a step ran since."""
+        return max(self._train_peak, self._meter.peak() if steps > self._steps_before_pause else 0.0)
 
 
 class StepProfiler:

@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import statistics
 import threading
 import time
-import warnings
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,42 +37,19 @@ from typing import Any
 import torch
 
 from . import budget
-from .clocks import DivergenceWatch, StepClock
+from .clocks import DivergenceWatch, KeptLosses, StepClock
 from .config import positive_int
 from .loop_facts import FirstStepFacts
-from .loop_instruments import StepProfiler, SyncCounter
-from .measure import GpuUtilSampler, MemoryMeter, Spread, environment, resolve_device, synchronize
+from .loop_instruments import MemoryLog, StepProfiler, SyncCounter
+from .loop_record import LoopRecord
+from .measure import GpuUtilSampler, Spread, resolve_device, synchronize
 from .results import RunResult
 from .run_limits import RunLimits
 from .step_parts import StepParts
 from .verdicts import turns, verdict
 
-SOURCE = "your loop (fastlab.watch)"
-# Reading a CPU's resident set costs tens of microseconds: after MEMORY_DENSE_STEPS timed steps it is read at most
-# once per MEMORY_EVERY_S.
-MEMORY_EVERY_S = 0.02
+# the timed steps after the untimed ones whose memory is sampled at every step (fastlab.loop_instruments.MemoryLog)
 MEMORY_DENSE_STEPS = 16
-# what the last 20 finished watches ran with and measured, so advice never proposes a setting just left
-_EARLIER: deque[dict[str, Any]] = deque(maxlen=20)
-
-
-def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config entries, dataset entries) read from the loader, looking through wrappers (tqdm keeps .iterable)."""
-    for _ in range(3):
-        inner = next((i for a in ("iterable", "loader") if (i := getattr(loader, a, None)) is not None), None)
-        if isinstance(loader, torch.utils.data.DataLoader) or inner is None:
-            break
-        loader = inner
-    dataset = getattr(loader, "dataset", loader)
-    data: dict[str, Any] = {"name": type(dataset).__name__, "synthetic": bool(getattr(dataset, "synthetic", False)),
-                            "source": SOURCE}
-    with contextlib.suppress(TypeError):
-        data["train_images"] = len(dataset)
-    if not isinstance(loader, torch.utils.data.DataLoader):
-        return {"loader": "iterable"}, data
-    return {"loader": "dataloader", "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
-            "persistent_workers": loader.persistent_workers,
-            "prefetch_factor": loader.prefetch_factor if loader.num_workers else None}, data
 
 
 @dataclass(slots=True)
@@ -100,14 +74,6 @@ def _images(batch_size: Any) -> int:
         raise ValueError(f"fastlab.watch: step(batch_size={batch_size!r}) is not allowed: the number of images in "
                          "the batch, an integer >= 1")
     return n
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    """The batch's tensors, one level deep: the batch itself, a tuple's or list's items, a dict's values."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
-    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def _watch_device(device: Any) -> torch.device:
@@ -140,27 +106,6 @@ class WatchedLoader:
         return getattr(self.loader, name)
 
 
-@contextlib.contextmanager
-def _sampling(meter: MemoryMeter, every_s: float = 0.002) -> Iterator[None]:
-    """The resident set sampled from a thread while the block runs (CUDA's allocator keeps a peak of its own)."""
-    if meter.kind != "process_rss":
-        yield
-        return
-    done = threading.Event()
-
-    def sample_until_done() -> None:
-        while not done.wait(every_s):
-            meter.sample()
-
-    thread = threading.Thread(target=sample_until_done, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-
-
 @dataclass(slots=True)
 class Pause:
     """What `with w.paused() as p:` hands the block: set `p.accuracy = ...` for a held-out accuracy."""
@@ -187,41 +132,29 @@ class Watch:
         self.trace_dir = trace_dir
         self.known = dict(config or {})  # what the reader tells about the loop (e.g. {"amp": "bf16"})
         self.res = limits.result if limits is not None and limits.result is not None else RunResult({}, label=label)
-        self._loader: dict[str, Any] = {}
+        self.record = LoopRecord()  # the loader, epochs, batches and misuse: what a reader's result describes
         self._finished = False
         self._thread: int | None = None  # the thread of the first touch (started): one watch, one loop, one thread
         self._steps = 0
         self._wait = 0.0
         self.clock = StepClock()
-        self._batch_sizes: list[int] = []
-        self._losses: list[tuple[int, Any]] = []  # (step, loss) every log_every steps
-        self._last_loss: tuple[int, Any] | None = None  # the last step's: read at the end too
         self._last_step: Step | None = None
         self._in_step = False  # inside a `with w.step(...)`: a second one there would count each step twice
         self.limits = limits
         self._ends = limits.ends(self.warmup_steps) if limits else set()
         self._total = self.warmup_steps + limits.steps if limits else 0
         self.divergence = DivergenceWatch(self.res, limits.agree if limits else None)
+        self.losses = KeptLosses(self.log_every, self.divergence)
         self._parts = StepParts(self.device, bool(limits and limits.sample_parts and self.warmup_steps >= 2))
-        self._train_peak = 0.0  # the training peak before each evaluation (its own peak is kept apart)
-        self._meter: MemoryMeter | None = None
-        self._memory_steps: list[int] = []  # the step (0-based) of each memory sample
-        self._t_memory = 0.0
+        self.memory: MemoryLog | None = None  # started with the loop
         self._util: GpuUtilSampler | None = None
         self._syncs: SyncCounter | None = None
         self._prof: Any = None
-        self._ready = 0  # batch_ready() calls
-        self._epochs: list[int] = []  # batches fetched in each epoch of w(loader)
         self._epoch_end: float | None = None  # when the last epoch's batches ran out
-        self._fetch_wall = self._fetch_cpu = 0.0  # wall and process CPU seconds inside the loader
-        self._last_batch: Any = None
-        self._batch_bytes = 0
-        self._notes: dict[str, str] = {}  # misuse seen, one line each (shown by fastlab.advise)
         self.record_facts = bool(facts)  # what the first step did (fastlab.loop_facts), for an exercise's check
         self._facts: dict[str, Any] = {}
         self._profiled = False  # a step ran under torch.profiler (recorded with the facts)
         self._paused_blocks = 0
-        self._steps_before_pause = -1  # steps done when the last w.paused() ended
 
     def __call__(self, loader: Iterable) -> WatchedLoader:
         """Iterate `loader` as usual (each epoch); the time spent getting each batch is recorded as data wait."""
@@ -236,8 +169,7 @@ class Watch:
     def describe(self, loader: Iterable) -> None:
         """Record what the loader is without wrapping it: for a trainer that iterates its loader itself."""
         self._check_open()
-        config, data = loader_facts(loader)
-        self._loader.update(config)
+        data = self.record.describe_loader(loader)
         if self.limits is None:  # fastlab.run describes its data itself
             self.res.dataset = data
 
@@ -247,7 +179,7 @@ class Watch:
             self.clock.exclude(time.perf_counter() - self._epoch_end)
             self._epoch_end = None
         it = self._fetch(iter, loader)  # an epoch's start (DataLoader workers starting) is data wait too
-        self._epochs.append(0)
+        self.record.epochs.append(0)
         try:
             while not (self.limits is not None and self.limits.must_stop(self.res)):
                 self._parts.fetch_started()
@@ -256,10 +188,7 @@ class Watch:
                 except StopIteration:
                     return
                 self._parts.fetch_ended()
-                self._epochs[-1] += 1
-                self._last_batch = batch
-                if not self._batch_bytes:
-                    self._batch_bytes = sum(t.element_size() * t.nelement() for t in _tensors(batch))
+                self.record.fetched(batch)
                 yield batch
         finally:  # the loader ran out, or the loop left it (break, an error): the epoch ends here
             self._epoch_ended(loader, it)
@@ -278,8 +207,8 @@ class Watch:
                 waiting.value = 0.0
         wall = time.perf_counter() - t
         self._wait += wall
-        self._fetch_wall += wall
-        self._fetch_cpu += time.process_time() - cpu
+        self.record.fetch_wall += wall
+        self.record.fetch_cpu += time.process_time() - cpu
         return got
 
     def _epoch_ended(self, loader: Iterable, it: Iterator) -> None:
@@ -287,11 +216,7 @@ class Watch:
             return  # an iterator left unfinished and closed after result(): nothing left to book
         self._sync()  # the last step's queued work belongs to the epoch, not to the time between epochs
         self._epoch_end = time.perf_counter()
-        if self._epochs[-1] == 0 and len(self._epochs) > 1 and it is loader and "empty_epoch" not in self._notes:
-            note = (f"epoch {len(self._epochs)} got no batches: the loader is an iterator (a generator?) that an "
-                    "earlier epoch used up; pass a DataLoader or a list, or make a new generator each epoch")
-            warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=3)
-            self._notes["empty_epoch"] = note
+        self.record.epoch_ended(loader, it)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
@@ -301,39 +226,36 @@ class Watch:
         self._start()
         self._sync()
         self._paused_blocks += 1
-        self._train_peak = max(self._train_peak, self._meter.peak())
-        self._meter.reset()
+        self.memory.pause_started()
         p = Pause()
         t = time.perf_counter()
         waiting = self.limits.waiting if self.limits is not None else None
         if waiting is not None:  # a hung evaluation is bounded as a hung loader is (negative: paused, not fetching)
             waiting.value = -time.monotonic()
         try:
-            with _sampling(self._meter):
+            with self.memory.sampling():
                 yield p
         finally:
             if waiting is not None:
                 waiting.value = 0.0
             self._sync()
             seconds = time.perf_counter() - t
-            self._meter.sample()
+            peak = self.memory.pause_ended(self._steps)
             if p.accuracy is not None:
-                self._evaluated(p.accuracy, seconds, t)
-            self._meter.reset()
-            self._steps_before_pause = self._steps
+                self._evaluated(p.accuracy, seconds, t, peak)
             self.clock.exclude(seconds)
 
-    def _evaluated(self, accuracy: float, seconds: float, t: float) -> None:
+    def _evaluated(self, accuracy: float, seconds: float, t: float, peak_mb: float) -> None:
         """A held-out accuracy: the run's (the last one given), or under RunLimits a time-to-accuracy checkpoint."""
         training = self.clock.training_seconds(t)
         if self.limits is None or self.limits.checkpoint(self.res, self._steps, accuracy, training):
             self.res.eval_accuracy, self.res.eval_seconds = float(accuracy), seconds
-            self.res.eval_peak_memory_mb = self._meter.peak()
+            self.res.eval_peak_memory_mb = peak_mb
 
     def batch_ready(self) -> None:
         """For trainers that fetch batches themselves: the time since the last step ended was spent waiting."""
         self._start()
-        self._ready += 1
+        self.record.ready += 1
         self._wait += time.perf_counter() - self.clock.last
 
     @contextlib.contextmanager
@@ -373,17 +295,14 @@ class Watch:
     def step_done(self, batch_size: int, loss: Any = None) -> None:
         """Call after each step instead of `with w.step(n)`. loss: optionally the step's loss (read at the end)."""
         self._refuse_nested("w.step_done(...)")
-        n = self._counted(_images(batch_size))
+        n = self.record.images(_images(batch_size))
         self._start()
         self._steps += 1
         k = self._steps
         if self.record_facts and not self._profiled and self._prof is None:
             self._profiled = torch.autograd._profiler_enabled()  # a profiler's schedule records later steps
-        if loss is not None:  # kept, not read: reading a tensor here would be a host-device sync every step
-            self._last_loss = (k - 1, loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
-            self.divergence.first_loss(self._last_loss[1])
-            if k % self.log_every == 0:
-                self._losses.append(self._last_loss)
+        if loss is not None:
+            self.losses.keep(k, loss)
         timed = k > self.untimed
         if self.limits is not None:
             boundary = k == self.warmup_steps or k in self._ends
@@ -397,11 +316,7 @@ class Watch:
         t = time.perf_counter()
         self.res.step_seconds.append(self.clock.step(t, n, timed, boundary))
         self.res.data_wait_seconds.append(self._wait)
-        if self._memory_due(k, t, boundary):
-            self.res.memory_trace_mb.append(self._meter.sample())
-            self._memory_steps.append(k - 1)
-            self._t_memory = t
-        self._batch_sizes.append(n)
+        self.memory.step(self.res, k, t, boundary)
         self._wait = 0.0
         if self._prof is not None:
             self._prof.step()
@@ -418,26 +333,6 @@ class Watch:
             self._stop_profiler()
             self.clock.restart(time.perf_counter())  # the analysis is not the loop's time
 
-    def _counted(self, n: int) -> int:
-        """The images of this step: n, unless n is the key count of the dict batch just fetched (len(batch))."""
-        batch = self._last_batch
-        if isinstance(batch, Mapping) and n == len(batch):
-            first = next(iter(_tensors(batch)), None)
-            rows = int(first.shape[0]) if first is not None and first.dim() else n
-            if rows != n:
-                key = next(k for k, v in batch.items() if v is first)
-                self._notes["dict_batch"] = (f"step({n}) was given len(batch) of a dict batch ({n} keys); counted "
-                                             f"{rows} images a step, the first dimension of batch[{key!r}]: pass "
-                                             f"len(batch[{key!r}])")
-                return rows
-        return n
-
-    def _memory_due(self, k: int, t: float, boundary: bool) -> bool:
-        """Sample memory this step? Always where it is cheap, in the first steps and under RunLimits (fastlab.run's
-        results keep one sample per step); else once per MEMORY_EVERY_S."""
-        return (self._meter.kind != "process_rss" or self.limits is not None or boundary
-                or k <= self.untimed + MEMORY_DENSE_STEPS or t - self._t_memory >= MEMORY_EVERY_S)
-
     def _start(self) -> None:
         self._check_open()
         if self._thread is not None:
@@ -446,8 +341,8 @@ class Watch:
                                    "in another thread: make a fastlab.watch per thread")
             return
         self._thread = threading.get_ident()
-        self._meter = MemoryMeter(self.device)
-        self.res.memory_kind = self._meter.kind
+        self.memory = MemoryLog(self.device, self.untimed + MEMORY_DENSE_STEPS, every_step=self.limits is not None)
+        self.res.memory_kind = self.memory.kind
         self._util = GpuUtilSampler(self.device)
         self._util.__enter__()
         if self.sync_debug and self.device.type != "cuda":
@@ -499,79 +394,27 @@ class Watch:
         watch_extras = res.extras.setdefault("watch", {})
         if self._syncs is not None:
             watch_extras["syncs"] = self._syncs.stop(max(0, self._steps - self.warmup_steps))
-        trained_since_pause = self._steps > self._steps_before_pause  # not only evaluation since the last reset
-        res.peak_memory_mb = max(self._train_peak, self._meter.peak() if trained_since_pause else 0.0)
+        res.peak_memory_mb = self.memory.training_peak(self._steps)
         res.steps_done = self._steps
         if self.limits is not None:  # the harness's run: its config, environment and data description stay
             res.window_seconds = self.clock.window_seconds()
             self.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
-            self._read_losses()
+            self.losses.read(res)
             res.extras.pop("watch", None)
             return res
-        timed = self._batch_sizes[self.untimed:] or self._batch_sizes
-        res.images_per_step = int(statistics.median_low(timed)) if timed else 0
-        res.env = environment(self.device, "custom")
-        res.config = {**self.known, "watched": True, "device": self.device.type,
-                      "warmup_steps": min(self.untimed, self._steps), "batch_size": res.images_per_step,
-                      "grad_accum_steps": 1, "window_steps": self.window_steps, "log_every": self.log_every,
-                      "profile_steps": self.profile_steps, "sync_debug": self.sync_debug, **self._loader}
-        res.dataset = res.dataset or {"name": "data not described (w.describe(loader))", "synthetic": False,
-                                      "source": SOURCE}
-        res.extras["watched"] = True
-        watch_extras.update(images=sum(self._batch_sizes), memory_steps=self._memory_steps,
-                            epochs=self._epochs, excluded_seconds=self.clock.excluded, batch_bytes=self._batch_bytes,
-                            data_cpu_share=self._fetch_cpu / self._fetch_wall if self._fetch_wall else None)
-        self._read_losses()
-        self._check_use()
-        watch_extras["notes"] = list(self._notes.values())
+        settings = {"warmup_steps": min(self.untimed, self._steps), "window_steps": self.window_steps,
+                    "log_every": self.log_every, "profile_steps": self.profile_steps, "sync_debug": self.sync_debug}
+        self.record.describe(res, self.device, self.known, settings, self.untimed)
+        watch_extras.update(memory_steps=self.memory.steps, excluded_seconds=self.clock.excluded)
+        self.losses.read(res)
+        last = self._last_step
+        self.record.check_use(res, self._steps, self.losses.given, last is not None and last.loss is not None)
         if self.record_facts:
-            watch_extras["facts"] = {**self._facts, **self._loader, "device": self.device.type,
+            watch_extras["facts"] = {**self._facts, **self.record.loader, "device": self.device.type,
                                      "images_per_step": res.images_per_step, "profiled": self._profiled,
                                      "paused_blocks": self._paused_blocks}
-        # a loop of the reader's: remembered (this process only) for the advice on the next one
-        watch_extras["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
-        kept = ("loader", "num_workers", "batch_size", "persistent_workers")
-        _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "status": res.status,
-                         "window_throughput": list(res.window_throughput), **{k: res.config.get(k) for k in kept}})
+        self.record.remember(res)
         return res
-
-    def _check_use(self) -> None:
-        """Misuse only the end can see: no step marked, no batches, the loader not wrapped, no loss given."""
-        res, fetched = self.res, sum(self._epochs)
-        if self._steps == 0 and res.status == "ok":
-            res.status = "failed"
-            if self._epochs and not fetched:
-                res.error = (f"the loader gave no batches in {len(self._epochs)} epoch(s) (empty, or drop_last with "
-                             "fewer images than one batch): nothing was measured")
-            else:
-                got = (f"the loader gave {fetched} batches through the watch" if fetched else
-                       "no batch came through the watch either")
-                res.error = (f"no step was marked ({got}): put each step in `with w.step(len(x)) as s:` or call "
-                             "w.step_done(len(x)) after it")
-        elif self._steps and not (fetched or self._ready):
-            res.data_wait_seconds = [float("nan")] * len(res.data_wait_seconds)
-            self._notes["loader_not_wrapped"] = ("data wait not measured: the loader was not wrapped; iterate "
-                                                 "`for x, y in w(loader)` (or call w.batch_ready() when a batch "
-                                                 "arrives)")
-        if self._steps and self._last_loss is None:
-            late = self._last_step is not None and self._last_step.loss is not None
-            self._notes["no_loss"] = "no loss given: divergence not checked; " + (
-                "s.loss was set after its `with w.step(...) as s:` block ended: set it inside the block" if late else
-                "set s.loss = loss inside `with w.step(...) as s:` (or step_done(n, loss=loss))")
-
-    def _read_losses(self) -> None:
-        """The kept losses and the last step's, read once (one sync), judged by the rule fastlab.run uses."""
-        if self._last_loss is None:
-            return
-        last_logged = bool(self._losses) and self._losses[-1][0] == self._last_loss[0]
-        kept = self._losses + ([] if last_logged else [self._last_loss])
-        tensors = [v.float().mean() for _, v in kept if isinstance(v, torch.Tensor)]
-        read = iter(torch.stack(tensors).tolist() if tensors else [])
-        self.res.losses = [(step, next(read) if isinstance(v, torch.Tensor) else v) for step, v in kept]
-        for step, value in self.res.losses:
-            if self.divergence.loss(step, value):
-                break
-
 
 watch = Watch  # fastlab.watch(label, ...): watch a training loop you wrote
 

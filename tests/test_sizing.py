@@ -11,7 +11,7 @@ import torch
 
 import fastlab
 import fastlab.train
-from fastlab import bench, calibration, config, measure
+from fastlab import bench, calibration, config, loop_instruments, measure
 from fastlab.config import config_for, plan_arm
 from fastlab.lessons import kernels, mixed_precision
 from fastlab.profiles import PROFILES
@@ -385,7 +385,7 @@ def test_calibration_on_a_cuda_clock_times_synchronised_steps_not_launches(monke
 
     monkeypatch.setattr(watch, "synchronize", sync)
     monkeypatch.setattr(watch, "time", SimpleNamespace(perf_counter=lambda: host[0], process_time=lambda: 0.0))
-    monkeypatch.setattr(watch, "MemoryMeter", Meter)
+    monkeypatch.setattr(loop_instruments, "MemoryMeter", Meter)
     monkeypatch.setattr(watch, "GpuUtilSampler", Util)
 
     def fake_run(cfg, label="run", progress=True):  # the watch fastlab.run measures with, on the pretend device

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import fastlab
-from fastlab import loop_instruments
+from fastlab import loop_instruments, loop_record
 from fastlab.advisor import findings_for, verify
 from fastlab.models import build_model
 from fastlab.results import load_results, save_results
@@ -131,7 +131,7 @@ def test_the_result_is_a_run_result_that_saves_plots_and_reloads(tmp_path):
     assert len(r.step_seconds) == len(r.data_wait_seconds) == 12
     assert len(r.memory_trace_mb) == len(r.extras["watch"]["memory_steps"]) == 12  # short run: every step sampled
     assert len(r.window_throughput) == 3 and r.timed_seconds > 0  # 10 timed steps: 3 windows of 3, 1 step merged
-    assert r.dataset == {"name": "SlowDataset", "synthetic": True, "source": watch_mod.SOURCE, "train_images": 96}
+    assert r.dataset == {"name": "SlowDataset", "synthetic": True, "source": loop_record.SOURCE, "train_images": 96}
     assert r.env["device_type"] == "cpu" and r.memory_kind == "process_rss" and r.peak_memory_mb > 0
     assert all(w_ >= 0 for w_ in r.data_wait_seconds) and all(s > 0 for s in r.step_seconds)
     path = save_results(tmp_path / "mine.json", [r])

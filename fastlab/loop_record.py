@@ -1,0 +1,146 @@
+"""What the watch notes of the reader's loop besides its clock: what the loader is, the batches each epoch gave, the
+images each step trained on, the loader's wall and CPU time, and misuse (one note each, shown by fastlab.advise);
+at the end, the description a reader's RunResult carries (its config, dataset and extras["watch"])."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from .measure import environment
+from .results import RunResult
+
+SOURCE = "your loop (fastlab.watch)"
+# what the last 20 finished watches ran with and measured, so advice never proposes a setting just left
+_EARLIER: deque[dict[str, Any]] = deque(maxlen=20)
+
+
+def loader_facts(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config entries, dataset entries) read from the loader, looking through wrappers (tqdm keeps .iterable)."""
+    for _ in range(3):
+        inner = next((i for a in ("iterable", "loader") if (i := getattr(loader, a, None)) is not None), None)
+        if isinstance(loader, torch.utils.data.DataLoader) or inner is None:
+            break
+        loader = inner
+    dataset = getattr(loader, "dataset", loader)
+    data: dict[str, Any] = {"name": type(dataset).__name__, "synthetic": bool(getattr(dataset, "synthetic", False)),
+                            "source": SOURCE}
+    with contextlib.suppress(TypeError):
+        data["train_images"] = len(dataset)
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        return {"loader": "iterable"}, data
+    return {"loader": "dataloader", "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers,
+            "prefetch_factor": loader.prefetch_factor if loader.num_workers else None}, data
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    """The batch's tensors, one level deep: the batch itself, a tuple's or list's items, a dict's values."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+class LoopRecord:
+    """The reader's loop as the watch saw it, apart from the clock."""
+
+    def __init__(self) -> None:
+        self.loader: dict[str, Any] = {}  # what the loader is (loader_facts)
+        self.epochs: list[int] = []  # batches fetched in each epoch of w(loader)
+        self.batch_sizes: list[int] = []  # images of each step
+        self.fetch_wall = self.fetch_cpu = 0.0  # wall and process CPU seconds inside the loader
+        self.batch_bytes = 0  # of the first batch
+        self.ready = 0  # batch_ready() calls
+        self.notes: dict[str, str] = {}  # misuse seen, one line each
+        self._last_batch: Any = None
+
+    def describe_loader(self, loader: Iterable) -> dict[str, Any]:
+        """Note what the loader is; returns the dataset's description."""
+        config, data = loader_facts(loader)
+        self.loader.update(config)
+        return data
+
+    def fetched(self, batch: Any) -> None:
+        self.epochs[-1] += 1
+        self._last_batch = batch
+        if not self.batch_bytes:
+            self.batch_bytes = sum(t.element_size() * t.nelement() for t in _tensors(batch))
+
+    def images(self, n: int) -> int:
+        """The images of this step, noted: n, unless n is the key count of the dict batch just fetched (len(batch))."""
+        batch = self._last_batch
+        if isinstance(batch, Mapping) and n == len(batch):
+            first = next(iter(_tensors(batch)), None)
+            rows = int(first.shape[0]) if first is not None and first.dim() else n
+            if rows != n:
+                key = next(k for k, v in batch.items() if v is first)
+                self.notes["dict_batch"] = (f"step({n}) was given len(batch) of a dict batch ({n} keys); counted "
+                                            f"{rows} images a step, the first dimension of batch[{key!r}]: pass "
+                                            f"len(batch[{key!r}])")
+                n = rows
+        self.batch_sizes.append(n)
+        return n
+
+    def epoch_ended(self, loader: Iterable, it: Iterator) -> None:
+        """An epoch of w(loader) ended: one that got no batches from an iterator used up before is noted (and warned
+        of, once)."""
+        if self.epochs[-1] == 0 and len(self.epochs) > 1 and it is loader and "empty_epoch" not in self.notes:
+            note = (f"epoch {len(self.epochs)} got no batches: the loader is an iterator (a generator?) that an "
+                    "earlier epoch used up; pass a DataLoader or a list, or make a new generator each epoch")
+            warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=4)
+            self.notes["empty_epoch"] = note
+
+    def check_use(self, res: RunResult, steps: int, loss_given: bool, loss_set_late: bool) -> None:
+        """Misuse only the end can see: no step marked, no batches, the loader not wrapped, no loss given."""
+        fetched = sum(self.epochs)
+        if steps == 0 and res.status == "ok":
+            res.status = "failed"
+            if self.epochs and not fetched:
+                res.error = (f"the loader gave no batches in {len(self.epochs)} epoch(s) (empty, or drop_last with "
+                             "fewer images than one batch): nothing was measured")
+            else:
+                got = (f"the loader gave {fetched} batches through the watch" if fetched else
+                       "no batch came through the watch either")
+                res.error = (f"no step was marked ({got}): put each step in `with w.step(len(x)) as s:` or call "
+                             "w.step_done(len(x)) after it")
+        elif steps and not (fetched or self.ready):
+            res.data_wait_seconds = [float("nan")] * len(res.data_wait_seconds)
+            self.notes["loader_not_wrapped"] = ("data wait not measured: the loader was not wrapped; iterate "
+                                                "`for x, y in w(loader)` (or call w.batch_ready() when a batch "
+                                                "arrives)")
+        if steps and not loss_given:
+            self.notes["no_loss"] = "no loss given: divergence not checked; " + (
+                "s.loss was set after its `with w.step(...) as s:` block ended: set it inside the block"
+                if loss_set_late else "set s.loss = loss inside `with w.step(...) as s:` (or step_done(n, loss=loss))")
+        res.extras.setdefault("watch", {})["notes"] = list(self.notes.values())
+
+    def describe(self, res: RunResult, device: torch.device, known: dict[str, Any], settings: dict[str, Any],
+                 untimed: int) -> None:
+        """A reader's run: its images a step (the median after the `untimed` steps), environment, config (what the
+        reader told, the watch's settings, the loader), dataset and what the watch noted."""
+        timed = self.batch_sizes[untimed:] or self.batch_sizes
+        res.images_per_step = int(statistics.median_low(timed)) if timed else 0
+        res.env = environment(device, "custom")
+        res.config = {**known, "watched": True, "device": device.type, "batch_size": res.images_per_step,
+                      "grad_accum_steps": 1, **settings, **self.loader}
+        res.dataset = res.dataset or {"name": "data not described (w.describe(loader))", "synthetic": False,
+                                      "source": SOURCE}
+        res.extras["watched"] = True
+        res.extras.setdefault("watch", {}).update(
+            images=sum(self.batch_sizes), epochs=self.epochs, batch_bytes=self.batch_bytes,
+            data_cpu_share=self.fetch_cpu / self.fetch_wall if self.fetch_wall else None)
+
+    def remember(self, res: RunResult) -> None:
+        """A loop of the reader's, remembered (this process only) for the advice on the next one: its earlier loops
+        on the same data go into its extras."""
+        res.extras.setdefault("watch", {})["earlier"] = [e for e in _EARLIER if e["dataset"] == res.dataset.get("name")]
+        kept = ("loader", "num_workers", "batch_size", "persistent_workers")
+        _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "status": res.status,
+                         "window_throughput": list(res.window_throughput), **{k: res.config.get(k) for k in kept}})
