@@ -59,6 +59,9 @@ class LoopRecord:
         self.batch_bytes = 0  # of the first batch
         self.ready = 0  # batch_ready() calls
         self.notes: dict[str, str] = {}  # misuse seen, one line each
+        self.facts: dict[str, Any] = {}  # what the first step did (fastlab.loop_facts), when asked for
+        self.profiled = False  # a step ran under torch.profiler (recorded with the facts)
+        self.paused_blocks = 0
         self._last_batch: Any = None
 
     def describe_loader(self, loader: Iterable) -> dict[str, Any]:
@@ -94,7 +97,7 @@ class LoopRecord:
         if self.epochs[-1] == 0 and len(self.epochs) > 1 and it is loader and "empty_epoch" not in self.notes:
             note = (f"epoch {len(self.epochs)} got no batches: the loader is an iterator (a generator?) that an "
                     "earlier epoch used up; pass a DataLoader or a list, or make a new generator each epoch")
-            warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=4)
+            warnings.warn("fastlab.watch: " + note, UserWarning, stacklevel=3)
             self.notes["empty_epoch"] = note
 
     def check_use(self, res: RunResult, steps: int, loss_given: bool, loss_set_late: bool) -> None:
@@ -144,3 +147,8 @@ class LoopRecord:
         kept = ("loader", "num_workers", "batch_size", "persistent_workers")
         _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "status": res.status,
                          "window_throughput": list(res.window_throughput), **{k: res.config.get(k) for k in kept}})
+
+    def facts_seen(self, res: RunResult, device: torch.device) -> dict[str, Any]:
+        """What the first step did, with the loader and what the loop around it did (an exercise's check reads it)."""
+        return {**self.facts, **self.loader, "device": device.type, "images_per_step": res.images_per_step,
+                "profiled": self.profiled, "paused_blocks": self.paused_blocks}

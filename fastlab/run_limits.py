@@ -9,12 +9,14 @@ stops a loop.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clocks import window_ends
+from .clocks import KeptLosses, window_ends
 from .results import RunResult
 
 
@@ -43,14 +45,30 @@ class RunLimits:
     # time the loop began waiting for a batch, negated inside a paused block, 0.0 otherwise
     waiting: Any = None
     stopping: str | None = field(default=None, init=False)
+    window_ends: dict[int, int] = field(default_factory=dict, init=False)  # step (1-based) -> steps in its window
+    total: int = field(default=0, init=False)  # warm-up and timed steps
 
-    def ends(self, warmup_steps: int) -> set[int]:
-        """The steps (1-based) after which a timed window closes."""
-        return window_ends(warmup_steps, self.steps, self.windows)
+    def start(self, warmup_steps: int) -> None:
+        """The watch's warm-up is known: where the timed windows end, and the steps in all."""
+        self.window_ends = window_ends(warmup_steps, self.steps, self.windows)
+        self.total = warmup_steps + self.steps
 
-    def after_step(self, res: RunResult, k: int, total: int, boundary: bool, *, training_seconds: float,
-                   timed_seconds: float, timed: bool) -> None:
-        """After step k of `total`: the training-time limit (training_seconds: the steps' wall time so far), the
+    @contextlib.contextmanager
+    def waiting_for(self, paused: bool) -> Iterator[None]:
+        """While the block runs, the loop is marked for the run's parent as waiting for a batch (or, paused, inside
+        a paused block: its held-out evaluation), so a hung loader is ended in a bounded time."""
+        if self.waiting is None:
+            yield
+            return
+        self.waiting.value = -time.monotonic() if paused else time.monotonic()
+        try:
+            yield
+        finally:
+            self.waiting.value = 0.0
+
+    def after_step(self, res: RunResult, k: int, boundary: bool, *, training_seconds: float, timed_seconds: float,
+                   timed: bool) -> None:
+        """After step k: the training-time limit (training_seconds: the steps' wall time so far), the
         time budget (timed_seconds: the timed steps' so far; a timed step past the warm-up, not the last), the
         caller's on_step."""
         limit = self.max_training_seconds
@@ -59,15 +77,15 @@ class RunLimits:
                          f"budget: {limit:.0f} s)")
             res.stopped_by = "max_training_seconds"  # a trap limit (outcomes.TrapLimits)
             self.stopping = "time_limited"
-        over = bool(self.max_seconds) and timed and k < total and timed_seconds > self.max_seconds
+        over = bool(self.max_seconds) and timed and k < self.total and timed_seconds > self.max_seconds
         if self.agree is not None:  # every rank stops at the same step, or the others wait in the next all-reduce
-            over = boundary and k < total and self.agree(over)
+            over = boundary and k < self.total and self.agree(over)
         if over and self.stopping is None:
             res.stopped_by = "max_seconds"  # the harness's own budget: never a trap
             res.error = f"stopped at its max_seconds={self.max_seconds:g} budget after {k} steps"
             self.stopping = "time_limited"
         if self.on_step is not None:
-            self.on_step(k, total)
+            self.on_step(k, self.total)
 
     def must_stop(self, res: RunResult) -> bool:
         """Whether the loop must end before its next batch (res.status says why)."""
@@ -96,3 +114,12 @@ class RunLimits:
             return False
         self.stopping = "reached"
         return True
+
+    def finish(self, res: RunResult, window_seconds: list[float], losses: KeptLosses) -> RunResult:
+        """The watch's end: the timed windows' seconds and the kept losses (read once, judged) go into the harness's
+        result, whose config, environment and data description stay; the watch's own notes do not."""
+        res.window_seconds = window_seconds
+        losses.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
+        losses.read(res)
+        res.extras.pop("watch", None)
+        return res

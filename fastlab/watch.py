@@ -89,13 +89,47 @@ def _watch_device(device: Any) -> torch.device:
 
 
 class WatchedLoader:
-    """What w(loader) returns: its batches' wait is timed; every other attribute is the loader's own."""
+    """What w(loader) returns: the time to get each batch is the watch's data wait (wall and process CPU time, so
+    torch's intra-op threads count too); the time between epochs is left out of the steps. Every other attribute is
+    the loader's own."""
 
     def __init__(self, watch: Watch, loader: Iterable) -> None:
         self._watch, self.loader = watch, loader
 
     def __iter__(self) -> Iterator:
-        return self._watch._batches(self.loader)
+        w = self._watch
+        w._start()
+        if w._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
+            w.clock.exclude(time.perf_counter() - w._epoch_end)
+            w._epoch_end = None
+        it = self._fetch(iter, self.loader)  # an epoch's start (DataLoader workers starting) is data wait too
+        w.record.epochs.append(0)
+        try:
+            while not (w.limits is not None and w.limits.must_stop(w.res)):
+                w._parts.fetch_started()
+                try:
+                    batch = self._fetch(next, it)
+                except StopIteration:
+                    return
+                w._parts.fetch_ended()
+                w.record.fetched(batch)
+                yield batch
+        finally:  # the loader ran out, or the loop left it (break, an error): the epoch ends here
+            if not w._finished:  # (an iterator closed after result() has nothing left to book)
+                w._sync()  # the last step's queued work belongs to the epoch, not to the time between epochs
+                w._epoch_end = time.perf_counter()
+                w.record.epoch_ended(self.loader, it)
+
+    def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
+        w = self._watch
+        t, cpu = time.perf_counter(), time.process_time()
+        with w._waiting(paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext():
+            got = get(source)
+        wall = time.perf_counter() - t
+        w._wait += wall
+        w.record.fetch_wall += wall
+        w.record.fetch_cpu += time.process_time() - cpu
+        return got
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]  # a loader without len() says so itself
@@ -141,8 +175,8 @@ class Watch:
         self._last_step: Step | None = None
         self._in_step = False  # inside a `with w.step(...)`: a second one there would count each step twice
         self.limits = limits
-        self._ends = limits.ends(self.warmup_steps) if limits else set()
-        self._total = self.warmup_steps + limits.steps if limits else 0
+        if limits is not None:
+            limits.start(self.warmup_steps)
         self.divergence = DivergenceWatch(self.res, limits.agree if limits else None)
         self.losses = KeptLosses(self.log_every, self.divergence)
         self._parts = StepParts(self.device, bool(limits and limits.sample_parts and self.warmup_steps >= 2))
@@ -152,9 +186,6 @@ class Watch:
         self._prof: Any = None
         self._epoch_end: float | None = None  # when the last epoch's batches ran out
         self.record_facts = bool(facts)  # what the first step did (fastlab.loop_facts), for an exercise's check
-        self._facts: dict[str, Any] = {}
-        self._profiled = False  # a step ran under torch.profiler (recorded with the facts)
-        self._paused_blocks = 0
 
     def __call__(self, loader: Iterable) -> WatchedLoader:
         """Iterate `loader` as usual (each epoch); the time spent getting each batch is recorded as data wait."""
@@ -173,51 +204,6 @@ class Watch:
         if self.limits is None:  # fastlab.run describes its data itself
             self.res.dataset = data
 
-    def _batches(self, loader: Iterable) -> Iterator:
-        self._start()
-        if self._epoch_end is not None:  # evaluation, checkpoints, logging between epochs: not a step's time
-            self.clock.exclude(time.perf_counter() - self._epoch_end)
-            self._epoch_end = None
-        it = self._fetch(iter, loader)  # an epoch's start (DataLoader workers starting) is data wait too
-        self.record.epochs.append(0)
-        try:
-            while not (self.limits is not None and self.limits.must_stop(self.res)):
-                self._parts.fetch_started()
-                try:
-                    batch = self._fetch(next, it)
-                except StopIteration:
-                    return
-                self._parts.fetch_ended()
-                self.record.fetched(batch)
-                yield batch
-        finally:  # the loader ran out, or the loop left it (break, an error): the epoch ends here
-            self._epoch_ended(loader, it)
-
-    def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
-        """get(source), booked as data wait: wall and process CPU time (so torch's intra-op threads count too)."""
-        t, cpu = time.perf_counter(), time.process_time()
-        waiting = self.limits.waiting if self.limits is not None else None
-        if waiting is not None:
-            waiting.value = time.monotonic()
-        try:
-            with self._prof.fetching() if self._prof is not None else contextlib.nullcontext():
-                got = get(source)
-        finally:
-            if waiting is not None:
-                waiting.value = 0.0
-        wall = time.perf_counter() - t
-        self._wait += wall
-        self.record.fetch_wall += wall
-        self.record.fetch_cpu += time.process_time() - cpu
-        return got
-
-    def _epoch_ended(self, loader: Iterable, it: Iterator) -> None:
-        if self._finished:
-            return  # an iterator left unfinished and closed after result(): nothing left to book
-        self._sync()  # the last step's queued work belongs to the epoch, not to the time between epochs
-        self._epoch_end = time.perf_counter()
-        self.record.epoch_ended(loader, it)
-
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
         """Time inside is not the loop's; set `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy."""
@@ -225,19 +211,14 @@ class Watch:
             self.limits.check_pause(self.res)
         self._start()
         self._sync()
-        self._paused_blocks += 1
+        self.record.paused_blocks += 1
         self.memory.pause_started()
         p = Pause()
         t = time.perf_counter()
-        waiting = self.limits.waiting if self.limits is not None else None
-        if waiting is not None:  # a hung evaluation is bounded as a hung loader is (negative: paused, not fetching)
-            waiting.value = -time.monotonic()
         try:
-            with self.memory.sampling():
+            with self._waiting(paused=True), self.memory.sampling():  # a hung evaluation is bounded too
                 yield p
         finally:
-            if waiting is not None:
-                waiting.value = 0.0
             self._sync()
             seconds = time.perf_counter() - t
             peak = self.memory.pause_ended(self._steps)
@@ -269,7 +250,7 @@ class Watch:
         seen: contextlib.AbstractContextManager = contextlib.nullcontext()
         if self.record_facts and not self._steps:
             seen = FirstStepFacts(self.device.type)
-            self._facts = seen.facts  # filled in as the step runs
+            self.record.facts = seen.facts  # filled in as the step runs
         self._in_step = True
         try:
             with seen:
@@ -299,13 +280,13 @@ class Watch:
         self._start()
         self._steps += 1
         k = self._steps
-        if self.record_facts and not self._profiled and self._prof is None:
-            self._profiled = torch.autograd._profiler_enabled()  # a profiler's schedule records later steps
+        if self.record_facts and not self.record.profiled and self._prof is None:
+            self.record.profiled = torch.autograd._profiler_enabled()  # a profiler's schedule records later steps
         if loss is not None:
             self.losses.keep(k, loss)
         timed = k > self.untimed
         if self.limits is not None:
-            boundary = k == self.warmup_steps or k in self._ends
+            boundary = k == self.warmup_steps or k in self.limits.window_ends
         else:
             boundary = k == self.warmup_steps or k == self.untimed or (
                 timed and (self.clock.window_steps + 1) % self.window_steps == 0)
@@ -326,12 +307,16 @@ class Watch:
         if self.limits is not None:
             if 2 <= k + 1 <= self.warmup_steps:
                 self._parts.begin()  # the next step is sampled
-            self.limits.after_step(self.res, k, self._total, boundary, timed=k > self.warmup_steps,
+            self.limits.after_step(self.res, k, boundary, timed=k > self.warmup_steps,
                                    training_seconds=self.clock.training_seconds(t),
                                    timed_seconds=self.clock.timed_seconds(t))
         if k == self.untimed:
             self._stop_profiler()
             self.clock.restart(time.perf_counter())  # the analysis is not the loop's time
+
+    def _waiting(self, paused: bool) -> contextlib.AbstractContextManager:
+        """Under RunLimits, the loop marked as waiting for a batch or inside a paused block (its parent bounds both)."""
+        return self.limits.waiting_for(paused) if self.limits is not None else contextlib.nullcontext()
 
     def _start(self) -> None:
         self._check_open()
@@ -397,11 +382,7 @@ class Watch:
         res.peak_memory_mb = self.memory.training_peak(self._steps)
         res.steps_done = self._steps
         if self.limits is not None:  # the harness's run: its config, environment and data description stay
-            res.window_seconds = self.clock.window_seconds()
-            self.divergence.agree = None  # no all-reduce here: it would hang if another rank failed
-            self.losses.read(res)
-            res.extras.pop("watch", None)
-            return res
+            return self.limits.finish(res, self.clock.window_seconds(), self.losses)
         settings = {"warmup_steps": min(self.untimed, self._steps), "window_steps": self.window_steps,
                     "log_every": self.log_every, "profile_steps": self.profile_steps, "sync_debug": self.sync_debug}
         self.record.describe(res, self.device, self.known, settings, self.untimed)
@@ -410,9 +391,7 @@ class Watch:
         last = self._last_step
         self.record.check_use(res, self._steps, self.losses.given, last is not None and last.loss is not None)
         if self.record_facts:
-            watch_extras["facts"] = {**self._facts, **self.record.loader, "device": self.device.type,
-                                     "images_per_step": res.images_per_step, "profiled": self._profiled,
-                                     "paused_blocks": self._paused_blocks}
+            watch_extras["facts"] = self.record.facts_seen(res, self.device)
         self.record.remember(res)
         return res
 
