@@ -99,6 +99,18 @@ def _trap_note(plan: ArmPlan) -> str:
     return f"<br>A known trap here ({html.escape(plan.reason)}): one short demonstration run." if plan.kind == "trap" else ""
 
 
+def paired_line(paired: dict[str, Any], n_base: int) -> str:
+    """The panel's line on the last run against the baseline measured beside it (A/B pairs)."""
+    cost = f"{n_base} baseline run{'s' if n_base > 1 else ''}, {paired['cost_seconds']:.1f} s"
+    if not paired["ratios"]:
+        return f"Against the baseline measured beside it: no timed window to compare (cost: {cost})."
+    pairs = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
+    verdict = ("<b>cannot tell</b> drift from an effect in one A/B pair (A/B/A tells)" if paired.get("single_pair")
+               else "<b>noise</b>: inside the spread" if paired["noise"] else f"<b>{paired['ratio']:.2f}x</b>")
+    return (f"Against the baseline measured beside it ({paired['baseline']:,.0f} images/s): {verdict} "
+            f"(pairs: {pairs}; cost: {cost}).")
+
+
 class Panel:
     """Controls for some TrainConfig fields; each Run adds one result to `results` and redraws the plot.
 
@@ -309,7 +321,7 @@ class Panel:
             paired = pair_summary(baselines, variant)
             paired["cost_seconds"] = base_seconds
             variant.extras["paired"] = paired
-            lines.append(self._paired_line(paired, len(baselines)))
+            lines.append(paired_line(paired, len(baselines)))
             lines.extend(self._machine_line(paired))
         ui.results.append(variant)
         ui.redraw()
@@ -318,17 +330,6 @@ class Panel:
         if self.show_advice and variant.status != "interrupted":
             notes.append(advice_html(variant))
         ui.advice.value = "<br>".join(n for n in notes if n)
-
-    @staticmethod
-    def _paired_line(paired: dict[str, Any], n_base: int) -> str:
-        cost = f"{n_base} baseline run{'s' if n_base > 1 else ''}, {paired['cost_seconds']:.1f} s"
-        if not paired["ratios"]:
-            return f"Against the baseline measured beside it: no timed window to compare (cost: {cost})."
-        pairs = ", ".join(f"{r:.2f}x" for r in paired["ratios"])
-        verdict = ("<b>cannot tell</b> drift from an effect in one A/B pair (A/B/A tells)" if paired.get("single_pair")
-                   else "<b>noise</b>: inside the spread" if paired["noise"] else f"<b>{paired['ratio']:.2f}x</b>")
-        return (f"Against the baseline measured beside it ({paired['baseline']:,.0f} images/s): {verdict} "
-                f"(pairs: {pairs}; cost: {cost}).")
 
     def _machine_line(self, paired: dict[str, Any]) -> list[str]:
         """A line when the baseline now differs from the page-load one (the first given result with the base

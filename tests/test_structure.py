@@ -131,3 +131,14 @@ def test_the_version_a_results_file_records_is_the_packages():
 
     pyproject = (PACKAGE.parent / "pyproject.toml").read_text()  # tomllib is 3.11+; the package supports 3.10
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == __version__
+
+
+def test_no_class_in_fastlab_is_over_250_lines():
+    """Small modules with one job each: a class that grows past this holds a second job (the watch held the
+    harness's limits, its clock and the reader's loop record before they were split out)."""
+    import ast
+
+    long = {f"{path.relative_to(PACKAGE)}:{node.name}": node.end_lineno - node.lineno + 1
+            for path in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250}
+    assert not long, f"classes over 250 lines: {long}"
