@@ -174,6 +174,7 @@ class Watch:
         self.clock = StepClock()
         self._last_step: Step | None = None
         self._in_step = False  # inside a `with w.step(...)`: a second one there would count each step twice
+        self._in_pause = False  # inside a `with w.paused()`: a step there would be timed with no time of its own
         self.limits = limits
         if limits is not None:
             limits.start(self.warmup_steps)
@@ -215,10 +216,12 @@ class Watch:
         self.memory.pause_started()
         p = Pause()
         t = time.perf_counter()
+        self._in_pause = True
         try:
             with self._waiting(paused=True), self.memory.sampling():  # a hung evaluation is bounded too
                 yield p
         finally:
+            self._in_pause = False
             self._sync()
             seconds = time.perf_counter() - t
             peak = self.memory.pause_ended(self._steps)
@@ -268,7 +271,12 @@ class Watch:
 
     def _refuse_nested(self, call: str) -> None:
         """A step counted inside a `with w.step(...)` would be counted again when the block ends: the images/s
-        doubled without a word. Refused in one line."""
+        doubled without a word; one inside a `with w.paused()` would be timed with none of its own time (a negative
+        or inflated speed). Both refused in one line."""
+        if self._in_pause:
+            raise RuntimeError(f"fastlab.watch: {call} inside a `with w.paused()` block: paused time is left out of "
+                               "the clock, so a training step there has no time of its own; pause only what is not "
+                               "training (a held-out evaluation), outside the step")
         if self._in_step:
             raise RuntimeError(f"fastlab.watch: {call} inside a `with w.step(...)` block counts every step twice: "
                                "mark each step once, with either `with w.step(n)` or `w.step_done(n)`")

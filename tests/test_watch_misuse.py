@@ -153,6 +153,48 @@ def test_evaluation_inside_the_loop_is_left_out_with_paused():
     assert r.timed_seconds < 0.5
 
 
+@pytest.mark.parametrize("how", ["step_done", "with step"])
+def test_a_training_step_inside_paused_is_refused_in_one_line(how):
+    """Pausing the training step itself used to be read as throughput: the paused time left out after the step was
+    counted, so the next steps' times went negative (-41,155 images/s in notebook 10's exercise)."""
+    w = fastlab.watch("paused step", warmup_steps=0, window_steps=2)
+    batches = iter(w([(torch.zeros(2), 0)] * 4))
+    next(batches)
+    w.step_done(2)
+    with pytest.raises(RuntimeError) as refused, w.paused():
+        if how == "step_done":
+            w.step_done(2)
+        else:
+            with w.step(2):
+                pass
+    assert "inside a `with w.paused()` block" in one_line(refused.value)
+    for _ in batches:  # the loop goes on, the pause's time left out
+        w.step_done(2)
+    r = w.result()
+    assert r.steps_done == 4 and all(s >= 0 for s in r.step_seconds)
+
+
+@pytest.mark.parametrize("pauses", [[0], [1], [0, 1, 2], [3]])
+def test_no_watch_result_holds_a_negative_or_non_finite_speed_whatever_it_pauses(pauses):
+    """Constructed pauses (an evaluation before a step, between steps, after the last, several): every step time,
+    window and speed stays positive and finite."""
+    import math
+
+    w = fastlab.watch("pauses", warmup_steps=1, window_steps=1)
+    for i, (x, _) in enumerate(w([(torch.zeros(2), 0)] * 4)):
+        if i in pauses:
+            with w.paused():
+                time.sleep(0.05)
+        time.sleep(0.002)
+        w.step_done(len(x))
+    if 3 in pauses:
+        with w.paused():
+            time.sleep(0.05)
+    r = w.result()
+    figures = [*r.step_seconds, *r.window_throughput, r.timed_seconds]
+    assert r.window_throughput and all(math.isfinite(v) and v > 0 for v in figures), figures
+
+
 # ----------------------------------------------------------------- compare_loops
 
 
