@@ -53,19 +53,6 @@ class RunLimits:
         self.window_ends = window_ends(warmup_steps, self.steps, self.windows)
         self.total = warmup_steps + self.steps
 
-    @contextlib.contextmanager
-    def waiting_for(self, paused: bool) -> Iterator[None]:
-        """While the block runs, the loop is marked for the run's parent as waiting for a batch (or, paused, inside
-        a paused block: its held-out evaluation), so a hung loader is ended in a bounded time."""
-        if self.waiting is None:
-            yield
-            return
-        self.waiting.value = -time.monotonic() if paused else time.monotonic()
-        try:
-            yield
-        finally:
-            self.waiting.value = 0.0
-
     def after_step(self, res: RunResult, k: int, boundary: bool, *, training_seconds: float, timed_seconds: float,
                    timed: bool) -> None:
         """After step k: the training-time limit (training_seconds: the steps' wall time so far), the
@@ -123,3 +110,18 @@ class RunLimits:
         losses.read(res)
         res.extras.pop("watch", None)
         return res
+
+
+@contextlib.contextmanager
+def waiting_for(limits: RunLimits | None, paused: bool) -> Iterator[None]:
+    """While the block runs, the loop is marked for the run's parent as waiting for a batch (or, paused, inside a
+    paused block: its held-out evaluation), so a hung loader is ended in a bounded time. Nothing without limits
+    (a reader's own loop) or without the parent's shared value (a run in this process)."""
+    if limits is None or limits.waiting is None:
+        yield
+        return
+    limits.waiting.value = -time.monotonic() if paused else time.monotonic()
+    try:
+        yield
+    finally:
+        limits.waiting.value = 0.0

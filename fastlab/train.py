@@ -42,30 +42,43 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
     or diverged, keeping the steps it finished. Once the notebook's budget is spent, a cell's own run is cut to a
     short run (fastlab.budget.own_run_cut): its result's extras["budget"] says why.
     """
-    cut = budget.own_run_cut(label)
-    result = _run(TrainingRun(config if cut is None else demonstration_config(config), label, model, dataset,
-                              progress, stop, on_step), comparison)
-    if cut is not None:
-        result.extras["budget"] = cut
-    return result
+    return _run(TrainingRun(config, label, model, dataset, progress, stop, on_step), comparison)
 
 
 def _run(training: TrainingRun, comparison: str | None = None, cold_compile_caches: bool = False) -> RunResult:
-    """One run, alone in this process's queue, in a fresh process (or, where it cannot go to one, a thread); not
-    started once the notebook's budget is spent (fastlab.budget)."""
-    refused = budget.refusal(training.result.label)
+    """One run, alone in this process's queue, in a fresh process (or, where it cannot go to one, a thread), as the
+    notebook's budget admits it (admitted)."""
+    refused = admitted(training, comparison)
     if refused is not None:
-        said = budget.say_refusal(training.result.label, refused)
-        if said:
-            print(said, flush=True)
-        return not_started(training.cfg, training.result.label, refused, comparison)
+        return refused
     check_gpu_profile_here(training.cfg, training.device)
     with exclusive_run(training.result.label):
         result = isolation.execute(training, cold_compile_caches)
     result.repeats = 1  # one run, alone: merge_repeats counts the interleaved ones
     if comparison:
         result.extras["comparison"] = comparison
+    if cut := training.result.extras.get("budget"):
+        result.extras["budget"] = cut
     return result
+
+
+def admitted(training: TrainingRun, comparison: str | None = None) -> RunResult | None:
+    """The notebook's budget (fastlab.budget) on a run about to start: a part's run once its share or the budget is
+    spent is not started (its result returned, the first refusal said); any other run of this thread is cut to a
+    short run (config.demonstration_config) once the budget is spent, `training` changed in place. None: it starts."""
+    label = training.result.label
+    refused = budget.refusal(label)
+    if refused is not None:
+        said = budget.say_refusal(label, refused)
+        if said:
+            print(said, flush=True)
+        return not_started(training.cfg, label, refused, comparison)
+    cut = budget.own_run_cut(label)
+    if cut is not None:
+        training.cfg = demonstration_config(training.cfg)
+        training.result.config = training.cfg.to_dict()
+        training.result.extras["budget"] = cut
+    return None
 
 
 _STEP_ESTIMATES: dict[tuple[str, int, str], float] = {}  # (model, images a step, device) -> seconds, this process

@@ -44,7 +44,7 @@ from .loop_instruments import MemoryLog, StepProfiler, SyncCounter
 from .loop_record import LoopRecord
 from .measure import GpuUtilSampler, Spread, resolve_device, synchronize
 from .results import RunResult
-from .run_limits import RunLimits
+from .run_limits import RunLimits, waiting_for
 from .step_parts import StepParts
 from .verdicts import turns, verdict
 
@@ -123,7 +123,7 @@ class WatchedLoader:
     def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
         w = self._watch
         t, cpu = time.perf_counter(), time.process_time()
-        with w._waiting(paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext():
+        with waiting_for(w.limits, paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext():
             got = get(source)
         wall = time.perf_counter() - t
         w._wait += wall
@@ -173,8 +173,7 @@ class Watch:
         self._wait = 0.0
         self.clock = StepClock()
         self._last_step: Step | None = None
-        self._in_step = False  # inside a `with w.step(...)`: a second one there would count each step twice
-        self._in_pause = False  # inside a `with w.paused()`: a step there would be timed with no time of its own
+        self._inside: str | None = None  # "step" or "pause": in a `with w.step(...)` or `with w.paused()` block
         self.limits = limits
         if limits is not None:
             limits.start(self.warmup_steps)
@@ -216,12 +215,12 @@ class Watch:
         self.memory.pause_started()
         p = Pause()
         t = time.perf_counter()
-        self._in_pause = True
+        self._inside = "pause"
         try:
-            with self._waiting(paused=True), self.memory.sampling():  # a hung evaluation is bounded too
+            with waiting_for(self.limits, paused=True), self.memory.sampling():  # a hung evaluation is bounded too
                 yield p
         finally:
-            self._in_pause = False
+            self._inside = None
             self._sync()
             seconds = time.perf_counter() - t
             peak = self.memory.pause_ended(self._steps)
@@ -254,7 +253,7 @@ class Watch:
         if self.record_facts and not self._steps:
             seen = FirstStepFacts(self.device.type)
             self.record.facts = seen.facts  # filled in as the step runs
-        self._in_step = True
+        self._inside = "step"
         try:
             with seen:
                 yield s
@@ -266,18 +265,18 @@ class Watch:
             self.res.status, self.res.error = "failed", f"{type(e).__name__}: {first_line}"
             raise
         finally:
-            self._in_step = False
+            self._inside = None
         self.step_done(s.batch_size, s.loss)
 
     def _refuse_nested(self, call: str) -> None:
         """A step counted inside a `with w.step(...)` would be counted again when the block ends: the images/s
         doubled without a word; one inside a `with w.paused()` would be timed with none of its own time (a negative
         or inflated speed). Both refused in one line."""
-        if self._in_pause:
+        if self._inside == "pause":
             raise RuntimeError(f"fastlab.watch: {call} inside a `with w.paused()` block: paused time is left out of "
                                "the clock, so a training step there has no time of its own; pause only what is not "
                                "training (a held-out evaluation), outside the step")
-        if self._in_step:
+        if self._inside == "step":
             raise RuntimeError(f"fastlab.watch: {call} inside a `with w.step(...)` block counts every step twice: "
                                "mark each step once, with either `with w.step(n)` or `w.step_done(n)`")
 
@@ -321,10 +320,6 @@ class Watch:
         if k == self.untimed:
             self._stop_profiler()
             self.clock.restart(time.perf_counter())  # the analysis is not the loop's time
-
-    def _waiting(self, paused: bool) -> contextlib.AbstractContextManager:
-        """Under RunLimits, the loop marked as waiting for a batch or inside a paused block (its parent bounds both)."""
-        return self.limits.waiting_for(paused) if self.limits is not None else contextlib.nullcontext()
 
     def _start(self) -> None:
         self._check_open()

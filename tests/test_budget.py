@@ -166,9 +166,9 @@ def test_a_part_another_notebook_calls_takes_a_share_of_that_notebooks_budget_to
         budget.PARTS["99_test_notebook"].clear()
 
 
-def test_a_cells_own_run_is_cut_to_a_short_run_once_the_budget_is_spent(monkeypatch, capsys):
+def test_a_run_outside_a_part_is_cut_to_a_short_run_once_the_budget_is_spent(monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(train, "_run", lambda training, comparison=None: ran.append(training.cfg) or training.result)
+    monkeypatch.setattr(train.isolation, "execute", lambda training, cold=False: ran.append(training.cfg) or training.result)
     base = config_for("smoke").replace(steps=40, warmup_steps=5, max_seconds=45.0, eval_images=256)
     clock = Clock()
     budget.start("99_test_notebook", "cpu", 60.0, clock)

@@ -21,6 +21,8 @@ from ..verdicts import ratio_of, uncredited, verdict
 
 NAME = "09_all_together:ladder"
 TTA_PART = budget.part(f"{NAME}:time_to_accuracy")  # a part of the notebook's budget (run_tta)
+RETEST_PART = budget.part(f"{NAME}:retest_dropped")  # (retest_dropped)
+COMPILE_CHECK_PART = budget.part(f"{NAME}:compile_check")  # (compile_bf16_check)
 
 def compile_skip(base: TrainConfig) -> str | None:
     """Why base's profile skips torch.compile here (Profile.skip_compile: smoke, gpu-dry), or None where it runs."""
@@ -125,7 +127,8 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
             changed = top.replace(**changes)
         except ValueError:  # it cannot apply on top (workers with the device loader)
             continue
-        pair = interleave([("top of the ladder", top), (f"top + {name}", changed)], progress=progress)
+        with budget.within(RETEST_PART, None, budget.share_of(RETEST_PART)):  # held to its share of the budget
+            pair = interleave([("top of the ladder", top), (f"top + {name}", changed)], progress=progress)
         out.append((by_name[name].title, pair))
     return out
 
@@ -423,8 +426,9 @@ def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compa
     if not bf16_supported(resolve_device(base.device)):
         return []
     cfg = base.replace(**{**COMPILE_CHECK, "model": model}, steps=steps, amp="bf16", compile="off")
-    eager = run(cfg, label="bf16 autocast, eager", progress=progress)
-    compiled = run(cfg.replace(compile="default"), label="bf16 autocast + torch.compile", progress=progress)
+    with budget.within(COMPILE_CHECK_PART, None, budget.share_of(COMPILE_CHECK_PART)):  # held to its share
+        eager = run(cfg, label="bf16 autocast, eager", progress=progress)
+        compiled = run(cfg.replace(compile="default"), label="bf16 autocast + torch.compile", progress=progress)
     return [eager, compiled]
 
 
@@ -442,7 +446,9 @@ def describe_compile_check(runs: list[RunResult], base: TrainConfig | None = Non
     env, n = compiled.env, compiled.steps_done
     where = (f"torch {env.get('torch', '?')} on {env.get('device_name', '?')}, model {compiled.config.get('model')}, "
              f"{n} step{'' if n == 1 else 's'} of the compiled run")
-    if compiled.status == "failed":
+    if not_run := [r for r in runs if r.extras.get("budget") == "not started"]:
+        said = f"not checked: {not_run[0].error}"
+    elif compiled.status == "failed":
         said = f"torch.compile failed here ({compiled.error}): the case could not be checked"
     elif compiled.status == "diverged":
         said = ("both diverged here: the divergence is not torch.compile's" if eager.status == "diverged" else

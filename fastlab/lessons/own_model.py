@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .. import budget
 from ..comparisons import comparison
 from ..config import TrainConfig
 from ..data import ImageSet, spawn_safety, worker_start_method  # noqa: F401  (re-exported: notebook 10 names them)
@@ -245,16 +246,17 @@ def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, prog
         if switched:
             print(f"first_steps: {switched}", flush=True)
     tried, skipped, images = candidates(base, dataset, max_mb)
-    baseline = run(base, label="your model as is", model=build, dataset=dataset, progress=progress)
-    baseline.extras.update(technique="baseline", skipped_techniques=skipped)
-    results = [baseline]
-    for name, changes in tried.items():
-        data = images if changes.get("loader") == "device" else dataset
-        r = run(base.replace(**changes), label=f"+ {name}", model=build, dataset=data, progress=progress)
-        r.extras["technique"] = name
-        results.append(r)
-        if r.status == "interrupted":
-            break
+    with budget.within(NAME, None, budget.share_of(NAME)):  # in notebook 10, held to this part's share of its budget
+        baseline = run(base, label="your model as is", model=build, dataset=dataset, progress=progress)
+        baseline.extras.update(technique="baseline", skipped_techniques=skipped)
+        results = [baseline]
+        for name, changes in tried.items():
+            data = images if changes.get("loader") == "device" else dataset
+            r = run(base.replace(**changes), label=f"+ {name}", model=build, dataset=data, progress=progress)
+            r.extras["technique"] = name
+            results.append(r)
+            if r.status == "interrupted":
+                break
     return results
 
 

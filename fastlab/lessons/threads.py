@@ -9,10 +9,13 @@ from typing import Any
 
 import torch
 
+from .. import budget
+from ..comparisons import comparison
 from ..config import TrainConfig
 from ..harness import TrainingRun
 from ..isolation import exclusive_run
 from ..results import RunResult
+from ..train import admitted
 from ..verdicts import turns
 
 THREADS = "08_profiling:threads"
@@ -27,10 +30,13 @@ def _switches() -> int:
 def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunResult:
     """One run, in this thread or in a plain new one; the rest is identical (fastlab.run's own loop)."""
     box: dict[str, Any] = {}
+    training = TrainingRun(cfg, label, None, None, progress, None, None)
+    if (refused := admitted(training, THREADS)) is not None:  # the notebook's budget: refused, or cut short
+        return refused
 
     def work() -> None:
         box["threads"] = torch.get_num_threads()
-        box["result"] = TrainingRun(cfg, label, None, None, progress, None, None).execute()
+        box["result"] = training.execute()
 
     with exclusive_run(label):  # one run at a time in this process, as fastlab.run does
         before = _switches()
@@ -54,9 +60,12 @@ def warm_this_thread() -> None:
         a = torch.tanh(a @ a)
 
 
+@comparison(THREADS, arms=2)  # sized by time; a part of 08's budget
 def thread_effect(base: TrainConfig, progress: bool = True, repeats: int = 2) -> list[RunResult]:
-    """The same config run in this thread and in a new thread, alternately (`repeats` of each), after this
-    thread has run torch ops. In a notebook, call it from a cell: that is the kernel's main thread."""
+    """The same config run in this thread and in a new thread, alternately (`repeats` of each, fewer where the
+    notebook's budget caps them), after this thread has run torch ops. In a notebook, call it from a cell: that is
+    the kernel's main thread."""
+    repeats = min(repeats, budget.repeats_cap() or repeats)
     warm_this_thread()
     results = []
     for i, k in turns(2, repeats):  # this thread, a new one, then the other way round...
