@@ -7,7 +7,6 @@ import contextlib
 import gc
 import logging
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from .models import ModelArg
 from .models import build_model as build_named_model
 from .preflight import preflight
 from .results import RunResult
-from .run_limits import RunEnded, RunLimits
+from .run_limits import RunEnded, RunLimits, waiting_for
 from .training import train
 from .watch import Watch
 
@@ -67,14 +66,9 @@ class TrainingRun:
         data, res.dataset = load_data(cfg, self.dataset_arg, self.preloaded)
         if par is None and (self.model_arg is not None or self.dataset_arg is not None):
             # the reader's own model or data: a wrong shape or label is named before any timing, not mid-run
-            if self.waiting is not None:  # reading its sample is waiting for data too (a hung Dataset is bounded)
-                self.waiting.value = time.monotonic()
-            try:
+            with waiting_for(self.waiting, paused=False):  # reading its sample is waiting for data too
                 preflight(self.model_arg if self.model_arg is not None else (lambda: build_named_model(cfg.model)),
                           data, cfg)
-            finally:
-                if self.waiting is not None:
-                    self.waiting.value = 0.0
         runs, no_ops, notes = as_run_here(cfg, dev)  # the result keeps the config as asked
         self.no_ops.update(no_ops)
         if notes:

@@ -113,15 +113,15 @@ class RunLimits:
 
 
 @contextlib.contextmanager
-def waiting_for(limits: RunLimits | None, paused: bool) -> Iterator[None]:
-    """While the block runs, the loop is marked for the run's parent as waiting for a batch (or, paused, inside a
-    paused block: its held-out evaluation), so a hung loader is ended in a bounded time. Nothing without limits
-    (a reader's own loop) or without the parent's shared value (a run in this process)."""
-    if limits is None or limits.waiting is None:
+def waiting_for(waiting: Any, paused: bool) -> Iterator[None]:
+    """While the block runs, the loop is marked in the parent's shared value (RunLimits.waiting) as waiting for a
+    batch (or, paused, inside a paused block: its held-out evaluation), so a hung loader is ended in a bounded time.
+    Nothing without that value (a reader's own loop, a run in this process)."""
+    if waiting is None:
         yield
         return
-    limits.waiting.value = -time.monotonic() if paused else time.monotonic()
+    waiting.value = -time.monotonic() if paused else time.monotonic()
     try:
         yield
     finally:
-        limits.waiting.value = 0.0
+        waiting.value = 0.0

@@ -123,7 +123,7 @@ class WatchedLoader:
     def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
         w = self._watch
         t, cpu = time.perf_counter(), time.process_time()
-        with waiting_for(w.limits, paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext():
+        with waiting_for(w.limits and w.limits.waiting, paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext():
             got = get(source)
         wall = time.perf_counter() - t
         w._wait += wall
@@ -217,7 +217,7 @@ class Watch:
         t = time.perf_counter()
         self._inside = "pause"
         try:
-            with waiting_for(self.limits, paused=True), self.memory.sampling():  # a hung evaluation is bounded too
+            with waiting_for(self.limits and self.limits.waiting, paused=True), self.memory.sampling():  # a hung evaluation is bounded too
                 yield p
         finally:
             self._inside = None
