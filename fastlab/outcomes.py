@@ -306,7 +306,7 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     # seconds alone may be the machine's load changing: credited only when fewer steps or a faster step show it
     speed = verdict(pooled_throughput(base.runs), pooled_throughput(other.runs))
     if not (steps.better or (speed.better and not steps_too)):
-        per_image = (f"images/s {speed.ratio:.2f}x: {speed.direction}" + (", a single pair" if speed.single_pair else "")
+        per_image = (f"images/s {speed.ratio:.2f}x: " + ("cannot tell, a single pair" if speed.single_pair else speed.direction)
                      if speed.comparable else "images/s not measured")
         return TtaVerdict(False, f"{ratio:.2f}x in seconds to {other.target:.0%}, but neither the steps to target "
                                  f"(median {other.steps.median:.0f} vs {base.steps.median:.0f}: {steps.direction}) nor "

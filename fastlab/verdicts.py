@@ -130,9 +130,11 @@ class Comparison:
             head += f", {len(b.repeats)} interleaved repeats"
         rate = self.unit.endswith("/s")
         lead = f"{self.ratio:.2f}x" + (f" the {self.quantity}" if self.quantity and not rate else "")
+        if self.single_pair:  # not "noise": a ratio of any size may be drift here, so it reads "cannot tell"
+            return (f"{lead}: cannot tell (one run a side); {head}; could not be told apart: {self.unseen}; run both "
+                    "in turns, 2 repeats or more: fastlab.compare")
         if self.noise:
-            rerun = "; run both in turns, 2 repeats or more: fastlab.compare" if self.single_pair else ""
-            return f"{lead}: noise; {head}; could not be told apart: {self.unseen}{rerun}"
+            return f"{lead}: noise; {head}; could not be told apart: {self.unseen}"
         up, down = ("faster", "slower") if rate else ("higher", "lower")
         return f"{lead} ({up if self.ratio > 1 else down}); {head}; {self.power}"
 

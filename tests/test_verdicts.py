@@ -124,6 +124,8 @@ def test_one_sequential_pair_reads_neither_better_nor_worse_and_two_agreeing_rep
     c = runs_verdict(a, b)
     assert c.noise and c.single_pair and c.detectable == math.inf
     assert "cannot tell drift from an effect" in c.words and "(slower)" not in c.words
+    # a 10x ratio from one run a side is not called noise: its words say it cannot tell, and why
+    assert c.words.startswith(f"{c.ratio:.2f}x: cannot tell (one run a side); ") and "noise" not in c.words
     trap = runs_verdict(arm("A", [1000, 1005, 1010], [990, 995, 1000]), b)  # a trap's one demonstration run
     assert trap.noise and trap.single_pair and "one side is one run" in trap.words
     # the same two arms run twice in turns (A B, B A), each repeat showing B slower outside its spread: worse
