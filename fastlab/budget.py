@@ -135,6 +135,33 @@ def own_run_cut(label: str) -> str | None:
     return reason
 
 
+FEWEST_RUN_SECONDS = 10.0  # a run's max_seconds is never cut below this to fit a part's share
+
+
+def max_seconds_within(name: str, runs: int, overhead_seconds: float, max_seconds: float) -> float | None:
+    """The max_seconds each of a part's next `runs` may have so that they fit what is left of its share (the part
+    running now: its share's end; else share_of): (left - overhead_seconds) / runs, never below FEWEST_RUN_SECONDS.
+    overhead_seconds: their wall time beyond max_seconds together (process starts, launches, evaluation). None: no cut
+    (no budget, a part without a share, or max_seconds, 0 meaning none, already fits). The first cut of a part is said
+    in one line."""
+    b = _ACTIVE
+    if b is None or runs < 1:
+        return None
+    left = (b.part_ends - b.clock() if b.running == name and b.part_ends is not None else share_of(name))
+    if left is None:
+        return None
+    per_run = max(FEWEST_RUN_SECONDS, (left - overhead_seconds) / runs)
+    if max_seconds and per_run >= max_seconds:
+        return None
+    if f"fit {name}" not in b.said:
+        b.said.add(f"fit {name}")
+        was = f"{max_seconds:g} s" if max_seconds else "none"
+        print(f"{name}: budget: {duration(max(0.0, left))} of this part's share is left for {runs} run"
+              f"{'s' if runs > 1 else ''}, so each stops after {per_run:.0f} s (max_seconds; the profile's: {was}): "
+              "fewer steps, so a smaller difference may not be told apart", flush=True)
+    return round(per_run, 1)
+
+
 def say_refusal(label: str, reason: str) -> str | None:
     """The one line that says the budget (or a part's share) is spent, for the first run it stops (None for the ones
     after it: their results carry the reason)."""

@@ -262,11 +262,11 @@ def test_the_ddp_demo_fits_its_runs_to_its_share(capsys):
     share = budget.share_of(ddp.NAME)
     assert share < 240.0  # the exercise is a part of the notebook too
     cut = ddp.fit_to_budget(cfg, runs=4, launches=2)
-    expected = max(ddp.FEWEST_TIMED_SECONDS, (share - 2 * ddp.LAUNCH_OVERHEAD_SECONDS) / 4)
+    expected = max(budget.FEWEST_RUN_SECONDS, (share - 2 * ddp.LAUNCH_OVERHEAD_SECONDS) / 4)
     assert cut.max_seconds == round(expected, 1) < cfg.max_seconds
-    assert "each run's timed steps stop after" in capsys.readouterr().out
+    assert "so each stops after" in capsys.readouterr().out
     clock.now += 1000.0  # spent: the runs keep their floor, so the cell's figures still come
-    assert ddp.fit_to_budget(cfg, runs=4, launches=2).max_seconds == ddp.FEWEST_TIMED_SECONDS
+    assert ddp.fit_to_budget(cfg, runs=4, launches=2).max_seconds == budget.FEWEST_RUN_SECONDS
 
 
 def test_the_timings_table_says_each_notebooks_budget_and_estimate_beside_its_time(tmp_path):
@@ -324,3 +324,38 @@ def test_a_part_stops_at_its_own_share_leaving_the_rest_to_the_parts_after_it(qu
     with budget.within("01_data_loading:pipeline", None, share=12.0):  # the next part has its own share
         fastlab.interleave([("C", quick), ("D", quick.replace(seed=1))], repeats=1, progress=False)
     assert started[3:] == ["C", "D"]
+
+
+def test_first_steps_fits_each_run_to_what_is_left_of_its_share_from_the_runs_it_measured(monkeypatch, capsys):
+    # notebook 10 at load 6: each MobileNet run took 45 s of training and 30 s around it, for an 88 s share
+    from types import SimpleNamespace
+
+    from fastlab.lessons import own_model
+
+    clock, caps = Clock(), []
+
+    def run_with_overhead(training, cold=False):
+        caps.append(training.cfg.max_seconds)
+        trained = min(training.cfg.max_seconds, 45.0)
+        clock.now += 30.0 + trained
+        return RunResult(config=training.cfg.to_dict(), label=training.result.label, window_throughput=[1.0],
+                         step_seconds=[1.0], warmup_seconds=1.0, timed_seconds=trained - 1.0)
+
+    monkeypatch.setattr(train.isolation, "execute", run_with_overhead)
+    monkeypatch.setattr(train, "check_gpu_profile_here", lambda cfg, dev: None)
+    monkeypatch.setattr(own_model, "time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(own_model, "candidates",
+                        lambda base, ds, mb: ({"A": dict(seed=1), "B": dict(seed=2), "C": dict(seed=3)}, {}, None))
+    cfg = config_for("cpu", device="cpu")
+    data = (own_model.StripesDataset(8, "train", 0), own_model.StripesDataset(8, "held_out", 0))
+    first = own_model.first_steps(cfg, model=own_model.demo_model, dataset=data, progress=False)
+    assert len(first) == 4 and caps == [45.0] * 4  # no budget: the profile's max_seconds, every run
+    budget.start("10_your_own_model", "cpu", 240.0, clock)
+    share, caps[:] = budget.share_of(own_model.NAME), []
+    started = clock.now
+    results = own_model.first_steps(cfg, model=own_model.demo_model, dataset=data, progress=False)
+    ran = [c for c, r in zip(caps, results) if r.step_seconds]
+    assert ran[0] < 45.0 and all(later <= ran[0] for later in ran[1:])  # the later ones know the 30 s around a run
+    assert clock.now - started <= share + 30.0 + budget.FEWEST_RUN_SECONDS  # past it by at most its shortest run
+    said = capsys.readouterr().out
+    assert said.count("so each stops after") == 1 and "max_seconds; the profile's: 45 s" in said

@@ -24,7 +24,6 @@ LAUNCH_TIMEOUT_S = 600.0  # bounds each torchrun launch; each run inside also ha
 # A launch's wall time beyond its runs' timed steps (torchrun, each rank's imports, the process group, data, warm-up,
 # evaluation): assumed from a loaded 2-core CPU, where 4 runs of at most 45 timed seconds in 2 launches took 316 s.
 LAUNCH_OVERHEAD_SECONDS = 30.0
-FEWEST_TIMED_SECONDS = 10.0  # a run's timed steps are never cut below this to fit the notebook's budget
 
 
 @dataclass(frozen=True)
@@ -158,19 +157,9 @@ def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUN
 
 
 def fit_to_budget(cfg: TrainConfig, runs: int, launches: int) -> TrainConfig:
-    """cfg with each run's timed steps stopped at its share of the notebook's budget (fastlab.budget), never below
-    FEWEST_TIMED_SECONDS; the cut said in one line. Unchanged without a budget or where the share is enough."""
-    share = budget.share_of(NAME)
-    if share is None:
-        return cfg
-    per_run = max(FEWEST_TIMED_SECONDS, (share - launches * LAUNCH_OVERHEAD_SECONDS) / runs)
-    if cfg.max_seconds and per_run >= cfg.max_seconds:
-        return cfg
-    was = f"{cfg.max_seconds:g} s" if cfg.max_seconds else "none"
-    print(f"{NAME}: budget: this part's share is {budget.duration(share)} for {runs} runs in {launches} launches, so "
-          f"each run's timed steps stop after {per_run:.0f} s (max_seconds; the profile's: {was}): fewer steps, so a "
-          "smaller difference may not be told apart", flush=True)
-    return cfg.replace(max_seconds=round(per_run, 1))
+    """cfg with each run's max_seconds fitted to the part's share of the notebook's budget (budget.max_seconds_within)."""
+    cut = budget.max_seconds_within(NAME, runs, launches * LAUNCH_OVERHEAD_SECONDS, cfg.max_seconds)
+    return cfg if cut is None else cfg.replace(max_seconds=cut)
 
 
 @dataclass(frozen=True)

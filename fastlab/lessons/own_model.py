@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -246,17 +247,25 @@ def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, prog
         if switched:
             print(f"first_steps: {switched}", flush=True)
     tried, skipped, images = candidates(base, dataset, max_mb)
+    plan = [("your model as is", "baseline", base, dataset)] + [
+        (f"+ {name}", name, base.replace(**changes), images if changes.get("loader") == "device" else dataset)
+        for name, changes in tried.items()]
+    results: list[RunResult] = []
+    overhead = budget.RUN_OVERHEAD_SECONDS  # a run's wall time beyond its training: measured after each run
     with budget.within(NAME, None, budget.share_of(NAME)):  # in notebook 10, held to this part's share of its budget
-        baseline = run(base, label="your model as is", model=build, dataset=dataset, progress=progress)
-        baseline.extras.update(technique="baseline", skipped_techniques=skipped)
-        results = [baseline]
-        for name, changes in tried.items():
-            data = images if changes.get("loader") == "device" else dataset
-            r = run(base.replace(**changes), label=f"+ {name}", model=build, dataset=data, progress=progress)
-            r.extras["technique"] = name
+        for i, (label, technique, cfg, data) in enumerate(plan):
+            left = len(plan) - i
+            cut = budget.max_seconds_within(NAME, left, left * overhead, cfg.max_seconds)
+            started = time.monotonic()
+            r = run(cfg if cut is None else cfg.replace(max_seconds=cut), label=label, model=build, dataset=data,
+                    progress=progress)
+            if r.step_seconds:
+                overhead = max(overhead, time.monotonic() - started - r.warmup_seconds - r.timed_seconds)
+            r.extras["technique"] = technique
             results.append(r)
             if r.status == "interrupted":
                 break
+    results[0].extras["skipped_techniques"] = skipped
     return results
 
 
