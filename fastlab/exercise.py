@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import os
 import textwrap
 from collections.abc import Callable
@@ -75,10 +76,11 @@ def solution_diff(given: LoopFn, solved: LoopFn) -> CodeDiff:
 
 
 def _statements(fn: LoopFn) -> str:
-    """The function's body as Python reads it: comments, blank lines and line breaks do not count."""
+    """The function's decorators and body as Python reads them: comments, blank lines and line breaks do not count
+    (a decorator such as @torch.autocast(...) changes what runs)."""
     tree = ast.parse(loop_source(fn))
-    body = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))).body
-    return ast.dump(ast.Module(body=body, type_ignores=[]))
+    f = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return ast.dump(ast.Module(body=[*map(ast.Expr, f.decorator_list), *f.body], type_ignores=[]))
 
 
 def unchanged(given: LoopFn, mine: LoopFn) -> bool:
@@ -99,6 +101,109 @@ class Technique:
     quantity: str = "speed"
 
 
+SCHEDULE_TOLERANCE = 1e-4  # of the starting learning rate: a scheduler's recursive float arithmetic, not a schedule
+SPAN = (-1, 0.25)  # a cosine's steps to its minimum, against the loop's optimiser steps n: from n - 1 to 1.25 n
+SCALED_GRAD = 2.0  # a cross-entropy's gradient at the logits is at most 1 an element: above 2, the loss was scaled
+STEP_CALL = "sched.step() once per optimiser step, after opt.step()"
+
+
+def _cosine(lrs: list[float]) -> tuple[float, float] | None:
+    """(steps to the minimum T, the minimum) of the cosine `lrs` follows from its first value (CosineAnnealingLR's
+    lr0 -> eta_min over T steps), fitted on the first three and held at every step; None: not such a cosine."""
+    d1, d2 = lrs[0] - lrs[1], lrs[0] - lrs[2]
+    if d1 <= 0:
+        return None
+    c = d2 / (2 * d1) - 1  # (1 - cos 2t) / (1 - cos t) = 2 (1 + cos t), with t = pi / T
+    if not -1 < c < 1:
+        return None
+    t, half = math.acos(c), d1 / (1 - c)  # half: (lr0 - eta_min) / 2
+    formula = [lrs[0] - half * (1 - math.cos(t * k)) for k in range(len(lrs))]
+    if any(abs(a - b) > SCHEDULE_TOLERANCE * lrs[0] for a, b in zip(lrs, formula)):
+        return None
+    low = lrs[0] - 2 * half
+    return math.pi / t, 0.0 if abs(low) <= SCHEDULE_TOLERANCE * lrs[0] else low
+
+
+def schedule_reading(f: dict) -> tuple[bool | None, str]:
+    """Whether the loop's optimiser is AdamW with weight decay and its learning rate followed a cosine to its
+    minimum over the loop's optimiser steps, stepped each step; and what the watch saw, in the learner's terms."""
+    lrs, opt = f.get("lrs") or [], f["optimizer"]
+    if opt is None:
+        return None, "no optimiser step"
+    said = f"{opt}(weight_decay={f['weight_decay']:g}{', fused=True' if f['fused'] else ''})"
+    if opt != "AdamW":
+        return False, f"{said}: swap it for torch.optim.AdamW (decoupled weight decay)"
+    if not f["weight_decay"]:
+        return False, f"{said}: with weight_decay=0 AdamW decays nothing; give it weight_decay=1e-2"
+    n = len(lrs)
+    if n < 3:
+        return None, f"{said}, {n} optimiser step(s): too few to see a schedule"
+    start = f"{said}, the learning rate {lrs[0]:.3g}"
+    if max(lrs) - min(lrs) <= SCHEDULE_TOLERANCE * lrs[0]:
+        built = "a scheduler was built but " if f["scheduled"] else "no scheduler: "
+        return False, f"{start} at every one of {n} optimiser steps: {built}it did not move; call {STEP_CALL}"
+    if lrs[1] > lrs[0]:
+        return None, (f"{start} rising to {lrs[1]:.3g} at the next step (a warm-up?): the check matches a cosine from "
+                      "the first step and cannot judge this schedule")
+    fit = _cosine(lrs)
+    if fit is None:
+        return False, (f"{start} -> {lrs[1]:.3g} -> {lrs[2]:.3g}... does not follow a cosine (CosineAnnealingLR) "
+                       f"stepped every step: use it, and call {STEP_CALL}")
+    steps, low = fit
+    if not n + SPAN[0] <= steps <= n * (1 + SPAN[1]):
+        where = (f"reaches its minimum after {steps:.0f} steps and rises again" if steps < n else
+                 f"spans {steps:.0f} steps, so it ends at {lrs[-1]:.3g}, far from its minimum")
+        return False, (f"{start} follows a cosine that {where}, in a loop of {n} optimiser steps: T_max counts "
+                       f"sched.step() calls; set it to the loop's optimiser steps (len(batches) here)")
+    return True, f"{start} -> {lrs[-1]:.3g}, a cosine to {low:.3g} over {steps:.0f} steps, stepped each of {n} steps"
+
+
+def autocast_reading(f: dict) -> tuple[bool | None, str]:
+    """Whether the loop's forward ran under autocast to a 16-bit type, with backward and the optimiser step outside
+    it, and with fp16 the loss scaled (a GradScaler) and the gradients unscaled before the step; and what the watch
+    saw, in the learner's terms."""
+    if not f["autocast"]:
+        return False, "the forward in float32: no autocast reached the model's modules"
+    said = f"the forward under autocast to {f['autocast']}"
+    if f["backward_autocast"]:
+        return False, f"{said}, and backward inside it too: end the `with torch.autocast(...)` block after the loss"
+    if f["step_autocast"]:
+        return False, f"{said}, and the optimiser step inside it too: end the autocast block after the loss"
+    if f["autocast"] != "float16":
+        return True, f"{said}, backward and the optimiser step outside it"
+    if f["output_grad_max"] is None or f["optimizer"] is None:
+        return None, f"{said}: no backward or optimiser step seen, so its gradient scaling could not be read"
+    if f["output_grad_max"] <= SCALED_GRAD:
+        return False, (f"{said} with no GradScaler: fp16 gradients underflow to zero unscaled; scaler = "
+                       "torch.amp.GradScaler(device.type); scaler.scale(loss).backward(); scaler.step(opt); "
+                       "scaler.update()")
+    if f["unscaled_by"] is None:
+        return None, f"{said}, the loss scaled: whether the step saw unscaled gradients could not be read"
+    if f["unscaled_by"] < SCALED_GRAD:
+        return False, (f"{said}, the loss scaled, but the optimiser stepped on the scaled gradients: call "
+                       "scaler.step(opt) (it unscales them first) and scaler.update(), not opt.step()")
+    return True, f"{said}, the loss scaled by a GradScaler and unscaled before the step, backward outside autocast"
+
+
+def channels_last_reading(f: dict) -> tuple[bool | None, str]:
+    """Whether every convolution of the first training forward got its input and its weights channels_last (NHWC);
+    and what the watch saw, in the learner's terms."""
+    n = f["convs"]
+    if not n:
+        return None, "no convolution in the training forward: channels_last has nothing to change"
+    said = (f"{f['convs_input_nhwc']} of {n} convolutions got channels_last input, {f['convs_weights_nhwc']} "
+            "channels_last weights")
+    missing = []
+    if f["convs_weights_nhwc"] < n:
+        missing.append("model = model.to(device, memory_format=torch.channels_last)")
+    if not f["first_conv_input_nhwc"]:
+        missing.append("x = x.contiguous(memory_format=torch.channels_last), and use the x it returns: the batch "
+                       "reaching the first convolution is NCHW")
+    elif f["convs_input_nhwc"] < n:
+        missing.append("keep the activations channels_last between the convolutions")
+    return (False, f"{said}: " + "; ".join(missing)) if missing else (True, said)
+
+
 TECHNIQUES: dict[str, Technique] = {
     "workers": Technique(
         "01_data_loading", "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
@@ -106,13 +211,12 @@ TECHNIQUES: dict[str, Technique] = {
         lambda f: (f"DataLoader(num_workers={f['num_workers']}, pin_memory={f.get('pin_memory')})"
                    if f.get("loader") == "dataloader" else "no DataLoader")),
     "autocast": Technique(
-        "02_mixed_precision", "with torch.autocast(device.type, dtype=...): around the forward and the loss",
-        lambda f, g: f["autocast"] in ("float16", "bfloat16"),
-        lambda f: f"the forward under autocast to {f['autocast']}" if f["autocast"] else "the forward in float32"),
+        "02_mixed_precision", "with torch.autocast(device.type, dtype=...): around the forward and the loss (and a "
+        "GradScaler for fp16)", lambda f, g: autocast_reading(f)[0], lambda f: autocast_reading(f)[1]),
     "channels_last": Technique(
-        "03_cudnn_benchmark_and_channels_last", "model.to(device, memory_format=torch.channels_last) and x.contiguous(memory_format=torch.channels_last)",
-        lambda f, g: f["input_layout"] == f["weights_layout"] == "channels_last",
-        lambda f: f"the model's weights in the {f['weights_layout']} layout, its input in the {f['input_layout']}"),
+        "03_cudnn_benchmark_and_channels_last", "model.to(device, memory_format=torch.channels_last) and x = "
+        "x.contiguous(memory_format=torch.channels_last)", lambda f, g: channels_last_reading(f)[0],
+        lambda f: channels_last_reading(f)[1]),
     "batch_size": Technique(
         "04_batch_size", "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
         lambda f, g: f["images_per_step"] > g["images_per_step"] and (f["lr"] or 0) > (g["lr"] or 0),
@@ -124,10 +228,9 @@ TECHNIQUES: dict[str, Technique] = {
         lambda f: f"{f['eval_with_grad']} of {f['eval_forwards']} evaluation forwards recording a graph",
         quantity="memory"),
     "adamw_schedule": Technique(
-        "06_adamw_and_schedules", "torch.optim.AdamW(...) and a scheduler (CosineAnnealingLR) stepped every batch",
-        lambda f, g: f["optimizer"] == "AdamW" and f["scheduled"],
-        lambda f: f"{f['optimizer']}, " + ("a scheduler attached" if f["scheduled"] else "no scheduler"),
-        quantity="loss"),
+        "06_adamw_and_schedules", "torch.optim.AdamW(..., weight_decay=1e-2) and a CosineAnnealingLR(opt, "
+        "T_max=len(batches)) stepped every batch", lambda f, g: schedule_reading(f)[0],
+        lambda f: schedule_reading(f)[1], quantity="loss"),
     "export": Technique(
         "07_compile_and_export", "torch.export.export(model, (example,), dynamic_shapes=...).module()",
         lambda f, g: f["graph_module"], lambda f: f"the model called as {f['model']}"),

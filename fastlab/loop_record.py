@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .loop_facts import FirstStepFacts, StepRates
 from .measure import environment
 from .results import RunResult
 
@@ -147,6 +148,15 @@ class LoopRecord:
         kept = ("loader", "num_workers", "batch_size", "persistent_workers")
         _EARLIER.append({"label": res.label, "dataset": res.dataset.get("name"), "status": res.status,
                          "window_throughput": list(res.window_throughput), **{k: res.config.get(k) for k in kept}})
+
+    def step_facts(self, step: int, device_type: str) -> contextlib.AbstractContextManager:
+        """What to record around the step after `step` steps: the first step's facts, then each later step's
+        optimiser steps (their learning rates) into them."""
+        if step == 0 or not self.facts:
+            seen = FirstStepFacts(device_type)
+            self.facts = seen.facts  # filled in as the step runs
+            return seen
+        return StepRates(self.facts, device_type)
 
     def facts_seen(self, res: RunResult, device: torch.device) -> dict[str, Any]:
         """What the first step did, with the loader and what the loop around it did (an exercise's check reads it)."""

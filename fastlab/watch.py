@@ -39,7 +39,6 @@ import torch
 from . import budget
 from .clocks import DivergenceWatch, KeptLosses, StepClock
 from .config import positive_int
-from .loop_facts import FirstStepFacts
 from .loop_instruments import MemoryLog, StepProfiler, SyncCounter
 from .loop_record import LoopRecord
 from .measure import GpuUtilSampler, Spread, resolve_device, synchronize
@@ -249,10 +248,7 @@ class Watch:
         self._check_open()  # before the body: a finished watch does not run (and then refuse) a training step
         self._refuse_nested("with w.step(...)")
         self._last_step = s
-        seen: contextlib.AbstractContextManager = contextlib.nullcontext()
-        if self.record_facts and not self._steps:
-            seen = FirstStepFacts(self.device.type)
-            self.record.facts = seen.facts  # filled in as the step runs
+        seen = self.record.step_facts(self._steps, self.device.type) if self.record_facts else contextlib.nullcontext()
         self._inside = "step"
         try:
             with seen:
@@ -409,7 +405,8 @@ class LoopComparison:
     after: list[RunResult]
     before_speed: Spread
     after_speed: Spread
-    # "faster", "slower", "no measurable difference", "diverged", "fixed" (before diverged), "failed" or "not run"
+    # "faster", "slower", "no measurable difference", "could not tell" (one run a side), "diverged", "fixed" (before
+    # diverged), "failed" or "not run"
     # (the notebook's budget was spent)
     outcome: str
     sentence: str
@@ -478,7 +475,8 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
     b = Spread.of([x for r in before for x in r.window_throughput], [r.window_throughput for r in before])
     a = Spread.of([x for r in after for x in r.window_throughput], [r.window_throughput for r in after])
     c = verdict(b, a)
-    outcome = {"noise": "no measurable difference", "better": "faster", "worse": "slower"}.get(c.direction, "failed")
+    outcome = ("could not tell" if c.single_pair else
+               {"noise": "no measurable difference", "better": "faster", "worse": "slower"}.get(c.direction, "failed"))
     notes = [f"{r.label}: {n}" for r in before[:1] + after[:1] for n in r.extras.get("watch", {}).get("notes", [])]
     if len(before) < 2:
         notes.append("one run each: a drift in the machine's load between them is not averaged out (repeats=3)")
