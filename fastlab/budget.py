@@ -22,6 +22,7 @@ EVAL_SHARE_OF_A_STEP = 1 / 3
 # The share of a notebook's budget its parts are not split: kept for the cells' own single runs, which are never cut
 # (in 01 under the cpu profile at load 6 they and the imports took 130 s of its 380 s).
 OWN_RUNS_SHARE = 0.25
+CUT = "cut to a short run"  # how a cell's own run cut by the spent budget is described (extras["budget"], summary)
 
 
 @dataclass
@@ -55,6 +56,14 @@ class NotebookBudget:
 
 _ACTIVE: NotebookBudget | None = None
 PARTS: dict[str, list[str]] = {}  # notebook -> the parts its budget is split among ("NN_notebook:what" each)
+
+
+@contextlib.contextmanager
+def held(name: str) -> Iterator[None]:
+    """While the part `name` runs: its runs refused once its share of the notebook's budget (share_of), or the whole
+    budget, is spent (within, with no repeats to cap)."""
+    with within(name, None, share_of(name)):
+        yield
 
 
 def part(name: str, notebook: str | None = None) -> str:
@@ -126,12 +135,10 @@ def own_run_cut(label: str) -> str | None:
     if (b is None or b.running is not None or threading.current_thread() is not threading.main_thread()
             or not b.spent()):
         return None
-    reason = f"cut to a short run: {b.describe()} was spent after {duration(b.elapsed())}"
-    if "own runs" not in b.said:
-        b.said.add("own runs")
-        print(f"budget: '{label}' is {reason}, and so is every later run of this notebook's cells (one warm-up step, "
-              "a few timed steps and a few held-out images: its figures rest on those; run the first cell again for "
-              "a new budget)", flush=True)
+    reason = f"{CUT}: {b.describe()} was spent after {duration(b.elapsed())}"
+    say_once("own runs", f"budget: '{label}' is {reason}, and so is every later run of this notebook's cells (one "
+             "warm-up step, a few timed steps and a few held-out images: its figures rest on those; run the first "
+             "cell again for a new budget)")
     return reason
 
 
@@ -153,29 +160,35 @@ def max_seconds_within(name: str, runs: int, overhead_seconds: float, max_second
     per_run = max(FEWEST_RUN_SECONDS, (left - overhead_seconds) / runs)
     if max_seconds and per_run >= max_seconds:
         return None
-    if f"fit {name}" not in b.said:
-        b.said.add(f"fit {name}")
-        was = f"{max_seconds:g} s" if max_seconds else "none"
-        print(f"{name}: budget: {duration(max(0.0, left))} of this part's share is left for {runs} run"
-              f"{'s' if runs > 1 else ''}, so each stops after {per_run:.0f} s (max_seconds; the profile's: {was}): "
-              "fewer steps, so a smaller difference may not be told apart", flush=True)
+    was = f"{max_seconds:g} s" if max_seconds else "none"
+    say_once(f"fit {name}", f"{name}: budget: {duration(max(0.0, left))} of this part's share is left for {runs} run"
+             f"{'s' if runs > 1 else ''}, so each stops after {per_run:.0f} s (max_seconds; the profile's: {was}): "
+             "fewer steps, so a smaller difference may not be told apart")
     return round(per_run, 1)
 
 
-def say_refusal(label: str, reason: str) -> str | None:
-    """The one line that says the budget (or a part's share) is spent, for the first run it stops (None for the ones
-    after it: their results carry the reason)."""
+def say_once(key: str, line: str) -> None:
+    """Print `line` the first time the active budget says `key` (a refusal, a part's cut, the own runs' cut); the
+    runs after it carry the reason in their results."""
+    b = _ACTIVE
+    if b is not None and key not in b.said:
+        b.said.add(key)
+        print(line, flush=True)
+
+
+def say_refusal(label: str, reason: str) -> None:
+    """Say, once, that the budget (or the running part's share of it) is spent, at the first run it stops."""
     b = _ACTIVE
     if b is None:
-        return None
+        return
     whose = "" if b.spent() else (b.running or "")
-    if whose in b.said:
-        return None
-    b.said.add(whose)
     if whose:
-        return f"budget: '{label}' {reason}: this part's later runs are not started either (each result says so)"
-    return (f"budget: '{label}' {reason}, and so is every run of this notebook's cells after it (each result says "
-            f"so; run the first cell again for a new budget, or set FASTLAB_THOROUGH=1 for the thorough version)")
+        say_once(whose, f"budget: '{label}' {reason}: this part's later runs are not started either (each result "
+                        "says so)")
+    else:
+        say_once("", f"budget: '{label}' {reason}, and so is every run of this notebook's cells after it (each "
+                     "result says so; run the first cell again for a new budget, or set FASTLAB_THOROUGH=1 for the "
+                     "thorough version)")
 
 
 def repeats_cap() -> int | None:

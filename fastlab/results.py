@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import budget
 from .files import write_json
 from .measure import Spread
 from .version import __version__
@@ -157,7 +158,7 @@ class RunResult:
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
         short = self.extras.get("budget", "")
-        short = f", a short run: {short}" if str(short).startswith("cut to a short run") else ""
+        short = f", a short run: {short}" if str(short).startswith(budget.CUT) else ""
         if not self.window_throughput:
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
                     f"({self.error or 'stopped early'}; {step_time(self)}), {data}{short}")

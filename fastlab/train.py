@@ -69,9 +69,7 @@ def admitted(training: TrainingRun, comparison: str | None = None) -> RunResult 
     label = training.result.label
     refused = budget.refusal(label)
     if refused is not None:
-        said = budget.say_refusal(label, refused)
-        if said:
-            print(said, flush=True)
+        budget.say_refusal(label, refused)
         return not_started(training.cfg, label, refused, comparison)
     cut = budget.own_run_cut(label)
     if cut is not None:

@@ -441,8 +441,7 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
         name, fn = labels[side], (before, after)[side]
         label = f"{name} #{i + 1}" if repeats > 1 else name
         if (refused := budget.refusal(label)) is not None:
-            if said := budget.say_refusal(label, refused):
-                print(said, flush=True)
+            budget.say_refusal(label, refused)
             runs[name].append(RunResult({}, label=label, status="time_limited", error=refused,
                                         extras={"budget": "not started"}))
             continue

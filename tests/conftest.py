@@ -1,13 +1,23 @@
 """Test settings: the smoke profile, no display, and a data folder that starts empty (no downloads)."""
 
+import atexit
 import os
+import shutil
 import signal
 import tempfile
 
+
+def _temporary_folder(prefix: str) -> str:
+    """A new folder under the system's temporary one, removed when the test session's process ends."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 os.environ["FASTLAB_PROFILE"] = "smoke"
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ["FASTLAB_DATA_DIR"] = tempfile.mkdtemp(prefix="fastlab-data-")
-os.environ["FASTLAB_RESULTS_DIR"] = tempfile.mkdtemp(prefix="fastlab-results-")  # claim verdicts
+os.environ["FASTLAB_DATA_DIR"] = _temporary_folder("fastlab-data-")
+os.environ["FASTLAB_RESULTS_DIR"] = _temporary_folder("fastlab-results-")  # claim verdicts
 os.environ.pop("FASTLAB_DATA", None)
 # A job started in the background (`nohup make test &`, some CI runners) inherits Ctrl-C ignored, and so does every
 # process it starts: the tests that send a Ctrl-C need Python's own handler (children inherit it as the default).

@@ -127,7 +127,7 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
             changed = top.replace(**changes)
         except ValueError:  # it cannot apply on top (workers with the device loader)
             continue
-        with budget.within(RETEST_PART, None, budget.share_of(RETEST_PART)):  # held to its share of the budget
+        with budget.held(RETEST_PART):
             pair = interleave([("top of the ladder", top), (f"top + {name}", changed)], progress=progress)
         out.append((by_name[name].title, pair))
     return out
@@ -183,7 +183,7 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
     """Time to accuracy of tta_rung_names over tta_seeds(base), with each rung's config; all-no-op rungs skipped."""
-    with budget.within(TTA_PART, None, budget.share_of(TTA_PART)):  # its runs are held to its share of the budget
+    with budget.held(TTA_PART):
         return _run_tta(results, base, progress)
 
 
@@ -426,7 +426,7 @@ def compile_bf16_check(base: TrainConfig, steps: int = 4, *, model: str = "compa
     if not bf16_supported(resolve_device(base.device)):
         return []
     cfg = base.replace(**{**COMPILE_CHECK, "model": model}, steps=steps, amp="bf16", compile="off")
-    with budget.within(COMPILE_CHECK_PART, None, budget.share_of(COMPILE_CHECK_PART)):  # held to its share
+    with budget.held(COMPILE_CHECK_PART):
         eager = run(cfg, label="bf16 autocast, eager", progress=progress)
         compiled = run(cfg.replace(compile="default"), label="bf16 autocast + torch.compile", progress=progress)
     return [eager, compiled]

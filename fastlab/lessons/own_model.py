@@ -252,7 +252,7 @@ def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, prog
         for name, changes in tried.items()]
     results: list[RunResult] = []
     overhead = budget.RUN_OVERHEAD_SECONDS  # a run's wall time beyond its training: measured after each run
-    with budget.within(NAME, None, budget.share_of(NAME)):  # in notebook 10, held to this part's share of its budget
+    with budget.held(NAME):  # in notebook 10
         for i, (label, technique, cfg, data) in enumerate(plan):
             left = len(plan) - i
             cut = budget.max_seconds_within(NAME, left, left * overhead, cfg.max_seconds)
