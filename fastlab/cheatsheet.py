@@ -44,7 +44,7 @@ RULES: dict[str, Callable[..., Any]] = {
 class Entry:
 
     claim: str
-    decides: Callable[..., Any]  # the function whose Finding is the claim's verdict
+    decides: Callable[..., Any]  # the function whose Judgement is the claim's verdict
     weighs: str  # what outcome the verdict weighs, in a phrase
     changes: dict[str, Any] = field(default_factory=dict)  # the technique's knobs...
     start: dict[str, Any] = field(default_factory=dict)  # ...against the baseline with these (a pitfall), if any

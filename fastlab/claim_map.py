@@ -7,12 +7,12 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .claims import CLAIMS, NOT_TESTABLE, Claim, Finding, Verdict, latest_verdicts, store_path, verdict_for
+from .claims import CLAIMS, NOT_TESTABLE, Claim, Judgement, Verdict, latest_verdicts, store_path, verdict_for
 from .comparisons import NamedComparison
 from .lessons import batch_size, data_loading, hygiene, kernels, mixed_precision, optimizers
 from .results import RunResult, reference_for
 
-Judge = Callable[[list[RunResult]], Finding]
+Judge = Callable[[list[RunResult]], Judgement]
 
 
 @dataclass(frozen=True)

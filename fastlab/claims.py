@@ -73,7 +73,7 @@ NOT_TESTABLE = "not testable here"
 VERDICT_HEADS = ("holds", "does not hold here", COULD_NOT_TELL, "no-op here", NOT_TESTABLE)
 
 
-class Finding(NamedTuple):
+class Judgement(NamedTuple):
     """A verdict, the measurement it rests on, and whether it may be recorded (False: a single pair)."""
 
     verdict: str
@@ -100,7 +100,7 @@ def unseen(c: Comparison, what: str = "no difference detected", on_gpu: bool = F
 
 def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunResult | Sequence[RunResult],
                     claimed_ratio: float | None = None, *, knob: str | None = None,
-                    unit: str = "images/s") -> Finding:
+                    unit: str = "images/s") -> Judgement:
     """Is `other` faster than `base` (by the claimed ratio, when the claim gives one)? From pooled windows.
 
     A run that diverged or stopped early is not credited; one the notebook's budget did not start makes it "could not
@@ -109,7 +109,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
     if not base or not other:
         raise ValueError("verdict_speedup needs at least one run on each side")
     if knob and all(knob in r.no_ops for r in other):
-        return Finding(f"no-op here ({other[0].no_ops[knob]})",
+        return Judgement(f"no-op here ({other[0].no_ops[knob]})",
                        f"{knob} did nothing on {other[0].env.get('device_name', 'this device')}")
     c = runs_verdict(base, other, unit=unit)
     if c.comparable:
@@ -117,38 +117,38 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
     summaries = "; ".join(r.summary() for r in (other if c.side == "other" else base))
     refused = next((r for r in (other if c.side == "other" else base) if r.extras.get("budget") == "not started"), None)
     if refused is not None:  # the notebook's budget did not start it: nothing was measured, so nothing to keep
-        return Finding(f"{COULD_NOT_TELL} ('{refused.label}' did not run: {refused.error})", summaries, recorded=False)
+        return Judgement(f"{COULD_NOT_TELL} ('{refused.label}' did not run: {refused.error})", summaries, recorded=False)
     if c.side == "base":
-        return Finding(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
+        return Judgement(f"{NOT_TESTABLE} (no baseline to compare with: {c.reason})", summaries)
     if c.status in CREDITED:
         return _no_window(base, other, c.status, summaries)
-    return Finding(f"does not hold here ({c.reason})", summaries)
+    return Judgement(f"does not hold here ({c.reason})", summaries)
 
 
-def _no_window(base: list[RunResult], other: list[RunResult], status: str, summaries: str) -> Finding:
+def _no_window(base: list[RunResult], other: list[RunResult], status: str, summaries: str) -> Judgement:
     """The changed side finished no timed window: its step time, against the baseline's, is the speed it has."""
     x, steps = step_slowdown(base, other)
     none = "no timed window finished" + (" within the time budget" if status == "time_limited" else "")
     if x > 1:
-        return Finding(f"does not hold here: {steps}; {none}", summaries)
+        return Judgement(f"does not hold here: {steps}; {none}", summaries)
     if x <= 1:
-        return Finding(f"{COULD_NOT_TELL} ({steps}, but {none}; to tell: a longer time budget)", summaries)
-    return Finding(f"does not hold here ({none}; {steps}: no step time to compare)", summaries)
+        return Judgement(f"{COULD_NOT_TELL} ({steps}, but {none}; to tell: a longer time budget)", summaries)
+    return Judgement(f"does not hold here ({none}; {steps}: no step time to compare)", summaries)
 
 
 def verdict_faster(b: Spread, o: Spread, claimed_ratio: float | None = None, *, unit: str = "images/s",
-                   what: str = "measurements", on_gpu: bool = False) -> Finding:
+                   what: str = "measurements", on_gpu: bool = False) -> Judgement:
     """verdict_speedup's rule on two spreads of a rate (higher is better). A side with nothing measured could not
     tell (two spreads carry no run's status: a run the notebook's budget did not start leaves one empty)."""
     c = verdict(b, o, unit)
     if not c.comparable:
-        return Finding(f"could not tell here ({c.reason})", c.words, recorded=False)
+        return Judgement(f"could not tell here ({c.reason})", c.words, recorded=False)
     return _faster(c, claimed_ratio, what, on_gpu)
 
 
-def _faster(c: Comparison, claimed_ratio: float | None, what: str, on_gpu: bool) -> Finding:
+def _faster(c: Comparison, claimed_ratio: float | None, what: str, on_gpu: bool) -> Judgement:
     if not c.comparable:
-        return Finding(f"does not hold here ({c.reason})", c.words)
+        return Judgement(f"does not hold here ({c.reason})", c.words)
     b, o, ratio, matters = c.base, c.other, c.ratio, claimed_ratio or MIN_GAIN
     evidence = (f"{ratio:.2f}x: {o.median:,.0f} ({o.low:,.0f}-{o.high:,.0f}) vs {b.median:,.0f} ({b.low:,.0f}-"
                 f"{b.high:,.0f}) {c.unit}, median (min-max) over {o.n} and {b.n} {what}; {c.power}")
@@ -156,18 +156,18 @@ def _faster(c: Comparison, claimed_ratio: float | None, what: str, on_gpu: bool)
     if untold:
         return untold
     if c.noise:
-        return Finding(f"does not hold here ({ratio:.2f}x, not told apart from noise: {c.unseen}; a {matters:g}x "
+        return Judgement(f"does not hold here ({ratio:.2f}x, not told apart from noise: {c.unseen}; a {matters:g}x "
                        f"gain would have shown)", evidence)
     if c.direction == "worse":
-        return Finding(f"does not hold here (slower: {ratio:.2f}x)", evidence)
+        return Judgement(f"does not hold here (slower: {ratio:.2f}x)", evidence)
     if claimed_ratio is not None and ratio < claimed_ratio:
-        return Finding(f"does not hold here as stated ({ratio:.2f}x faster, short of the claimed {claimed_ratio:g}x)",
+        return Judgement(f"does not hold here as stated ({ratio:.2f}x faster, short of the claimed {claimed_ratio:g}x)",
                        evidence)
-    return Finding(f"holds ({ratio:.2f}x faster)", evidence)
+    return Judgement(f"holds ({ratio:.2f}x faster)", evidence)
 
 
 def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: float | None = None, *,
-                 what: str = "memory", unit: str = "MiB", tolerance: float = 0.05, about: float = 0.1) -> Finding:
+                 what: str = "memory", unit: str = "MiB", tolerance: float = 0.05, about: float = 0.1) -> Judgement:
     """Does `other` use less (memory, latency) than `base`, by about the claimed share (0.5 = 50% less)?
 
     Lower is better (fastlab.verdicts.verdict with higher_is_better=False). A difference inside the spread, or
@@ -186,28 +186,28 @@ def verdict_less(base: Spread | float, other: Spread | float, claimed_saving: fl
     if untold:
         return untold
     if c.noise or abs(saving) < tolerance:
-        return Finding(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
+        return Judgement(f"does not hold here (no {what} saving outside the noise: {saving:+.0%})", evidence)
     if c.direction == "worse":
-        return Finding(f"does not hold here ({-saving:.0%} more {what})", evidence)
+        return Judgement(f"does not hold here ({-saving:.0%} more {what})", evidence)
     if claimed_saving is not None and saving < claimed_saving - about:
-        return Finding(f"does not hold here as stated ({saving:.0%} less {what}, not about {claimed_saving:.0%})",
+        return Judgement(f"does not hold here as stated ({saving:.0%} less {what}, not about {claimed_saving:.0%})",
                        evidence)
-    return Finding(f"holds ({saving:.0%} less {what})", evidence)
+    return Judgement(f"holds ({saving:.0%} less {what})", evidence)
 
 
 def _untold(c: Comparison, matters: float, evidence: str, what: str = "no difference detected",
-            on_gpu: bool = False) -> Finding | None:
+            on_gpu: bool = False) -> Judgement | None:
     """"could not tell here" when the comparison could not have seen a gain of `matters`; a single pair is never
     recorded. None when it could have seen it."""
     if c.single_pair:
-        return Finding(f"{COULD_NOT_TELL} (a single pair, {c.ratio:.2f}x: {c.unseen}; not recorded)", evidence,
+        return Judgement(f"{COULD_NOT_TELL} (a single pair, {c.ratio:.2f}x: {c.unseen}; not recorded)", evidence,
                        recorded=False)
     if c.noise and c.detectable > matters:
-        return Finding(f"{COULD_NOT_TELL} ({unseen(c, what, on_gpu)})", evidence)
+        return Judgement(f"{COULD_NOT_TELL} ({unseen(c, what, on_gpu)})", evidence)
     return None
 
 
-def verdict_conditions(findings: dict[str, Finding]) -> Finding:
+def verdict_conditions(findings: dict[str, Judgement]) -> Judgement:
     """Combine one finding per condition ("at batch 8", "at batch 32"): holds, holds only when ..., or not. A
     condition that may not be recorded (a single pair) is shown in the evidence and does not vote; with no other
     condition, the combination is not recorded either."""
@@ -216,22 +216,22 @@ def verdict_conditions(findings: dict[str, Finding]) -> Finding:
     evidence = "; ".join(f"{c}: {f.verdict}" + (f" [{f.evidence}]" if f.evidence else "") for c, f in findings.items())
     voting = {c: f for c, f in findings.items() if f.recorded}
     if not voting:
-        return Finding(next(iter(findings.values())).verdict, evidence, recorded=False)
+        return Judgement(next(iter(findings.values())).verdict, evidence, recorded=False)
     findings = voting
     holding = [c for c, f in findings.items() if f.verdict.startswith("holds")]
     untold = [c for c, f in findings.items() if f.verdict.startswith(COULD_NOT_TELL)]
     if untold and len(holding) + len(untold) == len(findings):  # nothing measured against it
         if not holding:
-            return Finding(f"{COULD_NOT_TELL} (" + "; ".join(f"{c}: {findings[c].verdict[len(COULD_NOT_TELL):].strip(' ()')}"
+            return Judgement(f"{COULD_NOT_TELL} (" + "; ".join(f"{c}: {findings[c].verdict[len(COULD_NOT_TELL):].strip(' ()')}"
                                                       for c in untold) + ")", evidence)
-        return Finding(f"holds when {' and '.join(holding)}; {COULD_NOT_TELL} when {' and '.join(untold)}", evidence)
+        return Judgement(f"holds when {' and '.join(holding)}; {COULD_NOT_TELL} when {' and '.join(untold)}", evidence)
     if all(f.verdict.startswith("no-op here") for f in findings.values()):
-        return Finding(next(iter(findings.values())).verdict, evidence)
+        return Judgement(next(iter(findings.values())).verdict, evidence)
     if len(holding) == len(findings):
-        return Finding("holds", evidence)
+        return Judgement("holds", evidence)
     if holding:
-        return Finding("holds only when " + " and ".join(holding), evidence)
-    return Finding("does not hold here", evidence)
+        return Judgement("holds only when " + " and ".join(holding), evidence)
+    return Judgement("does not hold here", evidence)
 
 
 # ---------------------------------------------------------------- a verdict, and the store it is kept in
@@ -272,7 +272,7 @@ def _context(results: Sequence[RunResult]) -> tuple[str, str]:
     return device_name(resolve_device()), active_profile()
 
 
-def verdict_for(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *,
+def verdict_for(claim_id: str, finding: Judgement, results: Sequence[RunResult] = (), *,
                 result_summary: str | None = None) -> Verdict:
     """A dated Verdict from a finding, with the device and profile of its results."""
     device, profile = _context(results)
@@ -353,7 +353,7 @@ def latest_verdicts(verdicts: list[Verdict] | None = None) -> dict[str, Verdict]
     return out
 
 
-def conclude(claim_id: str, finding: Finding, results: Sequence[RunResult] = (), *, save: bool = True,
+def conclude(claim_id: str, finding: Judgement, results: Sequence[RunResult] = (), *, save: bool = True,
              result_summary: str | None = None) -> Verdict:
     """The notebook's one call per claim: the verdict from the finding, recorded unless it may not be, returned."""
     v = verdict_for(claim_id, finding, results, result_summary=result_summary)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .claims import COULD_NOT_TELL, MIN_GAIN, Finding, unseen
+from .claims import COULD_NOT_TELL, MIN_GAIN, Judgement, unseen
 from .config import TrainConfig, target_accuracy, tta_settings
 from .data import Data, load_data
 from .measure import Spread
@@ -249,10 +249,10 @@ class TtaVerdict:
     told: bool = True
 
     @property
-    def finding(self) -> Finding:
+    def finding(self) -> Judgement:
         """In a claim's words: 'holds (...)', 'does not hold here (...)' or 'could not tell here (...)'."""
         head = "holds" if self.faster else "does not hold here" if self.told else COULD_NOT_TELL
-        return Finding(f"{head} ({self.why})", self.evidence)
+        return Judgement(f"{head} ({self.why})", self.evidence)
 
     @property
     def plain(self) -> str:
@@ -316,7 +316,7 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     return TtaVerdict(True, f"{ratio:.2f}x faster to {other.target:.0%} held-out accuracy", evidence, c)
 
 
-def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Finding:
+def tta_finding(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool = False) -> Judgement:
     """Is `other` faster to the target than `base`? Training seconds to target over seeds, lower is better
     (fastlab.verdicts.verdict); a seed that diverged or missed the target counts against it; a difference inside
     the seeds' spread is none.

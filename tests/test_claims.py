@@ -91,7 +91,7 @@ def test_less_and_conditions():
     assert claims.verdict_less(1000, 800, 0.5).verdict.startswith("does not hold here as stated")
     assert claims.verdict_less(1000, 990, 0.5).verdict.startswith("does not hold here (no memory saving")
     assert "more memory" in claims.verdict_less(1000, 1200).verdict
-    yes, no = claims.Finding("holds (2x)", ""), claims.Finding("does not hold here", "")
+    yes, no = claims.Judgement("holds (2x)", ""), claims.Judgement("does not hold here", "")
     assert claims.verdict_conditions({"at batch 256": yes, "at batch 8": no}).verdict == "holds only when at batch 256"
     assert claims.verdict_conditions({"a": yes, "b": yes}).verdict == "holds"
     assert claims.verdict_conditions({"a": no}).verdict == "does not hold here"
@@ -103,7 +103,7 @@ def test_store_appends_atomically_and_keeps_the_latest(store):
     assert claims.load_verdicts() == []
     first = claims.record(claims.Verdict(claim="C1", verdict="holds (1.5x faster)", evidence="a sweep", device="CPU",
                                                profile="smoke", date="2026-01-01T00:00:00+00:00"))
-    second = claims.conclude("C1", claims.Finding("does not hold here (slower: 0.90x)", "another sweep"),
+    second = claims.conclude("C1", claims.Judgement("does not hold here (slower: 0.90x)", "another sweep"),
                              [fake("a", [1.0])])
     assert [v.verdict for v in claims.load_verdicts()] == [first.verdict, second.verdict]
     assert claims.latest_verdicts()["C1"].verdict == second.verdict
@@ -367,7 +367,7 @@ def test_a_claim_is_judged_only_where_its_test_could_have_seen_it():
     m = claims.verdict_less(Spread.of([400.0, 1000.0, 1600.0]), Spread.of([380.0, 950.0, 1500.0]), 0.5)
     assert m.verdict.startswith("could not tell here (no memory saving detected")
     # conditions: could-not-tell beside holds is not a "holds only when"; alone it is a could-not-tell
-    yes = claims.Finding("holds (2x)", "")
+    yes = claims.Judgement("holds (2x)", "")
     assert claims.verdict_conditions({"at batch 256": yes, "at batch 8": wide}).verdict == (
         "holds when at batch 256; could not tell here when at batch 8")
     assert claims.verdict_conditions({"at batch 8": wide}).verdict.startswith("could not tell here (at batch 8: no")

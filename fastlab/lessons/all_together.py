@@ -9,7 +9,7 @@ from typing import Any
 from .. import budget
 from ..bench import Rung, ladder, only_no_ops, run_ladder, select_rungs, tta_limits
 from ..checklist import ChecklistRow, build_checklist, built_on
-from ..claims import Finding, verdict_conditions, verdict_speedup
+from ..claims import Judgement, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, thorough
 from ..measure import Spread, bf16_supported, device_name, resolve_device
@@ -341,7 +341,7 @@ def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy],
     return fig
 
 
-def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Finding:
+def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Judgement:
     """C15 on both measures: naive against the checklist's techniques as the ladder stacked them (the highest
     C15 rung that ran), in images/s (pooled windows) and in training seconds to the target over seeds."""
     names = [r.extras.get("rung") for r in results]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import claims, outcomes
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import TrainConfig, positive_int
 from ..measure import Spread, resolve_device
@@ -282,21 +282,21 @@ def read_powers(results: list[RunResult]) -> list[PowerReading]:
     return out
 
 
-def judge_powers(results: list[RunResult]) -> Finding:
+def judge_powers(results: list[RunResult]) -> Judgement:
     """C7: is a power-of-two batch faster than its neighbours' line, outside their spread?"""
     readings = read_powers(results)
     if not readings:
-        return Finding("does not hold here (no power of two with a measured neighbour on each side to judge)",
+        return Judgement("does not hold here (no power of two with a measured neighbour on each side to judge)",
                        describe_sizes(results).replace("\n", "; "))
     evidence = "; ".join(r.describe() for r in readings)
     findings = {f"at batch {r.power.images_per_step}":
-                Finding("holds" if r.place == "above" else
+                Judgement("holds" if r.place == "above" else
                         f"does not hold here ({r.place} its neighbours' line)", r.describe()) for r in readings}
     combined = claims.verdict_conditions(findings)
     if combined.verdict == "does not hold here":
-        return Finding("does not hold here (no power of two stands above its neighbours' line outside the spread)",
+        return Judgement("does not hold here (no power of two stands above its neighbours' line outside the spread)",
                        evidence)
-    return Finding(combined.verdict, evidence)
+    return Judgement(combined.verdict, evidence)
 
 
 # ------------------------------------------------------------------ C8: as large as fits, against time-to-accuracy
@@ -328,7 +328,7 @@ def time_to_accuracy_by_batch(base: TrainConfig, progress: bool = True, largest:
     return out
 
 
-def judge_largest(results: list[RunResult]) -> Finding:
+def judge_largest(results: list[RunResult]) -> Judgement:
     """C8: the larger batch, counted in images/s and in time to the target accuracy."""
     groups = tta_groups(results)
     if len(groups) < 2:
@@ -339,11 +339,11 @@ def judge_largest(results: list[RunResult]) -> Finding:
     counts = (f"the target was reached in {big.reached} of {len(big.runs)} seeds at the larger batch, "
               f"{small.reached} of {len(small.runs)} at the smaller, within the step and time budget")
     if rate_big == rate_small == 0:
-        tta = Finding("does not hold here (neither batch reached the target within the budget)", counts)
+        tta = Judgement("does not hold here (neither batch reached the target within the budget)", counts)
     elif rate_big > rate_small:
-        tta = Finding("holds (the larger batch reached the target in more seeds)", counts)
+        tta = Judgement("holds (the larger batch reached the target in more seeds)", counts)
     elif rate_big < rate_small:
-        tta = Finding("does not hold here (the larger batch reached the target in fewer seeds)", counts)
+        tta = Judgement("does not hold here (the larger batch reached the target in fewer seeds)", counts)
     else:
         tta = outcomes.tta_finding(small, big)  # the rule of every time-to-accuracy gain: steps or speed show it
     findings["counted in time to accuracy"] = tta

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import claims
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import TrainConfig, time_sizing
 from ..data import DeviceLoader, load_images
@@ -279,7 +279,7 @@ def plot_export(comparisons: list[ExportComparison], title: str = ""):
     return fig
 
 
-def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]) -> Finding:
+def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]) -> Judgement:
     """C14: TorchScript as a route (judged by torch's own warnings) and ONNX through torch.export (judged by a
     parity check against eager: the same top-1 class on every image, logits within PARITY_TOLERANCE)."""
     ts_words = [m for messages in torchscript.values() for m in messages]
@@ -288,11 +288,11 @@ def judge_export(comparison: ExportComparison, torchscript: dict[str, list[str]]
     ok = onnx.parity.top1_agreement == 1.0 and onnx.parity.max_abs_diff <= PARITY_TOLERANCE
     return claims.verdict_conditions({
         "the route is TorchScript":
-            Finding("does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
-            if deprecated else Finding("holds (this PyTorch gives no deprecation warning)",
+            Judgement("does not hold here (torch deprecates it: its own warning is printed above)", deprecated[0])
+            if deprecated else Judgement("holds (this PyTorch gives no deprecation warning)",
                                        "; ".join(ts_words) or "no warning"),
         "the route is ONNX (through torch.export)":
-            Finding("holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)",
+            Judgement("holds" if ok else "does not hold here (the ONNX model's answers differ from eager's)",
                     str(onnx.parity))})
 
 

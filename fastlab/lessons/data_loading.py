@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import budget, claims
 from ..calibration import calibrate
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import TrainConfig, comparison_repeats, time_sizing
 from ..data import CifarLikeDataset, load_images
@@ -330,11 +330,11 @@ def read_sweep(results: list[RunResult]) -> SweepReading:
     return SweepReading(cores_of(results), peak, near, costs[0] if costs else None, last=ok[-1])
 
 
-def judge_workers(results: list[RunResult]) -> Finding:
+def judge_workers(results: list[RunResult]) -> Judgement:
     """C1: is num_workers = 2-4 x the cores where the sweep peaks (or within the peak's spread)?"""
     reading = read_sweep(results)
     if reading.peak is None:
-        return Finding(f"{claims.COULD_NOT_TELL} (no run of the sweep finished a timed window)", reading.describe(),
+        return Judgement(f"{claims.COULD_NOT_TELL} (no run of the sweep finished a timed window)", reading.describe(),
                        recorded=False)  # nothing was measured: nothing to keep
     finding = _judge_sweep(results, reading)
     v = finding.verdict
@@ -348,7 +348,7 @@ ON_A_CPU = ("on a CPU the workers compete with training for the same cores: the 
             "where the workers load on the CPU while the GPU trains")
 
 
-def _judge_sweep(results: list[RunResult], reading: SweepReading) -> Finding:
+def _judge_sweep(results: list[RunResult], reading: SweepReading) -> Judgement:
     n = reading.cores
     zero = next((r for r in results if workers_of(r) == 0 and r.window_throughput), None)
     advised = [r for r in results if 2 * n <= workers_of(r) <= 4 * n and r.window_throughput]
@@ -360,19 +360,19 @@ def _judge_sweep(results: list[RunResult], reading: SweepReading) -> Finding:
         seen = max(((verdict(zero.throughput, r.throughput), r) for r in others), key=lambda p: p[0].detectable,
                    default=None)
         if seen is not None and seen[0].detectable > claims.MIN_GAIN:
-            return Finding(f"{claims.COULD_NOT_TELL} (no worker count beat num_workers=0 outside the spread; "
+            return Judgement(f"{claims.COULD_NOT_TELL} (no worker count beat num_workers=0 outside the spread; "
                            f"{claims.unseen(seen[0], f'num_workers={workers_of(seen[1])} read')})", evidence)
-        return Finding(f"does not hold here (no worker count beat num_workers=0 outside the spread, where a "
+        return Judgement(f"does not hold here (no worker count beat num_workers=0 outside the spread, where a "
                        f"{claims.MIN_GAIN:g}x gain would have been seen)", evidence)
     if not advised:
         top = max(workers_of(r) for r in results if r.window_throughput)  # e.g. the gpu fast version stops at the cores
-        return Finding(f"{claims.COULD_NOT_TELL} (the sweep has no point at 2-4x the cores to judge: it went to "
+        return Judgement(f"{claims.COULD_NOT_TELL} (the sweep has no point at 2-4x the cores to judge: it went to "
                        f"num_workers={top} on {n} cores)", evidence, recorded=False)
     if any(workers_of(r) in reading.near_peak for r in advised):
-        return Finding(f"holds (2-4x the cores is at the peak, within its spread: peak at "
+        return Judgement(f"holds (2-4x the cores is at the peak, within its spread: peak at "
                        f"num_workers={workers_of(reading.peak)})", evidence)
     best = max(advised, key=lambda r: r.throughput.median)
-    return Finding(f"does not hold here (the peak is at num_workers={workers_of(reading.peak)}, "
+    return Judgement(f"does not hold here (the peak is at num_workers={workers_of(reading.peak)}, "
                    f"{workers_of(reading.peak) / n:g}x the cores; the best of 2-4x the cores reaches "
                    f"{verdict(reading.peak.throughput, best.throughput).ratio:.2f}x of it)", evidence)
 
@@ -411,7 +411,7 @@ def time_copies(batch_size: int, repeats: int = 20, device: str = "auto") -> lis
     return [CopyTiming(label, Spread.of(t)) for (label, _, _), t in zip(arms, times)]
 
 
-def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | None = None) -> Finding:
+def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | None = None) -> Judgement:
     """C2: pinned memory on the copy alone (when timed) and on training throughput, against the run before it."""
     pinned = next((r for r in pipeline if r.config.get("pin_memory") and r.config.get("loader") == "dataloader"
                    and not r.config.get("persistent_workers")), None)
@@ -419,7 +419,7 @@ def judge_pinning(pipeline: list[RunResult], copies: list[CopyTiming] | str | No
         raise ValueError("judge_pinning needs the pipeline comparison's runs (a run without, then with pin_memory)")
     before = pipeline[pipeline.index(pinned) - 1]
     if "pin_memory" in pinned.no_ops:  # a DataLoader run: pinning did nothing because there is no CUDA GPU
-        return Finding(claims.no_accelerator(f"the claim is about copies to a GPU; {pinned.no_ops['pin_memory']}"),
+        return Judgement(claims.no_accelerator(f"the claim is about copies to a GPU; {pinned.no_ops['pin_memory']}"),
                        f"'{pinned.label}': {pinned.summary()}")
     findings = {"counted in training images/s": claims.verdict_speedup(before, pinned)}
     if isinstance(copies, list) and len(copies) >= 2:
@@ -441,7 +441,7 @@ def utilisation_swing(result: RunResult) -> tuple[float, float] | None:
     return sum(u <= 10 for u in values) / len(values), sum(u >= 90 for u in values) / len(values)
 
 
-def judge_swing(starved: list[RunResult]) -> Finding:
+def judge_swing(starved: list[RunResult]) -> Judgement:
     """C13 on the slow-storage runs: does the starved run's GPU utilisation swing, and do workers fix it?"""
     if len(starved) < 2:
         raise ValueError("judge_swing needs the slow-storage runs: no workers, then workers")
@@ -452,9 +452,9 @@ def judge_swing(starved: list[RunResult]) -> Finding:
                  f"with {workers_of(fed)}")
         where = slow.env.get("device_name", "this machine")
         if slow.env.get("device_type", "cpu") != "cuda":
-            return Finding(claims.no_accelerator(f"the claim reads a GPU's utilisation, and {where} has no GPU; the "
+            return Judgement(claims.no_accelerator(f"the claim reads a GPU's utilisation, and {where} has no GPU; the "
                                                  f"trace above is rebuilt from the step records instead"), waits)
-        return Finding(f"no-op here (no GPU utilisation to read on {where}: NVML gave no samples; the trace above "
+        return Judgement(f"no-op here (no GPU utilisation to read on {where}: NVML gave no samples; the trace above "
                        f"is rebuilt from the step records instead)", waits)
     low, high = swing
     wait = slow.data_wait_fraction()
@@ -462,9 +462,9 @@ def judge_swing(starved: list[RunResult]) -> Finding:
                 f"wait {wait:.0%}; with {workers_of(fed)} workers: {claims.verdict_speedup(slow, fed).verdict}")
     swings = low >= SWING_SHARE and high >= SWING_SHARE
     if swings and wait > 0.3 and claims.verdict_speedup(slow, fed).verdict.startswith("holds"):
-        return Finding("holds (the starved run's utilisation swings and workers fix it)", evidence)
+        return Judgement("holds (the starved run's utilisation swings and workers fix it)", evidence)
     if not swings and wait > 0.3:
-        return Finding("does not hold here (the run waited for data, yet NVML's utilisation did not swing: it is the "
+        return Judgement("does not hold here (the run waited for data, yet NVML's utilisation did not swing: it is the "
                        "share of each sample period in which any kernel ran, averaged over that period)", evidence)
-    return Finding("does not hold here (the utilisation swing did not go with a data bottleneck that workers fix)",
+    return Judgement("does not hold here (the utilisation swing did not go with a data bottleneck that workers fix)",
                    evidence)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .. import claims, isolation
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, preferred_amp
 from ..harness import TrainingRun
@@ -144,7 +144,7 @@ def log_every(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     return sweep("log_every", list(LOG_EVERY), sync_free_config(base), progress=progress)
 
 
-def item_sync_finding(logging: list[RunResult]) -> Finding:
+def item_sync_finding(logging: list[RunResult]) -> Judgement:
     """Does reading the loss every 10th step instead of every step pay? A no-op where nothing runs asynchronously."""
     every, rarely = logging[0], logging[-1]
     measured = claims.verdict_speedup(every, rarely)
@@ -154,7 +154,7 @@ def item_sync_finding(logging: list[RunResult]) -> Finding:
         if not measured.verdict.startswith(("does not hold here (no difference", claims.COULD_NOT_TELL)):
             why += ("; the difference measured between the two runs cannot come from a sync: they ran one after the "
                     "other on a machine whose speed varies, so repeat them to see that variation")
-        return Finding(why + ")", f"log_every=10 against log_every=1: {measured.evidence}")
+        return Judgement(why + ")", f"log_every=10 against log_every=1: {measured.evidence}")
     return measured
 
 
@@ -293,7 +293,7 @@ def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed:
     return sum(n for ptr, n in sizes.items() if ptr not in params) / 2**20
 
 
-def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Finding:
+def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Judgement:
     """C9: evaluation under no_grad against autograd, in time (measured) and memory (allocator on CUDA; computed
     from tensor sizes elsewhere, where the process's resident memory cannot show it)."""
     rows = {s.mode: s for s in summarize_eval(evals)}
@@ -322,7 +322,7 @@ def _row(rows: list[GraphMemory], keep: str, backward: bool) -> GraphMemory:
     return next(g for g in rows if g.keep == keep and g.backward == backward)
 
 
-def judge_detach(rows: list[GraphMemory]) -> Finding:
+def judge_detach(rows: list[GraphMemory]) -> Judgement:
     """C10: keeping loss.detach() instead of loss, with and without a backward pass in the loop."""
     findings = {}
     for backward, where in ((False, "no backward() runs (evaluation with autograd on)"),
@@ -333,11 +333,11 @@ def judge_detach(rows: list[GraphMemory]) -> Finding:
         verdict = (f"does not hold here (nothing to free: backward() already freed the activations; detach() cuts "
                    f"only {loss.graph_nodes} small graph nodes)" if loss.saved_mb <= 0 else
                    claims.verdict_less(loss.saved_mb, det.saved_mb, what="activations kept").verdict)
-        findings[where] = Finding(verdict, ev)
+        findings[where] = Judgement(verdict, ev)
     return claims.verdict_conditions(findings)
 
 
-def judge_logging(leak: list[RunResult], rows: list[GraphMemory], sync: Finding | None = None) -> Finding:
+def judge_logging(leak: list[RunResult], rows: list[GraphMemory], sync: Judgement | None = None) -> Judgement:
     """C11: does keeping the loss tensor leak the graph's memory? In the training loop (backward runs: the runs'
     memory trace and the counted table), and where no backward runs; the .item() sync finding as evidence."""
     with_bw, without = _row(rows, "loss", True), _row(rows, "loss", False)
@@ -345,13 +345,13 @@ def judge_logging(leak: list[RunResult], rows: list[GraphMemory], sync: Finding 
     run_text = describe_log_loss(leak).replace("\n", "; ") if {"item", "tensor"} <= by_mode.keys() else ""
     findings = {
         "no backward() runs (validation with autograd on)":
-            Finding("holds" if without.saved_mb > 0 else "does not hold here",
+            Judgement("holds" if without.saved_mb > 0 else "does not hold here",
                     f"{without.saved_mb:.2f} MiB of activations kept after {without.steps} steps"),
         "in a training loop":
-            Finding("holds" if with_bw.saved_mb > 0 else
+            Judgement("holds" if with_bw.saved_mb > 0 else
                     f"does not hold here (backward() frees the activations; only {with_bw.graph_nodes} graph nodes "
                     f"stay)", f"{with_bw.saved_mb:.2f} MiB kept; training runs: {run_text}"),
     }
     combined = claims.verdict_conditions(findings)
     extra = f"; .item() as a sync: {sync.verdict}" if sync is not None else ""
-    return Finding(combined.verdict, combined.evidence + extra)
+    return Judgement(combined.verdict, combined.evidence + extra)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import claims, isolation
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import TrainConfig, low_precision
 from ..measure import MemoryMeter, Spread, now, resolve_device
@@ -220,19 +220,19 @@ def plot_shape_timing(timings: list[ShapeTiming]):
     return fig
 
 
-def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = None) -> Finding:
+def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = None) -> Judgement:
     """C6: does cudnn.benchmark pay with fixed shapes (training runs, warm-up apart) and what with changing
     shapes (the shape timings, benchmark on against off)? No-op where cuDNN does not run."""
     off, on = bench[0], bench[-1]
     if "cudnn_benchmark" in on.no_ops:  # cuDNN is NVIDIA's library: without its GPU the claim cannot be tested
-        return Finding(claims.no_accelerator(on.no_ops["cudnn_benchmark"]),
+        return Judgement(claims.no_accelerator(on.no_ops["cudnn_benchmark"]),
                        f"benchmark on: {on.summary()}; {warmup_against(on, off)}")
     findings = {"shapes are fixed": claims.verdict_speedup(off, on)}
     if shapes:
         varying = {t.benchmark: t for t in shapes if len(set(t.sizes)) > 1}
         if True in varying and False in varying:
             f = claims.verdict_less(varying[False].step_ms, varying[True].step_ms, what="step time", unit="ms")
-            findings["shapes change every step"] = Finding(f.verdict.replace("less step time", "faster steps"),
+            findings["shapes change every step"] = Judgement(f.verdict.replace("less step time", "faster steps"),
                                                            f.evidence)
     combined = claims.verdict_conditions(findings)
     return combined._replace(evidence=f"{combined.evidence}; {warmup_against(on, off)} (autotuning lands there)")

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import claims
-from ..claims import Finding
+from ..claims import Judgement
 from ..config import positive_int
 from ..measure import Spread, now, resolve_device, synchronize
 from ..models import blocks_and_head, build_model
@@ -240,7 +240,7 @@ def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool
     return Spread.of(times)
 
 
-def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) -> Finding:
+def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) -> Judgement:
     """C4 ("about 50% less memory") per condition: (fp32 breakdown, autocast breakdown) -> holds only when ..."""
     findings = {}
     for condition, (fp32, low) in pairs.items():
@@ -251,7 +251,7 @@ def judge_amp_memory(pairs: dict[str, tuple[MemoryBreakdown, MemoryBreakdown]]) 
     stays = (f"stays fp32: parameters {fp32.parameters_mb:,.1f} MiB, gradients {fp32.gradients_mb:,.1f} MiB, "
              f"optimiser state {fp32.optimizer_mb:,.1f} MiB; activations {fp32.activations_mb:,.1f} -> "
              f"{low.activations_mb:,.1f} MiB; autocast adds weight copies of {low.weight_copies_mb:,.2f} MiB")
-    return Finding(combined.verdict, combined.evidence + "; " + stays + "; the sum of the parts, not a peak: "
+    return Judgement(combined.verdict, combined.evidence + "; " + stays + "; the sum of the parts, not a peak: "
                    "gradients and most activations never coexist")
 
 

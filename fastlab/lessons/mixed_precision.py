@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .. import claims, exercise
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, thorough, trap_reasons
 from ..measure import Spread, resolve_device
@@ -410,7 +410,7 @@ def quality_loss(base_runs: list[RunResult], other_runs: list[RunResult]) -> str
     return None
 
 
-def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult] | None = None) -> Finding:
+def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult] | None = None) -> Judgement:
     """C3: faster, with no loss of quality? Per low-precision dtype at the profile's batch (over seeds), and for
     the preferred dtype at the small batch too; combined into holds / holds only when ... / does not hold."""
     groups = by_variant(precision)
@@ -418,7 +418,7 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
     if not fp32:
         raise ValueError("judge_speed_and_quality needs the fp32 runs of the precision comparison")
     batch = int(fp32[0].config["batch_size"])
-    findings: dict[str, Finding] = {}
+    findings: dict[str, Judgement] = {}
     ratios: dict[str, float] = {}  # condition -> measured speed-up
     notes = [f"{name}: {outcome_verdict(fp32, runs)}" for name, runs in groups.items() if runs is not fp32]
     pairs = [(batch, fp32, runs) for runs in groups.values() if runs is not fp32]
@@ -426,7 +426,7 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
     for b, base, runs in pairs:
         key = f"{runs[0].config['amp']} at batch {b}"
         lost = quality_loss(base, runs) if base is fp32 else None
-        findings[key] = Finding(f"does not hold here (quality lost: {lost})", "") if lost else \
+        findings[key] = Judgement(f"does not hold here (quality lost: {lost})", "") if lost else \
             claims.verdict_speedup(base, runs)
         ratios[key] = _ratio(base, runs)
     combined = claims.verdict_conditions(findings)
@@ -445,7 +445,7 @@ def _ratio(base: list[RunResult], other: list[RunResult]) -> float:
     return verdict(claims.pooled_throughput(base), claims.pooled_throughput(other)).ratio
 
 
-def judge_memory(precision: list[RunResult], breakdown: Finding | None = None) -> Finding:
+def judge_memory(precision: list[RunResult], breakdown: Judgement | None = None) -> Judgement:
     """C4 ("about 50% less memory"). On CUDA: the allocator's peak of the same runs, per dtype. Elsewhere the
     process's resident memory cannot show it, so `breakdown`, the finding on the memory computed from tensor
     sizes (lessons.memory.judge_amp_memory of amp_pairs; the notebook passes it in), decides when it is given."""
@@ -459,17 +459,17 @@ def judge_memory(precision: list[RunResult], breakdown: Finding | None = None) -
                     Spread.of([r.peak_memory_mb for r in fp32]), Spread.of([r.peak_memory_mb for r in runs]), 0.5,
                     what="peak memory")
         combined = claims.verdict_conditions(findings)
-        return Finding(combined.verdict, combined.evidence + "; master weights, gradients and optimiser state stay "
+        return Judgement(combined.verdict, combined.evidence + "; master weights, gradients and optimiser state stay "
                                                              "fp32 under autocast")
     if breakdown is not None:
         return breakdown
     low = [runs for runs in groups.values() if runs is not fp32]
     f = claims.verdict_less(Spread.of([r.peak_memory_mb for r in fp32]),
                             Spread.of([r.peak_memory_mb for r in low[0]]), 0.5, what="process memory (RSS)")
-    return Finding(f.verdict, f.evidence + " (resident memory includes PyTorch itself: a weak test)")
+    return Judgement(f.verdict, f.evidence + " (resident memory includes PyTorch itself: a weak test)")
 
 
-def judge_underflow(report: UnderflowReport, net: NetUnderflow | None = None) -> Finding:
+def judge_underflow(report: UnderflowReport, net: NetUnderflow | None = None) -> Judgement:
     """C5: do gradients underflow in fp16 without the scaler, and does the scaler keep them? Decided by the
     demonstration (a regression built to underflow), so the verdict says so; `net`, when given, adds the share of
     the workbook net's own gradients that underflow in a real run."""
@@ -487,6 +487,6 @@ def judge_underflow(report: UnderflowReport, net: NetUnderflow | None = None) ->
         words = (f"holds in a demonstration built to underflow ({r.param_zero_unscaled / r.param_grads:.0%} of its "
                  f"parameter gradients underflow to zero without the scaler; {'none' if kept == 0 else kept} with it)")
     if net is None:
-        return Finding(words, evidence)
-    return Finding(words[:-1] + f"; in a real run of the workbook net, {net.share:.2%} of its parameter gradients "
+        return Judgement(words, evidence)
+    return Judgement(words[:-1] + f"; in a real run of the workbook net, {net.share:.2%} of its parameter gradients "
                    f"underflow without it)", evidence + "; " + net.summary())

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..claims import Finding
+from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import CHOICES, TrainConfig, as_run_here, positive_int
 from ..measure import Spread, now, resolve_device
@@ -100,7 +100,7 @@ def stability_note(base: TimeToAccuracy, other: TimeToAccuracy) -> str:
     return f"{one(other)}; {one(base)}"
 
 
-def judge_c12(ttas: list[TimeToAccuracy]) -> Finding:
+def judge_c12(ttas: list[TimeToAccuracy]) -> Judgement:
     """C12's verdict: the last variant (AdamW + cosine) against the first (Adam), in time to accuracy over seeds.
     When the target is reached before the schedule has acted, the test could not come out otherwise: the
     verdict says the schedule was not tested here, and why."""
@@ -110,8 +110,8 @@ def judge_c12(ttas: list[TimeToAccuracy]) -> Finding:
     evidence = f"{f.evidence}. Stability: {stability_note(ttas[0], ttas[-1])}"
     untested = schedule_not_acted(ttas[-1], ttas[0])
     if untested:
-        return Finding(f"not testable here ({untested})", f"in time to target: {f.verdict}; {evidence}")
-    return Finding(f.verdict, evidence)
+        return Judgement(f"not testable here ({untested})", f"in time to target: {f.verdict}; {evidence}")
+    return Judgement(f.verdict, evidence)
 
 
 SCHEDULE_ACTED = 0.9  # a schedule has acted once its learning rate has fallen below this share of its peak
@@ -138,7 +138,7 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
             f"a longer run, or a harder target, would test it")
 
 
-def judge_c12_results(results: list[RunResult]) -> Finding:
+def judge_c12_results(results: list[RunResult]) -> Judgement:
     """C12 on the runs of c12_time_to_accuracy (the bundled reference results' form)."""
     return judge_c12(tta_groups(results))
 
