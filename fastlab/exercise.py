@@ -2,15 +2,15 @@
 
     exercise.check(given, exercise.pick(mine, solution), technique="workers")
 
-measures both in turns with fastlab.watch: the technique is read from what the watch saw of the first step
-(fastlab.loop_facts), never from the source. FASTLAB_SOLUTION=1 (CI, `make test`) measures the worked solution.
+measures both in turns with fastlab.watch: the technique is read by its effect on the loop the watch saw
+(fastlab.loop_facts records it, fastlab.technique_readings judges it), never from the source. FASTLAB_SOLUTION=1 (CI,
+`make test`) measures the worked solution.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import math
 import os
 import textwrap
 from collections.abc import Callable
@@ -23,6 +23,20 @@ from .config import TrainConfig, active_profile
 from .measure import Spread
 from .profiles import profile
 from .results import RunResult
+from .technique_readings import (
+    autocast_reading,
+    batch_size_reading,
+    channels_last_reading,
+    checkpoint_reading,
+    ddp_reading,
+    export_reading,
+    fused_in_memory_reading,
+    no_grad_reading,
+    paused_reading,
+    profiler_reading,
+    schedule_reading,
+    workers_reading,
+)
 from .verdicts import Comparison, verdict
 from .watch import LoopComparison, LoopFn, compare_loops
 
@@ -99,117 +113,15 @@ class Technique:
     seen: Callable[[dict], str]  # what the watch saw of it, in words
     # what it changes: "speed" alone, "memory" (peak), "loss" (final training loss) or "lr" (against the batch)
     quantity: str = "speed"
-
-
-SCHEDULE_TOLERANCE = 1e-4  # of the starting learning rate: a scheduler's recursive float arithmetic, not a schedule
-SPAN = (-1, 0.25)  # a cosine's steps to its minimum, against the loop's optimiser steps n: from n - 1 to 1.25 n
-SCALED_GRAD = 2.0  # a cross-entropy's gradient at the logits is at most 1 an element: above 2, the loss was scaled
-STEP_CALL = "sched.step() once per optimiser step, after opt.step()"
-
-
-def _cosine(lrs: list[float]) -> tuple[float, float] | None:
-    """(steps to the minimum T, the minimum) of the cosine `lrs` follows from its first value (CosineAnnealingLR's
-    lr0 -> eta_min over T steps), fitted on the first three and held at every step; None: not such a cosine."""
-    d1, d2 = lrs[0] - lrs[1], lrs[0] - lrs[2]
-    if d1 <= 0:
-        return None
-    c = d2 / (2 * d1) - 1  # (1 - cos 2t) / (1 - cos t) = 2 (1 + cos t), with t = pi / T
-    if not -1 < c < 1:
-        return None
-    t, half = math.acos(c), d1 / (1 - c)  # half: (lr0 - eta_min) / 2
-    formula = [lrs[0] - half * (1 - math.cos(t * k)) for k in range(len(lrs))]
-    if any(abs(a - b) > SCHEDULE_TOLERANCE * lrs[0] for a, b in zip(lrs, formula)):
-        return None
-    low = lrs[0] - 2 * half
-    return math.pi / t, 0.0 if abs(low) <= SCHEDULE_TOLERANCE * lrs[0] else low
-
-
-def schedule_reading(f: dict) -> tuple[bool | None, str]:
-    """Whether the loop's optimiser is AdamW with weight decay and its learning rate followed a cosine to its
-    minimum over the loop's optimiser steps, stepped each step; and what the watch saw, in the learner's terms."""
-    lrs, opt = f.get("lrs") or [], f["optimizer"]
-    if opt is None:
-        return None, "no optimiser step"
-    said = f"{opt}(weight_decay={f['weight_decay']:g}{', fused=True' if f['fused'] else ''})"
-    if opt != "AdamW":
-        return False, f"{said}: swap it for torch.optim.AdamW (decoupled weight decay)"
-    if not f["weight_decay"]:
-        return False, f"{said}: with weight_decay=0 AdamW decays nothing; give it weight_decay=1e-2"
-    n = len(lrs)
-    if n < 3:
-        return None, f"{said}, {n} optimiser step(s): too few to see a schedule"
-    start = f"{said}, the learning rate {lrs[0]:.3g}"
-    if max(lrs) - min(lrs) <= SCHEDULE_TOLERANCE * lrs[0]:
-        built = "a scheduler was built but " if f["scheduled"] else "no scheduler: "
-        return False, f"{start} at every one of {n} optimiser steps: {built}it did not move; call {STEP_CALL}"
-    if lrs[1] > lrs[0]:
-        return None, (f"{start} rising to {lrs[1]:.3g} at the next step (a warm-up?): the check matches a cosine from "
-                      "the first step and cannot judge this schedule")
-    fit = _cosine(lrs)
-    if fit is None:
-        return False, (f"{start} -> {lrs[1]:.3g} -> {lrs[2]:.3g}... does not follow a cosine (CosineAnnealingLR) "
-                       f"stepped every step: use it, and call {STEP_CALL}")
-    steps, low = fit
-    if not n + SPAN[0] <= steps <= n * (1 + SPAN[1]):
-        where = (f"reaches its minimum after {steps:.0f} steps and rises again" if steps < n else
-                 f"spans {steps:.0f} steps, so it ends at {lrs[-1]:.3g}, far from its minimum")
-        return False, (f"{start} follows a cosine that {where}, in a loop of {n} optimiser steps: T_max counts "
-                       f"sched.step() calls; set it to the loop's optimiser steps (len(batches) here)")
-    return True, f"{start} -> {lrs[-1]:.3g}, a cosine to {low:.3g} over {steps:.0f} steps, stepped each of {n} steps"
-
-
-def autocast_reading(f: dict) -> tuple[bool | None, str]:
-    """Whether the loop's forward ran under autocast to a 16-bit type, with backward and the optimiser step outside
-    it, and with fp16 the loss scaled (a GradScaler) and the gradients unscaled before the step; and what the watch
-    saw, in the learner's terms."""
-    if not f["autocast"]:
-        return False, "the forward in float32: no autocast reached the model's modules"
-    said = f"the forward under autocast to {f['autocast']}"
-    if f["backward_autocast"]:
-        return False, f"{said}, and backward inside it too: end the `with torch.autocast(...)` block after the loss"
-    if f["step_autocast"]:
-        return False, f"{said}, and the optimiser step inside it too: end the autocast block after the loss"
-    if f["autocast"] != "float16":
-        return True, f"{said}, backward and the optimiser step outside it"
-    if f["output_grad_max"] is None or f["optimizer"] is None:
-        return None, f"{said}: no backward or optimiser step seen, so its gradient scaling could not be read"
-    if f["output_grad_max"] <= SCALED_GRAD:
-        return False, (f"{said} with no GradScaler: fp16 gradients underflow to zero unscaled; scaler = "
-                       "torch.amp.GradScaler(device.type); scaler.scale(loss).backward(); scaler.step(opt); "
-                       "scaler.update()")
-    if f["unscaled_by"] is None:
-        return None, f"{said}, the loss scaled: whether the step saw unscaled gradients could not be read"
-    if f["unscaled_by"] < SCALED_GRAD:
-        return False, (f"{said}, the loss scaled, but the optimiser stepped on the scaled gradients: call "
-                       "scaler.step(opt) (it unscales them first) and scaler.update(), not opt.step()")
-    return True, f"{said}, the loss scaled by a GradScaler and unscaled before the step, backward outside autocast"
-
-
-def channels_last_reading(f: dict) -> tuple[bool | None, str]:
-    """Whether every convolution of the first training forward got its input and its weights channels_last (NHWC);
-    and what the watch saw, in the learner's terms."""
-    n = f["convs"]
-    if not n:
-        return None, "no convolution in the training forward: channels_last has nothing to change"
-    said = (f"{f['convs_input_nhwc']} of {n} convolutions got channels_last input, {f['convs_weights_nhwc']} "
-            "channels_last weights")
-    missing = []
-    if f["convs_weights_nhwc"] < n:
-        missing.append("model = model.to(device, memory_format=torch.channels_last)")
-    if not f["first_conv_input_nhwc"]:
-        missing.append("x = x.contiguous(memory_format=torch.channels_last), and use the x it returns: the batch "
-                       "reaching the first convolution is NCHW")
-    elif f["convs_input_nhwc"] < n:
-        missing.append("keep the activations channels_last between the convolutions")
-    return (False, f"{said}: " + "; ".join(missing)) if missing else (True, said)
+    # where set, the verdict and its words from both loops' facts (the learner's, the given's), for a technique
+    # judged against the given loop (04: the learning rate against the batch); shown and seen are then not used
+    reading: Callable[[dict, dict], tuple[bool | None, str]] | None = None
 
 
 TECHNIQUES: dict[str, Technique] = {
     "workers": Technique(
         "01_data_loading", "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
-        lambda f, g: f.get("num_workers", 0) > 0 and (bool(f.get("pin_memory")) or f["device"] != "cuda"),
-        lambda f: (f"DataLoader(num_workers={f['num_workers']}, pin_memory={f.get('pin_memory')})"
-                   if f.get("loader") == "dataloader" else "no DataLoader")),
+        lambda f, g: workers_reading(f)[0], lambda f: workers_reading(f)[1]),
     "autocast": Technique(
         "02_mixed_precision", "with torch.autocast(device.type, dtype=...): around the forward and the loss (and a "
         "GradScaler for fp16)", lambda f, g: autocast_reading(f)[0], lambda f: autocast_reading(f)[1]),
@@ -219,13 +131,13 @@ TECHNIQUES: dict[str, Technique] = {
         lambda f: channels_last_reading(f)[1]),
     "batch_size": Technique(
         "04_batch_size", "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
-        lambda f, g: f["images_per_step"] > g["images_per_step"] and (f["lr"] or 0) > (g["lr"] or 0),
-        lambda f: f"{f['images_per_step']} images a step at lr " + ("unknown" if f["lr"] is None else f"{f['lr']:.3g}"),
-        quantity="lr"),
+        lambda f, g: batch_size_reading(f, g)[0],
+        lambda f: f"{f['images_per_step']} images a step at lr " + (f"{max(f['lrs']):.3g}" if f.get("lrs") else
+                                                                     "unknown"),
+        quantity="lr", reading=batch_size_reading),
     "no_grad": Technique(
         "05_no_grad_detach_item", "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
-        lambda f, g: f["eval_with_grad"] == 0 if f.get("eval_forwards") else None,
-        lambda f: f"{f['eval_with_grad']} of {f['eval_forwards']} evaluation forwards recording a graph",
+        lambda f, g: no_grad_reading(f)[0], lambda f: no_grad_reading(f)[1],
         quantity="memory"),
     "adamw_schedule": Technique(
         "06_adamw_and_schedules", "torch.optim.AdamW(..., weight_decay=1e-2) and a CosineAnnealingLR(opt, "
@@ -233,24 +145,22 @@ TECHNIQUES: dict[str, Technique] = {
         lambda f: schedule_reading(f)[1], quantity="loss"),
     "export": Technique(
         "07_compile_and_export", "torch.export.export(model, (example,), dynamic_shapes=...).module()",
-        lambda f, g: f["graph_module"], lambda f: f"the model called as {f['model']}"),
+        lambda f, g: export_reading(f)[0], lambda f: export_reading(f)[1]),
     "profiler": Technique(
         "08_profiling", "torch.profiler.profile(schedule=...) started before the loop, prof.step() in each step",
-        lambda f, g: f["profiled"], lambda f: "steps under torch.profiler" if f["profiled"] else "no profiled step"),
+        lambda f, g: profiler_reading(f)[0], lambda f: profiler_reading(f)[1]),
     "fused_in_memory": Technique(
         "09_all_together", "fused=True in AdamW, and batches indexed from tensors in memory instead of a DataLoader",
-        lambda f, g: bool(f["fused"]) and f.get("loader") != "dataloader",
-        lambda f: f"{f['optimizer']}(fused={f['fused']}), batches from " + (
-            "a DataLoader" if f.get("loader") == "dataloader" else "memory")),
+        lambda f, g: fused_in_memory_reading(f)[0], lambda f: fused_in_memory_reading(f)[1]),
     "paused": Technique(
-        "10_your_own_model", "with w.paused(): around the evaluation", lambda f, g: f["paused_blocks"] > 0,
-        lambda f: f"{f['paused_blocks']} w.paused() block(s)"),
+        "10_your_own_model", "with w.paused(): around the evaluation", lambda f, g: paused_reading(f)[0],
+        lambda f: paused_reading(f)[1]),
     "ddp": Technique(
         "11_multi_gpu_ddp", "model = DistributedDataParallel(model) after dist.init_process_group(...)",
-        lambda f, g: f["model"] == "DistributedDataParallel", lambda f: f"the model called as {f['model']}"),
+        lambda f, g: ddp_reading(f)[0], lambda f: ddp_reading(f)[1]),
     "checkpoint": Technique(
         "12_memory", "h = checkpoint(block, h, use_reentrant=False) for the blocks",
-        lambda f, g: f["recomputed"] > 0, lambda f: f"{f['recomputed']} forwards recomputed in backward",
+        lambda f, g: checkpoint_reading(f)[0], lambda f: checkpoint_reading(f)[1],
         quantity="memory"),
 }
 EXERCISE_PARTS = [budget.part(f"{t.notebook}:exercise") for t in TECHNIQUES.values()]  # one per notebook
@@ -275,7 +185,7 @@ def technique_shown(technique: str, comparison: LoopComparison) -> tuple[bool | 
     mine, given = (runs[0].extras.get("watch", {}).get("facts") for runs in (comparison.after, comparison.before))
     if not mine or not given:
         return None, "the watch saw no step"
-    return t.shown(mine, given), t.seen(mine)
+    return t.reading(mine, given) if t.reading is not None else (t.shown(mine, given), t.seen(mine))
 
 
 def _lower_is_better(comparison: LoopComparison, read: Callable[[RunResult], float | None], unit: str,
@@ -306,13 +216,15 @@ def final_loss(comparison: LoopComparison) -> Comparison:
 
 
 def learning_rate(comparison: LoopComparison) -> str:
-    """Each loop's first-step learning rate against its images a step (k times the batch: sqrt(k) x lr for Adam)."""
+    """Each loop's learning rate (the highest of its optimiser steps: a warm-up starts low) against its images a
+    step (k times the batch: sqrt(k) x lr for Adam)."""
     mine, given = (runs[0].extras.get("watch", {}).get("facts") or {} for runs in (comparison.after, comparison.before))
-    if not (mine.get("lr") and given.get("lr") and mine.get("images_per_step") and given.get("images_per_step")):
+    lr, lr0 = (max(f.get("lrs") or [f.get("lr") or 0.0]) for f in (mine, given))  # (facts of one step: its lr)
+    if not (lr and lr0 and mine.get("images_per_step") and given.get("images_per_step")):
         return "the learning rate: not read (no optimiser step seen)"
     k = mine["images_per_step"] / given["images_per_step"]
-    return (f"the learning rate: {given['lr']:.3g} -> {mine['lr']:.3g} ({mine['lr'] / given['lr']:.2f}x) for "
-            f"{k:.2f}x the images a step (square-root rule: {k ** 0.5:.2f}x; linear: {k:.2f}x)")
+    return (f"the learning rate: {lr0:.3g} -> {lr:.3g} ({lr / lr0:.2f}x) for {k:.2f}x the images a step "
+            f"(square-root rule: {k ** 0.5:.2f}x; linear: {k:.2f}x)")
 
 
 def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats: int = 2,

@@ -8,12 +8,12 @@ import contextlib
 import statistics
 import warnings
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from .loop_facts import FirstStepFacts, StepRates
+from .loop_facts import BatchMaking, FirstStepFacts, LaterForwards, StepRates, process_group
 from .measure import environment
 from .results import RunResult
 
@@ -61,8 +61,12 @@ class LoopRecord:
         self.ready = 0  # batch_ready() calls
         self.notes: dict[str, str] = {}  # misuse seen, one line each
         self.facts: dict[str, Any] = {}  # what the first step did (fastlab.loop_facts), when asked for
-        self.profiled = False  # a step ran under torch.profiler (recorded with the facts)
+        self.profiler_on: list[bool] = []  # whether torch.profiler was recording at each step's end (exercise 08)
+        self._first_step: FirstStepFacts | None = None
         self.paused_blocks = 0
+        self._later: LaterForwards | None = None  # from the first step's end: evaluations, each step's graph
+        self.batch_facts: dict[str, Any] = {}  # how the first batch through w(...) was made (BatchMaking), when asked
+        self._making: BatchMaking | None = None
         self._last_batch: Any = None
 
     def describe_loader(self, loader: Iterable) -> dict[str, Any]:
@@ -71,9 +75,20 @@ class LoopRecord:
         self.loader.update(config)
         return data
 
+    def fetching(self, get: Callable[[Any], Any], wanted: bool) -> contextlib.AbstractContextManager:
+        """Around one fetch of w(loader): the first batch's (get is next) making is watched when `wanted` (facts for
+        an exercise's check), to tell a batch collated image by image, or made by a worker, from one indexed in
+        memory; fetched() reads it with the batch."""
+        if not wanted or get is not next or self._making is not None:
+            return contextlib.nullcontext()
+        self._making = BatchMaking()
+        return self._making
+
     def fetched(self, batch: Any) -> None:
         self.epochs[-1] += 1
         self._last_batch = batch
+        if self._making is not None and not self.batch_facts:
+            self.batch_facts = self._making.facts(next(iter(_tensors(batch)), None))
         if not self.batch_bytes:
             self.batch_bytes = sum(t.element_size() * t.nelement() for t in _tensors(batch))
 
@@ -151,14 +166,50 @@ class LoopRecord:
 
     def step_facts(self, step: int, device_type: str) -> contextlib.AbstractContextManager:
         """What to record around the step after `step` steps: the first step's facts, then each later step's
-        optimiser steps (their learning rates) into them."""
+        optimiser steps (their learning rates) and the module it calls first into them."""
         if step == 0 or not self.facts:
-            seen = FirstStepFacts(device_type)
+            seen = self._first_step = FirstStepFacts(device_type)
             self.facts = seen.facts  # filled in as the step runs
-            return seen
-        return StepRates(self.facts, device_type)
+            return self._first_then_later(seen)
+        rates = StepRates(self.facts, device_type, self._first_step.model_ref if self._first_step else None)
+        return self._later_step(rates, step)
+
+    @contextlib.contextmanager
+    def _first_then_later(self, seen: FirstStepFacts) -> Iterator[None]:
+        """The first step's facts; after it, LaterForwards on the modules it called outermost, to the loop's end."""
+        with seen:
+            yield
+        if self._later is not None:
+            self._later.close()
+        self._later = LaterForwards(seen.facts, list(seen.outermost.values()), seen.graph)
+        seen.outermost.clear()  # the watch keeps no module alive
+
+    @contextlib.contextmanager
+    def _later_step(self, rates: StepRates, step: int) -> Iterator[None]:
+        """A step after the first: its optimiser steps (StepRates) and its forwards (LaterForwards)."""
+        with rates, self._later.step(step) if self._later is not None else contextlib.nullcontext():
+            yield
+
+    @contextlib.contextmanager
+    def pausing(self) -> Iterator[None]:
+        """A `with w.paused()` block: counted, and the evaluations inside it read as off the clock (LaterForwards)."""
+        self.paused_blocks += 1
+        later = self._later
+        if later is not None:
+            later.paused = True
+        try:
+            yield
+        finally:
+            if later is not None:
+                later.paused = False
 
     def facts_seen(self, res: RunResult, device: torch.device) -> dict[str, Any]:
-        """What the first step did, with the loader and what the loop around it did (an exercise's check reads it)."""
+        """What the first step did, with the loader and what the loop around it did (an exercise's check reads it).
+        The hooks of the steps after the first come off here."""
+        if self._later is not None:
+            self._later.close()
         return {**self.facts, **self.loader, "device": device.type, "images_per_step": res.images_per_step,
-                "profiled": self.profiled, "paused_blocks": self.paused_blocks}
+                "profiled": any(self.profiler_on), "profiler_on": list(self.profiler_on),
+                "group_open": process_group() is not None,  # after the loop: never destroyed (exercise 11)
+                "paused_blocks": self.paused_blocks, "steps": res.steps_done,
+                "batch_from": None, "batch_stacked": None, "batch_images": None, **self.batch_facts}

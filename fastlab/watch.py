@@ -122,7 +122,8 @@ class WatchedLoader:
     def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
         w = self._watch
         t, cpu = time.perf_counter(), time.process_time()
-        with waiting_for(w.limits and w.limits.waiting, paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext():
+        with waiting_for(w.limits and w.limits.waiting, paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext(), \
+                w.record.fetching(get, w.record_facts):  # the first batch's making, for an exercise's check
             got = get(source)
         wall = time.perf_counter() - t
         w._wait += wall
@@ -210,13 +211,12 @@ class Watch:
             self.limits.check_pause(self.res)
         self._start()
         self._sync()
-        self.record.paused_blocks += 1
         self.memory.pause_started()
         p = Pause()
         t = time.perf_counter()
         self._inside = "pause"
         try:
-            with waiting_for(self.limits and self.limits.waiting, paused=True), self.memory.sampling():  # a hung evaluation is bounded too
+            with waiting_for(self.limits and self.limits.waiting, paused=True), self.memory.sampling(), self.record.pausing():  # a hung evaluation is bounded too; pauses counted
                 yield p
         finally:
             self._inside = None
@@ -283,8 +283,8 @@ class Watch:
         self._start()
         self._steps += 1
         k = self._steps
-        if self.record_facts and not self.record.profiled and self._prof is None:
-            self.record.profiled = torch.autograd._profiler_enabled()  # a profiler's schedule records later steps
+        if self.record_facts and self._prof is None:  # whether a profiler's schedule records this step
+            self.record.profiler_on.append(torch.autograd._profiler_enabled())
         if loss is not None:
             self.losses.keep(k, loss)
         timed = k > self.untimed

@@ -196,3 +196,18 @@ def test_an_exercise_weighs_the_saved_activations_by_the_one_comparison():
     nan = fastlab.Spread.of([])
     c = saved_activations(LoopComparison(runs(8.0), runs(2.0), nan, nan, "faster", ""))
     assert c.direction == "better" and abs(c.ratio - 0.25) < 1e-9
+
+
+def test_a_recomputation_in_autograd_s_own_thread_counts_as_a_gpu_backward_runs_it():
+    import threading
+
+    block, head = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()), nn.Linear(4 * 8 * 8, 10)
+    with FirstStepFacts("cpu") as seen:
+        h = checkpoint(block, X, use_reentrant=False)
+        loss = F.cross_entropy(head(h.flatten(1)), Y)
+        worker = threading.Thread(target=loss.backward)  # on a GPU, backward's nodes run in autograd's device thread
+        worker.start()
+        worker.join()
+    f = seen.facts
+    assert (f["pieces"], f["pieces_recomputed"], f["pieces_saved"]) == (["Sequential", "Linear"], [True, False],
+                                                                         [False, True])
