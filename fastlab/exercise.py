@@ -245,7 +245,7 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     options.setdefault("warmup_steps", preset.exercise_warmup_steps)
     b = budget.active()
     part = f"{t.notebook if t else b.notebook}:exercise" if b else ""  # (no budget: within and share_of do nothing)
-    with budget.within(part, None, budget.share_of(part)):  # held to its share of the notebook's budget
+    with budget.held(part):  # held to its share of the notebook's budget
         result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []
     if result.outcome == "not run":  # the notebook's budget was spent: nothing of the loops was seen
