@@ -359,3 +359,35 @@ def test_first_steps_fits_each_run_to_what_is_left_of_its_share_from_the_runs_it
     assert clock.now - started <= share + 30.0 + budget.FEWEST_RUN_SECONDS  # past it by at most its shortest run
     said = capsys.readouterr().out
     assert said.count("so each stops after") == 1 and "max_seconds; the profile's: 45 s" in said
+
+
+def test_first_steps_starts_no_technique_when_its_fitted_baseline_timed_no_window(monkeypatch, capsys):
+    # at load 6 the baseline's fitted run ended before a timed window: each technique would have had nothing to be
+    # compared with, so none starts
+    from types import SimpleNamespace
+
+    from fastlab.lessons import own_model
+
+    clock, started = Clock(), []
+
+    def no_window_when_cut(training, cold=False):
+        started.append(training.result.label)
+        clock.now += 30.0 + training.cfg.max_seconds
+        windows = [1.0] if training.cfg.max_seconds >= 45.0 else []
+        return RunResult(config=training.cfg.to_dict(), label=training.result.label, window_throughput=windows,
+                         step_seconds=[5.0], warmup_seconds=5.0, timed_seconds=0.0, status="time_limited")
+
+    monkeypatch.setattr(train.isolation, "execute", no_window_when_cut)
+    monkeypatch.setattr(train, "check_gpu_profile_here", lambda cfg, dev: None)
+    monkeypatch.setattr(own_model, "time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(own_model, "candidates",
+                        lambda base, ds, mb: ({"A": dict(seed=1), "B": dict(seed=2)}, {}, None))
+    cfg = config_for("cpu", device="cpu")
+    data = (own_model.StripesDataset(8, "train", 0), own_model.StripesDataset(8, "held_out", 0))
+    assert len(own_model.first_steps(cfg, model=own_model.demo_model, dataset=data, progress=False)) == 3  # no cut
+    budget.start("10_your_own_model", "cpu", 240.0, clock)
+    started.clear()
+    results = own_model.first_steps(cfg, model=own_model.demo_model, dataset=data, progress=False)
+    assert started == ["your model as is"] and len(results) == 1
+    assert "the 2 techniques are not started: they would have nothing to be compared with" in capsys.readouterr().out
+    assert own_model.advice(results)[0].startswith("The baseline did not finish a timed window")

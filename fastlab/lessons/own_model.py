@@ -265,6 +265,12 @@ def first_steps(base: TrainConfig, *, model: ModelArg, dataset: DatasetArg, prog
             results.append(r)
             if r.status == "interrupted":
                 break
+            if i == 0 and cut is not None and r.step_seconds and not r.window_throughput and len(plan) > 1:
+                print(f"first_steps: your model as is finished no timed window in the {cut:g} s its share of the "
+                      f"notebook's budget left it, so the {len(plan) - 1} techniques are not started: they would have "
+                      "nothing to be compared with (run the notebook's first cell again for a new budget, or on a "
+                      "quieter machine)", flush=True)
+                break
     results[0].extras["skipped_techniques"] = skipped
     return results
 
