@@ -446,5 +446,5 @@ def test_the_watched_loop_check_sees_each_technique_on_a_cpu():
     # the CUDA check's mechanism (a reader's loop under the watch, compared in turns, each technique seen) on a CPU;
     # on an H200 it passed on 2026-12-04
     text = gpu_check.watched_loops("cpu", images=128, batch_size=16, model="tiny")
-    for seen in ("autocast to bfloat16", "DataLoader(num_workers=2, pin_memory=True)", "channels_last layout"):
+    for seen in ("autocast to bfloat16", "DataLoader(num_workers=2, pin_memory=True)", "convolutions got channels_last input"):
         assert seen in text
