@@ -4,12 +4,15 @@ at its next step; a second Ctrl-C, STOP_GRACE_SECONDS of silence after a stop, o
 BUDGET_GRACE_SECONDS past the run's time budget (config.max_seconds) kills it, with the processes it started. The
 child streams each step (its time, data wait, memory, loss), so a run killed mid-step keeps its finished steps. What
 a child cannot import (a class from __main__, a lambda) runs in a fresh thread instead, and `extras["isolation"]`
-says why; a thread cannot be killed, so there the budget holds between steps only.
+says why. A thread cannot be killed: the caller gives up on one whose loop waits for a batch past the hung-loader bound
+or its time budget (InProcessWatchdog), ends the DataLoader workers it started, and returns what the run kept; a step
+still computing is waited for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import mmap
 import multiprocessing
 import os
@@ -54,9 +57,12 @@ def active_run() -> str | None:
     return _active_label[0] if _active_label else None
 
 
-def run_in_fresh_thread(fn: Callable[[], Any], stop: threading.Event) -> Any:
+def run_in_fresh_thread(fn: Callable[[], Any], stop: threading.Event,
+                        give_up: Callable[[], Any] = lambda: None) -> Any:
     """fn() in a new thread; the caller waits. Ctrl-C while waiting sets `stop` (which fn must watch) and still
-    waits for fn to return, so its partial result is kept. fn's exception is re-raised."""
+    waits for fn to return, so its partial result is kept. fn's exception is re-raised. give_up(), asked every
+    0.1 s: None to go on waiting, else the value to return in fn's place (`stop` is set, the thread left to end at
+    its next check of it)."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -76,6 +82,10 @@ def run_in_fresh_thread(fn: Callable[[], Any], stop: threading.Event) -> Any:
             done.wait(0.1)
         except KeyboardInterrupt:
             stop.set()
+        instead = give_up()
+        if instead is not None:
+            stop.set()
+            return instead
     thread.join()
     if "error" in box:
         raise box.pop("error")
@@ -139,8 +149,9 @@ def execute(training: Any, cold: bool = False) -> Any:
     cold: with torch.compile's caches off (harness.cold_compile_caches)."""
     reason, payload = why_in_process(training)
     if reason is not None:
+        training.waiting = InProcessWait()
         with cold_compile_caches(training.cfg) if cold else contextlib.nullcontext():
-            result = run_in_fresh_thread(training.execute, training.halt)
+            result = run_in_fresh_thread(training.execute, training.halt, InProcessWatchdog(training))
         result.extras["isolation"] = f"in-process (fresh thread): {reason}"
         return result
     images = None
@@ -207,8 +218,8 @@ class BudgetClock:
         return (bool(self.limit) and self.stepping and self.since is not None
                 and self.spent + time.monotonic() - self.since > self.limit + BUDGET_GRACE_SECONDS)
 
-    def reason(self, done: int) -> str:
-        return (f"stopped at its {self.limit:g} s budget during step {done + 1}: its process was ended "
+    def reason(self, done: int, ended: str = "its process was ended") -> str:
+        return (f"stopped at its {self.limit:g} s budget during step {done + 1}: {ended} "
                 f"{BUDGET_GRACE_SECONDS:g} s past the budget, mid-step, keeping the {done} steps it finished")
 
 
@@ -218,15 +229,12 @@ class DataWait:
     for neither). A wait past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far), or a paused
     block past that for each held-out batch, is a hung loader."""
 
-    def __init__(self, waiting: Any, cfg: Any) -> None:
-        self.waiting, self.steps = waiting, []
+    def __init__(self, waiting: Any, cfg: Any, steps: list[float]) -> None:
+        self.waiting, self.steps = waiting, steps  # the run's step seconds so far (RunResult.step_seconds)
         self.eval_batches = max(1, -(-cfg.eval_images // cfg.batch_size))
         workers = cfg.num_workers if cfg.loader == "dataloader" else 0
         self.where = (f"on its DataLoader's {workers} worker processes" if workers else
                       "on its data in the run's own process (num_workers=0: the Dataset's __getitem__ or the loader)")
-
-    def step(self, facts: dict[str, Any]) -> None:
-        self.steps.append(facts["step_seconds"])
 
     def evaluating(self) -> bool:
         return self.waiting.value < 0
@@ -242,16 +250,16 @@ class DataWait:
     def hung(self) -> bool:
         return self.waited() > self.bound()
 
-    def reason(self, done: int) -> str:
+    def reason(self, done: int, ended: str = "the run's process and its workers were ended") -> str:
         if self.evaluating():
             return (f"its held-out evaluation (a paused block: `with w.paused()`) did not end in {self.waited():.0f} s "
                     f"({self.eval_batches} held-out batches; the bound: {DATA_WAIT_FLOOR_SECONDS:g} s or "
-                    f"{DATA_WAIT_STEPS} x the median step for each, whichever is longer): its loader hung, so the run's "
-                    f"process and its workers were ended, keeping the {done} steps it finished")
+                    f"{DATA_WAIT_STEPS} x the median step for each, whichever is longer): its loader hung, so {ended}, "
+                    f"keeping the {done} steps it finished")
         where = self.where if done else f"{self.where}, or for the items of the Dataset the run checks first"
         return (f"its loader sent no batch for {self.waited():.0f} s, waiting {where} (the bound: "
                 f"{DATA_WAIT_FLOOR_SECONDS:g} s or {DATA_WAIT_STEPS} x the median step, whichever is longer): the "
-                f"loader hung, so the run's process and its workers were ended, keeping the {done} steps it finished")
+                f"loader hung, so {ended}, keeping the {done} steps it finished")
 
 
 def _run_child(training: Any, spec: RunSpec) -> Any:
@@ -263,7 +271,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
     done, outcome, killed, over_budget, hung = 0, None, None, False, False
     heard = None  # when the child was last heard from, once a stop was asked
     clock = BudgetClock(spec.config.max_seconds, spec.config.warmup_steps)
-    data_wait = DataWait(waiting, spec.config)
+    data_wait = DataWait(waiting, spec.config, training.result.step_seconds)
     try:
         while outcome is None:
             try:
@@ -278,7 +286,6 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                         _, step, total, facts = message
                         keep_step(training.result, step, facts)
                         clock.step(step, facts)
-                        data_wait.step(facts)
                         bar = bar or progress_bar(total, spec.label, training.progress)
                         bar.update(step - done)
                         done = step
@@ -313,7 +320,9 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
         if child.is_alive():
             kill_with_its_processes(child)
     if over_budget or hung:
-        return _ended_here(training, killed, "time_limited" if over_budget else "failed")
+        result = _ended_here(training.result, training.cfg, killed, "time_limited" if over_budget else "failed")
+        result.extras["isolation"] = "process"
+        return result
     return _outcome(training, outcome, child.exitcode, done, killed, oom_before)
 
 
@@ -358,11 +367,10 @@ def keep_step(result: RunResult, step: int, facts: dict[str, Any]) -> None:
     result.steps_done = step
 
 
-def _ended_here(training: Any, reason: str | None, status: str) -> RunResult:
-    """A run its parent ended mid-step (at its time budget: time_limited; a hung loader: failed), with the steps it
-    streamed and the windows they closed (a window's time is the sum of its steps' times: the watch reads its clock
+def _ended_here(result: RunResult, cfg: Any, reason: str | None, status: str) -> RunResult:
+    """A run its caller ended mid-step (at its time budget: time_limited; a hung loader: failed), with the steps it
+    kept and the windows they closed (a window's time is the sum of its steps' times: the watch reads its clock
     once per step)."""
-    result, cfg = training.result, training.cfg
     result.status, result.error = status, reason
     if status == "time_limited":
         result.stopped_by = "max_seconds"
@@ -377,8 +385,66 @@ def _ended_here(training: Any, reason: str | None, status: str) -> RunResult:
         result.window_throughput.append(result.images_per_step * (end - start) / seconds)
         start = end
     result.timed_seconds = sum(result.window_seconds)
-    result.extras["isolation"] = "process"
     return result
+
+
+class InProcessWait:
+    """RunLimits.waiting for a run in this process: the same value a run's process shares with its parent."""
+
+    value = 0.0
+
+
+class InProcessWatchdog:
+    """give_up for a run in a fresh thread of this process (run_in_fresh_thread): asked every 0.1 s, it reads the
+    steps the run has kept and its waiting mark, and gives up on a loop that waits for a batch past the hung-loader
+    bound (DataWait) or past its time budget (BudgetClock), or sits in a paused block past the bound. The DataLoader
+    workers the run started are killed (the thread's loader then fails at its next look at them); a thread blocked in
+    the Dataset itself cannot be ended, and the reason says so. Returns a copy of the result as kept then."""
+
+    def __init__(self, training: Any) -> None:
+        self.training, cfg = training, training.cfg
+        self.clock = BudgetClock(cfg.max_seconds, cfg.warmup_steps)
+        self.data_wait = DataWait(training.waiting, cfg, training.result.step_seconds)
+        self.seen = 0
+        self.before = {p.pid for p in _run_processes()}
+
+    def __call__(self) -> RunResult | None:
+        result, waiting = self.training.result, self.training.waiting.value
+        while self.seen < len(result.step_seconds):  # each step the run kept since the last look
+            self.seen += 1
+            self.clock.step(self.seen, {"step_seconds": result.step_seconds[self.seen - 1], "last": False})
+        ended = "the run was given up on"
+        if waiting > 0 and self.clock.over():
+            reason, status = self.clock.reason(self.seen, "its loop, waiting for a batch, was given up on"), "time_limited"
+        elif waiting and self.data_wait.hung():
+            reason, status = self.data_wait.reason(self.seen, ended), "failed"
+        else:
+            return None
+        workers = [p for p in _run_processes() if p.pid not in self.before]
+        for p in workers:
+            with contextlib.suppress(Exception):
+                p.kill()
+        left = ("its DataLoader workers were ended" if workers else
+                "the run's thread cannot be ended from here: it stays blocked until the Dataset returns an item, then "
+                "stops at its next batch (restart the kernel to end it now)")
+        kept = copy.deepcopy(result)
+        kept.steps_done = self.seen
+        return _ended_here(kept, self.training.cfg, f"{reason}; {left}", status)
+
+
+def _run_processes() -> list[Any]:
+    """This process's descendants but multiprocessing's own servers (the forkserver and the resource tracker, which
+    serve this process for its whole life): a run's DataLoader workers, in a run in this process. Runs are one at a
+    time (exclusive_run), so those started during a run are its own."""
+    import psutil
+
+    me = psutil.Process()
+    servers = set()
+    for p in me.children():
+        with contextlib.suppress(psutil.Error):
+            if any(s in " ".join(p.cmdline()) for s in ("forkserver", "resource_tracker")):
+                servers.add(p.pid)
+    return [p for p in me.children(recursive=True) if p.pid not in servers]
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -140,13 +141,17 @@ def sleeps_at_third_step() -> nn.Module:
     return SleepsAtThirdStep()
 
 
+RELEASE = threading.Event()  # set by a test to let an item blocked in the test's own process return
+
+
 class HangsAfter(torch.utils.data.Dataset):
     """CIFAR-shaped random items, 10 classes; in a process other than the one that built it (a run's process, a
     DataLoader worker), once it has served `after` items there, every further item blocks (a hung network file
-    system, a stuck decoder). The building process (which checks a sample before any timing) is served at once."""
+    system, a stuck decoder). The building process (which checks a sample before any timing) is served at once,
+    unless `anywhere`: then it blocks there too (a run in the caller's process), until RELEASE is set."""
 
-    def __init__(self, items: int = 512, after: int = 10**9) -> None:
-        self.items, self.after, self.served, self.home = items, after, 0, os.getpid()
+    def __init__(self, items: int = 512, after: int = 10**9, anywhere: bool = False) -> None:
+        self.items, self.after, self.served, self.home = items, after, 0, -1 if anywhere else os.getpid()
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "served": 0}  # each process counts its own
@@ -158,7 +163,7 @@ class HangsAfter(torch.utils.data.Dataset):
         if os.getpid() != self.home:
             self.served += 1
             if self.served > self.after:
-                time.sleep(3600)
+                RELEASE.wait(3600)
         g = torch.Generator().manual_seed(i)
         return torch.rand(3, 32, 32, generator=g), int(i % 10)
 

@@ -301,6 +301,59 @@ def test_a_hung_loader_ends_the_run_failed_keeping_its_steps_and_leaving_no_proc
     assert {p.pid for p in _runs_under(os.getpid())} - before == set()  # the run's process and its workers are gone
 
 
+def _run_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "fastlab-run"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_hung_loader_in_a_run_in_this_process_is_given_up_on_keeping_its_steps(quick, monkeypatch, workers):
+    """A run in a fresh thread of the caller's process (FASTLAB_ISOLATION=thread, or a model defined in a notebook
+    cell) cannot be killed: its caller gives up on it at the same bound, ends the workers it started, and says what it
+    could not end. The thread, once its item returns, stops at its next batch."""
+    monkeypatch.setattr(isolation, "DATA_WAIT_FLOOR_SECONDS", 4.0)
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")
+    isolation_probe.RELEASE.clear()
+    before = {p.pid for p in _runs_under(os.getpid())}
+    cfg = quick.replace(loader="dataloader", num_workers=workers, steps=20, windows=10, max_seconds=0.0)
+    per_process = len(sampled_indices(512)) + 4 * cfg.batch_size  # the sample, four batches, then it blocks
+    dataset = (isolation_probe.HangsAfter(after=per_process, anywhere=True), isolation_probe.HangsAfter())
+    t = time.monotonic()
+    r = fastlab.run(cfg, dataset=dataset, progress=False)
+    assert time.monotonic() - t < 120, r.error  # bounded: without the bound it waits for the hour the item blocks
+    assert r.status == "failed" and "its loader sent no batch for" in r.error, r.error
+    assert r.extras["isolation"].startswith("in-process (fresh thread): FASTLAB_ISOLATION=thread")
+    if workers:
+        assert "on its DataLoader's 2 worker processes" in r.error and "its DataLoader workers were ended" in r.error
+    else:
+        assert "in the run's own process (num_workers=0" in r.error and "cannot be ended from here" in r.error
+    assert 3 <= r.steps_done < cfg.warmup_steps + cfg.steps and len(r.step_seconds) == r.steps_done  # kept
+    assert len(r.window_seconds) >= 1 and r.timed_seconds > 0
+    isolation_probe.RELEASE.set()  # the blocked item returns: the given-up thread ends at its next batch
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _run_threads():
+        time.sleep(0.2)
+    assert not _run_threads()
+    assert {p.pid for p in _runs_under(os.getpid())} - before == set()  # no worker left
+
+
+def test_a_run_in_this_process_blocked_on_its_loader_is_held_to_its_time_budget(quick, monkeypatch):
+    """max_seconds holds while the loader blocks, in a run in the caller's process as in a run's own process."""
+    monkeypatch.setenv("FASTLAB_ISOLATION", "thread")
+    isolation_probe.RELEASE.clear()
+    cfg = quick.replace(loader="dataloader", num_workers=0, steps=20, windows=4, max_seconds=2.0)
+    after = len(sampled_indices(512)) + (cfg.warmup_steps + 2) * cfg.batch_size  # two timed steps, then it blocks
+    t = time.monotonic()
+    try:
+        r = fastlab.run(cfg, dataset=(isolation_probe.HangsAfter(after=after, anywhere=True),
+                                      isolation_probe.HangsAfter()), progress=False)
+    finally:
+        isolation_probe.RELEASE.set()
+    assert time.monotonic() - t < 60  # the 120 s hung-loader floor is not what ended it
+    assert r.status == "time_limited" and r.stopped_by == "max_seconds", (r.status, r.error)
+    assert "stopped at its 2 s budget" in r.error and "waiting for a batch, was given up on" in r.error, r.error
+    assert r.steps_done == cfg.warmup_steps + 2
+
+
 def test_a_held_out_evaluation_that_hangs_ends_the_run_failed_keeping_its_steps(quick, monkeypatch):
     """The held-out evaluation runs inside the watch's paused block: a held-out Dataset that hangs there is bounded
     as a hung loader is, and named as the evaluation."""
