@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -18,7 +19,7 @@ import torch
 
 from . import budget, measure
 from .config import TrainConfig, positive_int, time_sizing
-from .files import write_json
+from .files import keep_aside, write_json
 from .measure import resolve_device
 
 CALIBRATION_WARMUP = 2  # untimed steps first: allocator warm-up, first-call overheads
@@ -70,6 +71,24 @@ def _write_cache(path: Path, entries: dict[str, Any]) -> None:
         pass
 
 
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cache's entries ({} when there is none yet); a file that is not a JSON object is kept aside, never
+    overwritten."""
+    try:
+        entries = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):  # unreadable, not JSON, not text
+        entries = None
+    if isinstance(entries, dict):
+        return entries
+    try:
+        keep_aside(path, "is not a calibration cache this version reads", "measures anew")
+    except OSError:  # a read-only folder: the new calibration is not written over it either (_write_cache)
+        pass
+    return {}
+
+
 def load_per_cpu() -> float | None:
     """The machine's 1-minute load average per usable CPU now (None where the OS does not say)."""
     try:
@@ -80,7 +99,11 @@ def load_per_cpu() -> float | None:
 
 def stale(entry: dict[str, Any], now: _dt.datetime, load: float | None) -> str | None:
     """Why a cached calibration `entry` must be measured again at `now` with the load per CPU `load` (None: reuse
-    it): older than MAX_AGE, its time unknown, or the load moved by more than MAX_LOAD_CHANGE since."""
+    it): its step time not a positive number, older than MAX_AGE, its time unknown, or the load moved by more than
+    MAX_LOAD_CHANGE since."""
+    seconds = entry.get("step_seconds") if isinstance(entry, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        return f"its step time ({seconds!r}) is not a positive number of seconds"
     try:
         age = now - _dt.datetime.fromisoformat(entry["measured_at"])
     except (KeyError, TypeError, ValueError):
@@ -115,18 +138,17 @@ def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibratio
     if key in _KERNEL_CACHE:
         return _KERNEL_CACHE[key]
     path = cache_path()
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable
-        entries = {}
-    entries = entries if isinstance(entries, dict) else {}
+    entries = _read_cache(path)
     now, load = _dt.datetime.now(_dt.timezone.utc), load_per_cpu()
-    try:
-        if stale(entries[key], now, load) is None:
+    why = stale(entries[key], now, load) if key in entries else "not calibrated here yet"
+    if why is None:
+        try:
             _KERNEL_CACHE[key] = Calibration(**{**entries[key], "source": "cache"})
             return _KERNEL_CACHE[key]
-    except (KeyError, TypeError, AttributeError):  # not calibrated here yet, or by another version: measure
-        pass
+        except TypeError:  # written by another version: measured again
+            why = "written by another version"
+    if why.startswith("its step time"):
+        print(f"fastlab: {path}: the calibration of {work} is ignored: {why}; measuring it again")
     seconds = (measure or measure_step_seconds)(config)
     if not seconds:
         raise RuntimeError(f"the calibration of {work} finished no timed step")

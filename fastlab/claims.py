@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .config import active_profile
-from .files import write_json
+from .files import keep_aside, write_json
 from .measure import Spread, device_name, resolve_device
 from .results import RunResult
 from .verdicts import CREDITED, Comparison, as_runs, runs_verdict, step_slowdown, verdict
@@ -333,12 +333,9 @@ def record(verdict: Verdict) -> Verdict:
     with _locked(path):
         entries, readable = _entries(path), load_verdicts(path)
         if entries is None or len(readable) < len(entries):  # never dropped: the file kept beside the new store
-            aside = path.with_name(f"{path.name}.unreadable-{_now().replace(':', '')}")
-            os.replace(path, aside)
             why = ("is not a verdict store this version reads (corrupt, or another version's)" if entries is None
                    else f"holds {len(entries) - len(readable)} verdict(s) this version cannot read")
-            print(f"fastlab: {path} {why}; kept it as {aside.name} and started a new one with the "
-                  f"{len(readable)} readable")
+            keep_aside(path, why, f"started a new one with the {len(readable)} readable")
         kept = readable + [verdict]
         write_json(path, {"schema_version": STORE_VERSION, "verdicts": [asdict(v) for v in kept[-MAX_KEPT:]]})
     return verdict

@@ -4,6 +4,7 @@ path, why, and what was kept."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import errno
 import json
 import os
@@ -55,3 +56,13 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
 def write_json(path: str | os.PathLike, doc: Any, sort_keys: bool = False) -> Path:
     """`doc` as indented JSON, atomically (write_atomic)."""
     return write_atomic(path, json.dumps(doc, indent=1, sort_keys=sort_keys) + "\n")
+
+
+def keep_aside(path: Path, why: str, then: str) -> Path:
+    """A file fastlab reads but cannot use, renamed beside itself (never overwritten, never dropped), said in one
+    line: its path, `why` (what is wrong), where it was kept, and `then` (what fastlab does instead)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
+    aside = path.with_name(f"{path.name}.unreadable-{stamp}")
+    os.replace(path, aside)
+    print(f"fastlab: {path} {why}; kept it as {aside.name} and {then}")
+    return aside

@@ -5,6 +5,7 @@ and the calibration's step times are mocked.
 """
 
 import datetime
+import json
 
 import pytest
 import torch
@@ -231,14 +232,51 @@ def test_a_cached_calibration_is_stale_when_old_or_measured_at_another_load():
     now = datetime.datetime(2026, 12, 6, 12, tzinfo=datetime.timezone.utc)
 
     def entry(days_ago, load):
-        return {"measured_at": (now - datetime.timedelta(days=days_ago)).isoformat(), "load_per_cpu": load}
+        return {"measured_at": (now - datetime.timedelta(days=days_ago)).isoformat(), "load_per_cpu": load,
+                "step_seconds": 0.2}
 
     assert calibration.stale(entry(1, 0.2), now, 0.3) is None
     assert calibration.stale(entry(1, None), now, 3.0) is None  # an entry from before loads were kept: by age only
     assert calibration.stale(entry(1, 0.2), now, None) is None  # no load average here (Windows): by age only
     assert "days ago" in calibration.stale(entry(calibration.MAX_AGE.days + 1, 0.2), now, 0.2)
     assert "load of 3.0 per CPU, 0.1 now" in calibration.stale(entry(0, 3.0), now, 0.1)  # timed under load
-    assert "unknown" in calibration.stale({"load_per_cpu": 0.2}, now, 0.2)
+    assert "unknown" in calibration.stale({"load_per_cpu": 0.2, "step_seconds": 0.2}, now, 0.2)
+
+
+@pytest.mark.parametrize("seconds", ["0.2", 0, -1, float("nan"), float("inf"), None, True])
+def test_a_cached_step_time_that_is_not_a_positive_number_is_measured_again_in_one_line(calibration_cache,
+                                                                                         monkeypatch, capsys, seconds):
+    """A damaged entry would size every run to its maximum (0, -1, NaN) or fail mid-notebook (a string)."""
+    cpu = config_for("cpu", device="cpu", dataset="synthetic")
+    calibration.calibrate(cpu, lambda cfg: [0.2] * 4)
+    entries = json.loads(calibration_cache.read_text())
+    (key,) = entries
+    entries[key]["step_seconds"] = seconds
+    calibration_cache.write_text(json.dumps(entries))
+    monkeypatch.setattr(calibration, "_KERNEL_CACHE", {})
+    capsys.readouterr()
+    again = calibration.calibrate(cpu, lambda cfg: [0.3] * 4)
+    assert again.source == "measured" and again.step_seconds == 0.3
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and str(calibration_cache) in out and "not a positive number" in out, out
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00", b"[1, 2]"])
+def test_a_calibration_cache_that_is_not_one_is_kept_aside_not_overwritten(calibration_cache, monkeypatch, capsys,
+                                                                           content):
+    calibration_cache.write_bytes(content)
+    cpu = config_for("cpu", device="cpu", dataset="synthetic")
+    cal = calibration.calibrate(cpu, lambda cfg: [0.3] * 4)
+    assert cal.source == "measured"
+    asides = [p for p in calibration_cache.parent.iterdir() if ".unreadable-" in p.name]
+    assert len(asides) == 1 and asides[0].read_bytes() == content  # kept, whole
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and str(calibration_cache) in out and asides[0].name in out, out
+    assert key_count(calibration_cache) == 1  # the new cache holds the new calibration
+
+
+def key_count(path) -> int:
+    return len(json.loads(path.read_text()))
 
 
 def test_a_stale_cached_calibration_is_measured_again(calibration_cache, monkeypatch):
