@@ -102,65 +102,61 @@ def unchanged(given: LoopFn, mine: LoopFn) -> bool:
     return _statements(given) == _statements(mine)
 
 
+Reading = Callable[[dict, dict], tuple[bool | None, str]]
+
+
 @dataclass(frozen=True)
 class Technique:
-    """A technique as an exercise checks it: its notebook, its line, whether the watch's facts show it, and what it
+    """A technique as an exercise checks it: its notebook, its line, its reading of the watch's facts, and what it
     changes."""
 
     notebook: str  # the notebook whose exercise it is: its check is a part of that notebook's budget
     line: str  # what to write, as the learner would
-    shown: Callable[[dict, dict], bool | None]  # (the loop's facts, the given loop's): None where nothing showed
-    seen: Callable[[dict], str]  # what the watch saw of it, in words
+    # (the learner's loop's facts, the given loop's) -> (shown: None where nothing showed, what the watch saw in words)
+    reading: Reading
     # what it changes: "speed" alone, "memory" (peak), "loss" (final training loss) or "lr" (against the batch)
     quantity: str = "speed"
-    # where set, the verdict and its words from both loops' facts (the learner's, the given's), for a technique
-    # judged against the given loop (04: the learning rate against the batch); shown and seen are then not used
-    reading: Callable[[dict, dict], tuple[bool | None, str]] | None = None
+
+
+def _own(reading: Callable[[dict], tuple[bool | None, str]]) -> Reading:
+    """A reading of the learner's loop alone (all but 04's, which reads the learning rate against the given loop's)."""
+    return lambda mine, given: reading(mine)
 
 
 TECHNIQUES: dict[str, Technique] = {
     "workers": Technique(
         "01_data_loading", "DataLoader(..., num_workers=2, pin_memory=device.type == 'cuda', persistent_workers=True)",
-        lambda f, g: workers_reading(f)[0], lambda f: workers_reading(f)[1]),
+        _own(workers_reading)),
     "autocast": Technique(
         "02_mixed_precision", "with torch.autocast(device.type, dtype=...): around the forward and the loss (and a "
-        "GradScaler for fp16)", lambda f, g: autocast_reading(f)[0], lambda f: autocast_reading(f)[1]),
+        "GradScaler for fp16)", _own(autocast_reading)),
     "channels_last": Technique(
         "03_cudnn_benchmark_and_channels_last", "model.to(device, memory_format=torch.channels_last) and x = "
-        "x.contiguous(memory_format=torch.channels_last)", lambda f, g: channels_last_reading(f)[0],
-        lambda f: channels_last_reading(f)[1]),
+        "x.contiguous(memory_format=torch.channels_last)", _own(channels_last_reading)),
     "batch_size": Technique(
         "04_batch_size", "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
-        lambda f, g: batch_size_reading(f, g)[0],
-        lambda f: f"{f['images_per_step']} images a step at lr " + (f"{max(f['lrs']):.3g}" if f.get("lrs") else
-                                                                     "unknown"),
-        quantity="lr", reading=batch_size_reading),
+        batch_size_reading, quantity="lr"),
     "no_grad": Technique(
         "05_no_grad_detach_item", "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
-        lambda f, g: no_grad_reading(f)[0], lambda f: no_grad_reading(f)[1],
-        quantity="memory"),
+        _own(no_grad_reading), quantity="memory"),
     "adamw_schedule": Technique(
         "06_adamw_and_schedules", "torch.optim.AdamW(..., weight_decay=1e-2) and a CosineAnnealingLR(opt, "
-        "T_max=len(batches)) stepped every batch", lambda f, g: schedule_reading(f)[0],
-        lambda f: schedule_reading(f)[1], quantity="loss"),
+        "T_max=len(batches)) stepped every batch", _own(schedule_reading), quantity="loss"),
     "export": Technique(
         "07_compile_and_export", "torch.export.export(model, (example,), dynamic_shapes=...).module()",
-        lambda f, g: export_reading(f)[0], lambda f: export_reading(f)[1]),
+        _own(export_reading)),
     "profiler": Technique(
         "08_profiling", "torch.profiler.profile(schedule=...) started before the loop, prof.step() in each step",
-        lambda f, g: profiler_reading(f)[0], lambda f: profiler_reading(f)[1]),
+        _own(profiler_reading)),
     "fused_in_memory": Technique(
         "09_all_together", "fused=True in AdamW, and batches indexed from tensors in memory instead of a DataLoader",
-        lambda f, g: fused_in_memory_reading(f)[0], lambda f: fused_in_memory_reading(f)[1]),
-    "paused": Technique(
-        "10_your_own_model", "with w.paused(): around the evaluation", lambda f, g: paused_reading(f)[0],
-        lambda f: paused_reading(f)[1]),
+        _own(fused_in_memory_reading)),
+    "paused": Technique("10_your_own_model", "with w.paused(): around the evaluation", _own(paused_reading)),
     "ddp": Technique(
         "11_multi_gpu_ddp", "model = DistributedDataParallel(model) after dist.init_process_group(...)",
-        lambda f, g: ddp_reading(f)[0], lambda f: ddp_reading(f)[1]),
+        _own(ddp_reading)),
     "checkpoint": Technique(
-        "12_memory", "h = checkpoint(block, h, use_reentrant=False) for the blocks",
-        lambda f, g: checkpoint_reading(f)[0], lambda f: checkpoint_reading(f)[1],
+        "12_memory", "h = checkpoint(block, h, use_reentrant=False) for the blocks", _own(checkpoint_reading),
         quantity="memory"),
 }
 EXERCISE_PARTS = [budget.part(f"{t.notebook}:exercise") for t in TECHNIQUES.values()]  # one per notebook
@@ -185,7 +181,7 @@ def technique_shown(technique: str, comparison: LoopComparison) -> tuple[bool | 
     mine, given = (runs[0].extras.get("watch", {}).get("facts") for runs in (comparison.after, comparison.before))
     if not mine or not given:
         return None, "the watch saw no step"
-    return t.reading(mine, given) if t.reading is not None else (t.shown(mine, given), t.seen(mine))
+    return t.reading(mine, given)
 
 
 def _lower_is_better(comparison: LoopComparison, read: Callable[[RunResult], float | None], unit: str,
