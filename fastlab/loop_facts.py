@@ -65,6 +65,14 @@ def made_in(x: Any) -> str | None:
     return "pinned" if x.is_pinned() else "main"
 
 
+
+def ours(thread: int, also_in_backward: bool = False) -> bool:
+    """Whether a hook's call is the loop's own: not inside a graph torch.compile is tracing (checked first: dynamo
+    cannot trace get_ident), in the loop's `thread`, and (unless also_in_backward) not a forward that backward runs
+    (checkpointing's recomputation)."""
+    return (not torch.compiler.is_compiling() and threading.get_ident() == thread
+            and (also_in_backward or torch._C._current_graph_task_id() == -1))
+
 class BatchMaking(TorchFunctionMode):
     """Around the fetch of a loop's first batch (fastlab.loop_record.LoopRecord.fetching): the most tensors one
     torch.stack or torch.cat joined in this thread. A DataLoader's collate stacks a batch from one tensor per image;
@@ -146,11 +154,6 @@ class FirstStepFacts:
                           pieces_saved=[n > 0 for n in self._piece_bytes])
         self._pieces.clear()
 
-    def _ours(self) -> bool:
-        """A call this step made: not inside a graph torch.compile is tracing (checked first: dynamo cannot trace
-        get_ident), and in this thread."""
-        return not torch.compiler.is_compiling() and threading.get_ident() == self._thread
-
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         if torch.compiler.is_compiling():
             return
@@ -158,7 +161,7 @@ class FirstStepFacts:
             self.facts["recomputed"] += 1  # in any thread (a GPU's backward runs in autograd's own thread)
             self._recomputed.add(id(module))
             return
-        if not self._ours():
+        if not ours(self._thread, also_in_backward=True):
             return
         self._depth += 1
         f = self.facts
@@ -237,7 +240,7 @@ class FirstStepFacts:
         return t
 
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if not self._ours() or torch._C._current_graph_task_id() != -1:
+        if not ours(self._thread):
             return
         self._depth -= 1
         f = self.facts
@@ -259,7 +262,7 @@ class FirstStepFacts:
         self._collectives_at_backward = collectives()  # DDP all-reduces the gradients from here to the step
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if not self._ours():
+        if not ours(self._thread, also_in_backward=True):
             return
         first = self.facts["optimizer"] is None
         if first:  # the parameters of the modules that ran: each should have a gradient (none lost to a checkpoint)
@@ -312,8 +315,7 @@ class StepRates:
             self._called.remove()
 
     def _module(self, module: torch.nn.Module, args: tuple) -> None:
-        if (torch.compiler.is_compiling() or threading.get_ident() != self._thread
-                or torch._C._current_graph_task_id() != -1):
+        if not ours(self._thread):
             return
         self._called.remove()
         f = self.facts
@@ -322,7 +324,7 @@ class StepRates:
         f["later_unsynced"] += getattr(module, "require_backward_grad_sync", True) is False
 
     def _step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if not torch.compiler.is_compiling() and threading.get_ident() == self._thread:
+        if ours(self._thread, also_in_backward=True):
             optimizer_step(self.facts, optimizer, self.device_type)
 
 
@@ -440,18 +442,14 @@ class LaterForwards:
             handle.remove()
         self._handles.clear()
 
-    def _ours(self) -> bool:
-        return (not torch.compiler.is_compiling() and threading.get_ident() == self._thread
-                and torch._C._current_graph_task_id() == -1)
-
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._ours():
+        if ours(self._thread):
             self._depth += 1
             if self._depth == 1:
                 self._evaluating = evaluating(module) or not self._in_step
 
     def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if not self._ours():
+        if not ours(self._thread):
             return
         self._depth = max(0, self._depth - 1)
         if self._depth:
