@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .calibration import sized
 from .config import TrainConfig, comparison_repeats, config_for, plan_arm, preferred_amp
 from .files import write_atomic
 from .measure import Spread, bf16_is_trap, resolve_device, usable_cpu_count
@@ -317,8 +318,6 @@ def bench(out_dir: str | Path | None = None, profile: str | None = None, model: 
     path = out / "results.json"
     meta: dict[str, Any] = {"kind": "bench", "metric": metric, "profile": base.profile, "model": base.model}
     if metric == "throughput":  # every rung the same steps, sized by time from the naive rung's calibration
-        from .calibration import sized
-
         naive, meta["calibration"] = sized(base.replace(**rungs[0].changes), len(rungs) * comparison_repeats(base))
         base = base.replace(steps=naive.steps)
     started = time.perf_counter()

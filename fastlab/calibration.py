@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import budget, measure
+from . import budget, measure, train
 from .config import TrainConfig, positive_int, time_sizing
 from .files import keep_aside, write_json
 from .measure import resolve_device
@@ -121,11 +121,9 @@ _KERNEL_CACHE: dict[str, Calibration] = {}  # this kernel's calibrations (the di
 
 def measure_step_seconds(config: TrainConfig) -> list[float]:
     """Wall times of CALIBRATION_STEPS steps of `config`, each a synchronised window (CUDA launches are async)."""
-    from .train import run
-
     short = config.replace(steps=CALIBRATION_STEPS, warmup_steps=CALIBRATION_WARMUP, windows=CALIBRATION_STEPS,
                            max_seconds=0.0, eval_images=min(config.eval_images, config.batch_size))
-    result = run(short, label="calibration", progress=False)
+    result = train.run(short, label="calibration", progress=False)
     return result.window_seconds
 
 
@@ -182,10 +180,8 @@ def sized(base: TrainConfig, arms: int, measure: Measure | None = None) -> tuple
     seconds = seconds_per_run(base.profile, arms)
     if seconds is None or budget.refusal("calibration") is not None:  # fixed steps, or the notebook's time is up
         return base, None
-    from .train import check_gpu_profile_here
-
     fewest = time_sizing(base.profile)["min_steps"]  # before calibrating: the shortest run it can size
-    check_gpu_profile_here(base.replace(steps=max(base.windows, fewest)), resolve_device(base.device))
+    train.check_gpu_profile_here(base.replace(steps=max(base.windows, fewest)), resolve_device(base.device))
     cal = calibrate(base, measure)
     steps = steps_for(cal, seconds, base.profile, base.windows)
     record = {**asdict(cal), "seconds_per_run": seconds, "arms": arms, "steps": steps,

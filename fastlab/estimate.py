@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import budget
+from . import budget, exercise, lessons  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
+from .budget import parts_of
 from .calibration import WORKLOAD_FIELDS
+from .comparisons import REGISTERED
 from .config import TrainConfig, comparison_repeats, config_for, thorough, time_sizing
 from .measure import assumed_cores
 
@@ -32,6 +34,8 @@ CALIBRATION_RUNS = 1  # a comparison's calibration: one short run (cached per wo
 
 
 def _compiled_arms(base: TrainConfig) -> int:
+    # here: a lesson imports fastlab.plots (matplotlib); like estimate_notebooks, this module loads the lessons only
+    # when it estimates, so importing it stays light
     from .lessons.compile_export import modes_plan
 
     return len(modes_plan(base)[0]) - 1  # eager is not compiled
@@ -122,8 +126,6 @@ class NotebookEstimate:
 
 def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTimes) -> tuple[float, str]:
     """The comparison `name`'s estimated seconds within `share`, and how it was estimated."""
-    from .comparisons import REGISTERED
-
     if name not in REGISTERED:  # a held part (fastlab.budget.part): an exercise's check, TTA, torchrun launches
         return share, "a held part, not sized by time, no reference run: its whole share of the budget"
     compared, sizing = REGISTERED[name], time_sizing(base.profile)
@@ -151,10 +153,6 @@ def comparison_seconds(name: str, base: TrainConfig, share: float, steps: StepTi
 
 def estimate_notebooks(profile: str = "gpu", steps: StepTimes | None = None) -> list[NotebookEstimate]:
     """Each notebook's estimated fast-version seconds on the reference GPU ([] where the profile has fixed steps)."""
-    from . import exercise, lessons  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
-    from .budget import parts_of
-    from .comparisons import REGISTERED
-
     for module in pkgutil.iter_modules(lessons.__path__):  # every lesson: their comparisons register
         importlib.import_module(f"{lessons.__name__}.{module.name}")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import isolation
 from .config import TrainConfig, positive_int
+from .harness import TrainingRun
 from .loop_instruments import event_spans, safe_name, spans_length
 from .measure import resolve_device
 from .results import RunResult
@@ -114,8 +115,6 @@ def profile_here(cfg: TrainConfig, label: str, steps: int, trace: Path, record_s
     """profile_run's work, in the calling process: the run, the profiler stepped after each of its steps."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from .harness import TrainingRun  # here: the harness's watch imports this module
-
     cuda = resolve_device(cfg.device).type == "cuda"
     # One untimed step is needed for the profiler's own warm-up; the rest of the warm-up it skips.
     warm = max(cfg.warmup_steps, 1)
@@ -135,7 +134,7 @@ def profile_here(cfg: TrainConfig, label: str, steps: int, trace: Path, record_s
 
 def plot_profile_steps(profiles: list[ProfileResult], title: str = ""):
     """Per profiled step, side by side per run: waiting for data (orange) under compute (blue), in ms."""
-    from .plots import ShownFigure as Figure
+    from .plots import ShownFigure as Figure  # here: fastlab.plots imports matplotlib, needed only to plot
 
     fig = Figure(figsize=(max(5.0, 3.2 * len(profiles)), 3.8))
     axes = fig.subplots(1, len(profiles), squeeze=False, sharey=True)[0]

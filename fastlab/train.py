@@ -20,8 +20,8 @@ from .config import TrainConfig, comparison_repeats, demonstration_config, no_op
 from .data import Data, ImageSet
 from .harness import StepCallback, TrainingRun
 from .isolation import active_run, exclusive_run
-from .measure import environment, resolve_device
-from .models import ModelArg
+from .measure import environment, resolve_device, synchronize
+from .models import ModelArg, build_model
 from .profiles import profile_of
 from .results import RunResult, merge_repeats
 from .verdicts import turns
@@ -86,9 +86,6 @@ _SAID: set[tuple[str, int, str]] = set()  # the estimates said already (once eac
 def estimate_step_seconds(model: str, images: int, device: str) -> float:
     """Seconds a step of `model` over `images` images is estimated to take on `device`: the faster of two forward and
     backward passes at a batch of 8 (after one that pays for set-up), scaled."""
-    from .measure import synchronize
-    from .models import build_model
-
     dev = torch.device(device)
     net = build_model(model).to(dev)
     x, y = torch.randn(8, 3, 32, 32, device=dev), torch.zeros(8, dtype=torch.long, device=dev)

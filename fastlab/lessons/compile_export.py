@@ -225,6 +225,7 @@ def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repea
                       warmup: int = 3) -> ExportComparison:
     """Export `net` (torch.export, then ONNX) and compare the three runtimes on `batch`. Memory is each one's RSS rise
     while built and first run (approximate: the allocator may reuse memory an earlier one freed)."""
+    # here: fastlab.export is the optional `export` extra's (onnx, onnxruntime), needed only by this demo
     from ..export import compare_runtimes, export_model, onnx_runner, onnx_session
 
     exported = export_model(net, batch, folder)

@@ -15,7 +15,9 @@ from .. import claims, exercise
 from ..claims import Judgement
 from ..comparisons import comparison
 from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, thorough, trap_reasons
+from ..data import load_data, make_dataloader
 from ..measure import Spread, resolve_device
+from ..models import build_model
 from ..outcomes import accuracy_spread, describe_accuracy, outcome_verdict
 from ..plots import data_note, plot_comparison, plot_step_times
 from ..profiles import profile_of
@@ -278,9 +280,6 @@ TRAP_GRAD_IMAGES = 8  # where fp16 is a known trap (slow: config.trap_reasons), 
 
 def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
     """C5 in a real run: `steps` fp32 Adam steps of the workbook net, then a batch's fp32, fp16 and scaled gradients."""
-    from ..data import load_data, make_dataloader
-    from ..models import build_model
-
     _check_positive("net_gradient_underflow(steps)", steps, integer=True)
     dev = resolve_device(cfg.device)
     data, _ = load_data(cfg, None)

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from .. import budget
 from ..comparisons import comparison
-from ..config import TrainConfig
+from ..config import TrainConfig, config_for
 from ..data import ImageSet, spawn_safety, worker_start_method  # noqa: F401  (re-exported: notebook 10 names them)
 from ..measure import bf16_supported, resolve_device, usable_cpu_count
 from ..profiles import profile_of
@@ -75,8 +75,6 @@ class StripesDataset(Dataset):
 def notebook_config(profile: str | None = None, **changes: Any) -> tuple[TrainConfig, str]:
     """The notebook's config (the active profile's, shortened where the profile says: Profile.own_model_shortening,
     with the DataLoader its Datasets need) and a sentence saying what changed."""
-    from ..config import config_for
-
     cfg = config_for(profile)
     note = f"profile {cfg.profile}: its own sizes"
     short = profile_of(cfg).own_model_shortening

@@ -24,7 +24,16 @@ from unittest import mock
 import torch
 from torch import nn
 
+import fastlab
+
+from .. import distributed, isolation, measure
+from ..config import config_for
+from ..exercise import technique_shown
 from ..files import write_json
+from ..lessons.batch_size import find_max_batch, probe_config
+from ..models import build_model
+from ..results import save_results
+from ..watch import compare_loops
 
 # (module, its package, what needs it): what gpu-check imports beyond torch.
 PACKAGES: tuple[tuple[str, str, str], ...] = (
@@ -53,8 +62,6 @@ def missing_packages() -> list[str]:
 def within_deadline(fn: Callable[[], str], seconds: float) -> tuple[str, bool]:
     """(fn()'s detail, True), or (why, False) when it raised or passed `seconds` (then it gets a Ctrl-C); a process
     hung in a CUDA call prints every thread's traceback and exits 1 after a grace period."""
-    from .. import isolation
-
     expired = threading.Event()
 
     def expire() -> None:
@@ -91,8 +98,6 @@ def check(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
 
 
 def _small(**changes: Any):
-    from ..config import config_for
-
     base = dict(dataset="synthetic", steps=20, warmup_steps=3, windows=4, train_images=4096, eval_images=512,
                 batch_size=256, max_seconds=60.0)
     return config_for("gpu", **{**base, **changes})
@@ -100,18 +105,16 @@ def _small(**changes: Any):
 
 @check("synchronised timing agrees with CUDA events")
 def _timing() -> str:
-    from ..measure import now
-
     x = torch.randn(4096, 4096, device="cuda")
     for _ in range(3):
         x @ x
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = now(torch.device("cuda"))
+    t0 = measure.now(torch.device("cuda"))
     start.record()
     for _ in range(50):
         x @ x
     end.record()
-    wall = now(torch.device("cuda")) - t0
+    wall = measure.now(torch.device("cuda")) - t0
     events = start.elapsed_time(end) / 1000
     assert abs(wall - events) / events < 0.10, f"host clock {wall:.4f} s vs CUDA events {events:.4f} s"
     return f"host clock {wall * 1000:.1f} ms, CUDA events {events * 1000:.1f} ms"
@@ -119,8 +122,6 @@ def _timing() -> str:
 
 @check("peak memory resets per run")
 def _peak_resets() -> str:
-    import fastlab
-
     big = fastlab.run(_small(batch_size=1024), progress=False)
     small = fastlab.run(_small(batch_size=64), progress=False)
     assert big.ok and small.ok, (big.summary(), small.summary())
@@ -150,9 +151,6 @@ def _oom() -> str:
 
 
 def _oom_in_process() -> str:
-    import fastlab
-    from fastlab.lessons.batch_size import find_max_batch, probe_config
-
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
@@ -174,8 +172,6 @@ def _oom_in_process() -> str:
 
 @check("fp16 + GradScaler changes its scale; bf16 runs without a scaler")
 def _precision() -> str:
-    from ..measure import bf16_supported
-
     net = nn.Linear(64, 10).cuda()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # overflows fp16 at once: the scale must drop
@@ -186,12 +182,10 @@ def _precision() -> str:
     scaler.step(opt)
     scaler.update()
     assert scaler.get_scale() < 2.0**40, scaler.get_scale()
-    import fastlab
-
     fp16 = fastlab.run(_small(amp="fp16", log_every=1), progress=False)
     assert fp16.ok and fp16.grad_scale, fp16.summary()
     text = f"scale 2^40 -> {scaler.get_scale():g} after an overflow; fp16 run ok, scale {fp16.grad_scale[-1]:g}"
-    if bf16_supported(torch.device("cuda")):
+    if measure.bf16_supported(torch.device("cuda")):
         bf16 = fastlab.run(_small(amp="bf16", log_every=1), progress=False)
         assert bf16.ok and not bf16.grad_scale, bf16.summary()
         text += "; bf16 run ok without a scaler"
@@ -200,8 +194,6 @@ def _precision() -> str:
 
 def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda") -> Callable[[], nn.Module]:
     """A ResNet-18 factory recording (input, weight) channels_last at each forward on `device_type`."""
-    from ..models import build_model
-
     def net() -> nn.Module:
         m = build_model("resnet18")
         conv = next(c for c in m.modules() if isinstance(c, nn.Conv2d))
@@ -220,8 +212,6 @@ def layout_recording_net(seen: list[tuple[bool, bool]], device_type: str = "cuda
 
 @check("channels_last reaches weights and inputs")
 def _channels_last() -> str:
-    import fastlab
-
     seen: list[tuple[bool, bool]] = []
     r = fastlab.run(_small(channels_last=True, steps=4, windows=2), model=layout_recording_net(seen), progress=False)
     assert r.ok and seen and all(a and b for a, b in seen), (r.summary(), seen[:3])
@@ -230,8 +220,6 @@ def _channels_last() -> str:
 
 @check("cudnn.benchmark on vs off differ in warm-up, each run fresh")
 def _cudnn() -> str:
-    import fastlab
-
     cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=3)
     runs = [fastlab.run(cfg.replace(cudnn_benchmark=on), progress=False) for on in (False, True, False, True)]
     off, on = runs[2].warmup_seconds, runs[3].warmup_seconds
@@ -247,8 +235,6 @@ class UntunedForward(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from ..models import build_model
-
         self.net = build_model("resnet18")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -262,8 +248,6 @@ class UntunedForward(nn.Module):
 
 @check("cudnn.benchmark autotunes the backward pass too (an off run, then an on run)")
 def _cudnn_backward() -> str:
-    import fastlab
-
     cfg = _small(model="resnet18", steps=8, windows=2, warmup_steps=1)  # the one warm-up step autotunes
     off, on = (fastlab.run(cfg.replace(cudnn_benchmark=b), model=UntunedForward, progress=False) for b in (False, True))
     assert off.ok and on.ok, (off.summary(), on.summary())
@@ -277,8 +261,6 @@ def _cudnn_backward() -> str:
 
 @check("compile reduce-overhead: two runs back to back, each with CUDA graphs")
 def _compile() -> str:
-    import fastlab
-
     cfg = _small(model="compact", compile="reduce-overhead", amp="bf16", channels_last=True, loader="device",
                  max_seconds=120.0)
     runs = [fastlab.run(cfg, label=f"reduce-overhead #{i}", progress=False) for i in (1, 2)]
@@ -291,8 +273,6 @@ def _compile() -> str:
 
 @check("a CUDA run records the copy knobs it could not use")
 def _copy_no_ops() -> str:
-    import fastlab
-
     base = _small(model="tiny", loader="dataloader", steps=8, windows=2, train_images=2048)
     pageable = fastlab.run(base.replace(non_blocking=True), label="non_blocking, pageable", progress=False)
     assert pageable.ok and "pageable" in pageable.no_ops.get("non_blocking", ""), pageable.no_ops
@@ -303,8 +283,6 @@ def _copy_no_ops() -> str:
 
 @check("NVML utilisation samples arrive")
 def _nvml() -> str:
-    import fastlab
-
     r = fastlab.run(_small(model="resnet18", steps=60, windows=3, batch_size=512), progress=False)
     assert r.ok and r.gpu_util, r.extras.get("gpu_util_note", "no samples")
     return f"{len(r.gpu_util)} samples, median {sorted(u for _, u in r.gpu_util)[len(r.gpu_util) // 2]:.0f}%"
@@ -314,8 +292,6 @@ def plain_loop(amp: bool = False, workers: int = 0, channels_last: bool = False,
                images: int = 2048, batch_size: int = 128, model: str = "compact") -> Callable[[Any], None]:
     """A loop as a reader writes it, under the watch: what an exercise measures in a GPU room."""
     from torch.utils.data import DataLoader, TensorDataset
-
-    from ..models import build_model
 
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(images, 3, 32, 32, generator=g), torch.randint(0, 10, (images,), generator=g))
@@ -347,9 +323,6 @@ def _watched_loops() -> str:
 
 def watched_loops(device: str, **sizes: Any) -> str:
     """compare_loops as exercise.check runs it, and what the watch saw of each technique."""
-    from ..exercise import technique_shown
-    from ..watch import compare_loops
-
     given = plain_loop(device=device, **sizes)
     found = []
     for technique, edited in (("autocast", plain_loop(amp=True, device=device, **sizes)),
@@ -368,9 +341,7 @@ def watched_loops(device: str, **sizes: Any) -> str:
 
 @check("a one-process nccl DDP run finishes")
 def _ddp() -> str:
-    from ..distributed import run_ddp
-
-    job = run_ddp(_small(steps=10, windows=2), nproc=1, timeout_s=240)
+    job = distributed.run_ddp(_small(steps=10, windows=2), nproc=1, timeout_s=240)
     r = job.result
     assert r.ok and r.extras["ddp"]["backend"] == "nccl", (r.summary(), r.extras.get("ddp", {}).get("backend"))
     return f"{r.throughput.median:,.0f} images/s on 1 rank, backend nccl"
@@ -381,9 +352,9 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
     """Both ladders at `profile`'s sizes, each rung's timed steps limited to `rung_seconds`, each ladder's first pass
     to half of `budget_s`, then `repeats` - 1 more passes interleaved (saved after every run); warmup_steps: at most
     this many untimed steps a rung (None: the profile's)."""
+    # heavy on purpose: fastlab.bench imports fastlab.plots (matplotlib, which needs Pillow), so a machine without
+    # Pillow still gets missing_packages's one line from main instead of an ImportError
     from ..bench import ladder, markdown_table, run_ladder
-    from ..config import config_for
-    from ..results import save_results
 
     lines = []
     for model in ("resnet18", "compact"):
@@ -422,11 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastlab gpu-check: missing {', '.join(missing)}; install them (torchvision of the release that "
               f"matches torch {torch.__version__}) and run again (exit 1).")
         return 1
-    from ..measure import device_name
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"fastlab gpu-check on {device_name(torch.device('cuda'))}, torch {torch.__version__}, "
+    print(f"fastlab gpu-check on {measure.device_name(torch.device('cuda'))}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}", flush=True)
     outcomes = []
     for name, fn in CHECKS:

@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import budget, exercise  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
+from .. import budget, calibration, exercise  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
+from ..config import active_profile, config_for, time_sizing
+from ..estimate import estimate_table
 from ..files import write_json
 
 TIMINGS_VERSION = 1
@@ -109,8 +111,6 @@ def begin_notebook(notebook: str, profile: str | None = None) -> str:
     """A notebook's first line: start its time budget (fastlab.budget; none on smoke) and say the budget, the time
     estimated for this machine now (the time measured elsewhere, scaled by this machine's calibrated step against
     that machine's), and the time measured elsewhere."""
-    from ..config import active_profile
-
     profile = profile or active_profile()
     seconds, estimate, recorded_without_step = estimate_here(notebook, profile)
     budget.start(notebook, profile, seconds)
@@ -123,16 +123,13 @@ def begin_notebook(notebook: str, profile: str | None = None) -> str:
 def estimate_here(notebook: str, profile: str) -> tuple[float | None, float | None, bool]:
     """(the notebook's budget on `profile`, None for fixed steps; the time estimated for this machine now, None where
     it cannot be; whether the time measured elsewhere lacks that machine's step time)."""
-    from ..calibration import calibrate
-    from ..config import config_for, time_sizing
-
     seconds = (time_sizing(profile) or {}).get("notebook_seconds")
     entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile) or {}
     if seconds is None or not entry:
         return seconds, None, False
     if not (_number(entry.get("seconds")) and _number(entry.get("step_seconds"))):
         return seconds, None, True
-    here = calibrate(config_for(profile)).step_seconds
+    here = calibration.calibrate(config_for(profile)).step_seconds
     return seconds, budget.scaled_estimate(entry["seconds"], entry["step_seconds"], here, seconds), False
 
 
@@ -142,8 +139,6 @@ def _number(value: Any) -> bool:
 
 def notebook_time(notebook: str, profile: str | None = None) -> str:
     """How long `notebook` took on `profile` (default: the active one), or that it was not measured."""
-    from ..config import active_profile
-
     profile = profile or active_profile()
     entry = load_timings().get(notebook.removesuffix(".ipynb"), {}).get(profile)
     if not entry:
@@ -158,8 +153,6 @@ def notebook_time(notebook: str, profile: str | None = None) -> str:
 
 def thorough_hint(notebook: str, profile: str) -> str:
     """How to run the thorough version, with its measured time (timings key '<profile>-thorough')."""
-    from ..config import time_sizing
-
     name = notebook.removesuffix(".ipynb")
     if time_sizing(profile) is None or name == "dashboard":  # no time-sized comparison there
         return ""
@@ -225,8 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", action="store_true", help="the measured timings table")
     args = parser.parse_args(argv)
     if args.estimate:
-        from ..estimate import estimate_table
-
         print(estimate_table(args.estimate))
     if args.table or not args.estimate:
         print(timings_table())
