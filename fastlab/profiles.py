@@ -142,33 +142,38 @@ MPS = Profile(
     comparison_repeats=2, loop_steps=60,
 )
 
-# The gpu profile's shapes and code paths at smoke's step counts and sizes, on whatever device is here (CUDA if
-# there, else the CPU): CI runs every notebook through the gpu profile's paths (ResNet-18, the device loader, the
-# loss read every 10 steps, the one-GPU DDP fallback, the estimate of a CUDA-sized run without CUDA) in minutes.
-# Sizes are smoke's: fixed steps (nbval's outputs must not depend on speed), synthetic data and never the network,
-# smoke's seeds, repeats, search limits and shortenings; the lr stays gpu's (not a size). No time limit (gpu's
-# max_seconds=0, not smoke's 60 s): ResNet-18 on a loaded CI CPU may take over a minute for 13 steps, and a run cut
-# short by the clock would leave the notebook without its accuracy, an output that depends on speed.
+# The gpu profile's shapes and code paths at smoke's step counts, on whatever device is here (CUDA if there, else the
+# CPU): CI runs every notebook through the gpu profile's paths (ResNet-18, the device loader, the loss read every 10
+# steps, the one-GPU DDP fallback, the estimate of a CUDA-sized run without CUDA) in minutes. Fixed steps (nbval's
+# outputs must not depend on speed), synthetic data and never the network, smoke's seeds, repeats, shortenings and
+# batches per epoch; the lr stays gpu's (not a size). Its batches are a quarter of smoke's (8, not 32): ResNet-18 with
+# the CIFAR stem is 0.12 s a step at 8 and 0.44 s at 32 on a quiet 2-core Xeon, and every notebook under gpu-dry must
+# fit in make test beside the smoke pass. No time limit (gpu's max_seconds=0, not smoke's 60 s): a run cut short by
+# the clock on a loaded CI CPU would leave the notebook without its accuracy, an output that depends on speed.
+GPU_DRY_BATCH = 8
 GPU_DRY = dataclasses.replace(
     GPU,
     name="gpu-dry",
-    settings=dict(GPU.settings, dataset="synthetic", batch_size=32, steps=10, warmup_steps=3, windows=2,
-                  train_images=640, eval_images=256),
+    settings=dict(GPU.settings, dataset="synthetic", batch_size=GPU_DRY_BATCH, steps=SMOKE.settings["steps"],
+                  warmup_steps=SMOKE.settings["warmup_steps"], windows=SMOKE.settings["windows"],
+                  train_images=SMOKE.settings["train_images"] * GPU_DRY_BATCH // SMOKE.settings["batch_size"],
+                  eval_images=SMOKE.settings["eval_images"] * GPU_DRY_BATCH // SMOKE.settings["batch_size"]),
     downloads=False, time_to_accuracy=SMOKE.time_to_accuracy, time_sizing=None,
     comparison_repeats=SMOKE.comparison_repeats, thorough=False, loading_shortening=SMOKE.loading_shortening,
     precision_seeds=SMOKE.precision_seeds,
-    # gpu's grid shape (a power of two with a neighbour each side, then the non-multiple-of-8 250 beside 256) at a
-    # quarter of its batches, so ResNet-18 on a 2-core CPU stays near a second a step: 62 (2 x 31) beside 64 as
-    # 250 (2 x 125) beside 256.
-    batch_grid=(24, 32, 40, 62, 64),
-    # On a CPU the search's budget is the process's memory plus headroom_mb: smoke's limits, not a GPU's 16k.
-    search_max_batch=SMOKE.search_max_batch, search_headroom_mb=SMOKE.search_headroom_mb,
-    largest_factor=SMOKE.largest_factor,  # 4 x 32 = 128: ResNet-18 at batch 256 is 1-2 s a step on 2 cores
+    # gpu's grid shape (a power of two with a neighbour each side, then the non-multiple-of-8 250 beside 256) at its
+    # sixty-fourth: 15 beside 16 as 250 beside 256.
+    batch_grid=(6, 8, 10, 15, 16),
+    # On a CPU the search's budget is the process's memory plus headroom_mb; its largest batch a quarter of smoke's,
+    # as the batch is.
+    search_max_batch=SMOKE.search_max_batch * GPU_DRY_BATCH // SMOKE.settings["batch_size"],
+    search_headroom_mb=SMOKE.search_headroom_mb,
+    largest_factor=SMOKE.largest_factor,  # 4 x 8 = 32
     batch_tta_max_steps=SMOKE.batch_tta_max_steps, tta_seeds=SMOKE.tta_seeds, eval_repeats=SMOKE.eval_repeats,
     all_compile_modes=False,  # max-autotune benchmarks kernels for minutes on a CPU
-    # gpu's ladder at a sixteenth (its batch 512 -> 32): naive a quarter of the profile's batch, large the batch
-    # (compact: 8 x naive, as gpu's 128 -> 1024).
-    ladder_batch=(8, 32), ladder_batch_by_model={"compact": (8, 64)},
+    # gpu's ladder shape: naive a quarter of the profile's batch, large the batch (compact: 8 x naive, as gpu's
+    # 128 -> 1024).
+    ladder_batch=(GPU_DRY_BATCH // 4, GPU_DRY_BATCH), ladder_batch_by_model={"compact": (2, 16)},
     skip_compile=True, tta_only=SMOKE.tta_only, own_model_shortening=SMOKE.own_model_shortening,
     loop_steps=SMOKE.loop_steps,
     ddp_cpu_profile="smoke",  # gpu's fallback to another profile's sizes, landing on smoke's

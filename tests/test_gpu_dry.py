@@ -20,12 +20,16 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[01]*.ipynb"))
 
 
 def test_gpu_dry_takes_the_gpu_profiles_paths():
-    """gpu-dry is gpu's model and loader at smoke's sizes, with fixed steps (nbval's outputs must not hang on speed)."""
+    """gpu-dry is gpu's model and loader at smoke's steps and batches per epoch, a quarter of smoke's batch, with
+    fixed steps (nbval's outputs must not hang on speed)."""
     gpu, dry, smoke = (PROFILES[n] for n in ("gpu", "gpu-dry", "smoke"))
     for key in ("model", "loader", "log_every"):
         assert dry.settings[key] == gpu.settings[key], key
-    for key in ("batch_size", "steps", "warmup_steps", "train_images", "eval_images"):
+    for key in ("steps", "warmup_steps", "windows"):
         assert dry.settings[key] == smoke.settings[key], key
+    assert dry.settings["batch_size"] * 4 == smoke.settings["batch_size"]
+    for key in ("train_images", "eval_images"):  # as many batches as smoke's
+        assert dry.settings[key] / dry.settings["batch_size"] == smoke.settings[key] / smoke.settings["batch_size"]
     assert dry.fixed_steps and not dry.downloads
 
 

@@ -148,17 +148,20 @@ def test_gpu_dry_is_the_gpu_profile_at_smokes_sizes(monkeypatch):
     assert set(gpu.diff(dry)) <= SIZE_FIELDS  # gpu's model, loader, log_every, lr and every other knob
     assert (dry.model, dry.loader, dry.log_every) == ("resnet18", "device", 10)
     assert dry.max_seconds == gpu.max_seconds == 0  # no clock: a run cut short would change the outputs
-    for name in SIZE_FIELDS - {"batch_size", "max_seconds"}:
+    for name in ("steps", "warmup_steps", "windows", "dataset"):
         assert getattr(dry, name) == getattr(smoke, name), name
+    for name in ("train_images", "eval_images"):  # smoke's batches per epoch and per evaluation, at a quarter the batch
+        assert getattr(dry, name) / dry.batch_size == getattr(smoke, name) / smoke.batch_size, name
     dry_p, gpu_p, smoke_p = PROFILES["gpu-dry"], PROFILES["gpu"], PROFILES["smoke"]
     assert dry_p.fixed_steps and not dry_p.downloads and not dry_p.thorough  # nbval's outputs: not speed's
     assert dry_p.cuda_sized == gpu_p.cuda_sized and dry_p.ddp_cpu_profile is not None  # gpu's code paths
     assert config.time_sizing("gpu-dry") is None and tta_settings(dry) == tta_settings(smoke)
     for name in ("precision_seeds", "tta_seeds", "eval_repeats", "comparison_repeats", "loading_shortening",
-                 "own_model_shortening", "tta_only", "skip_compile", "search_max_batch", "batch_tta_max_steps"):
+                 "own_model_shortening", "tta_only", "skip_compile", "batch_tta_max_steps"):
         assert getattr(dry_p, name) == getattr(smoke_p, name), name
     grid = batch_size.sizes_for(dry)
-    assert len(grid) == len(gpu_p.batch_grid) and max(grid) <= 64  # gpu's shape, a CPU's sizes
+    assert len(grid) == len(gpu_p.batch_grid) and max(grid) <= 16  # gpu's shape, a CPU's sizes
+    assert dry_p.search_max_batch * smoke.batch_size == smoke_p.search_max_batch * dry.batch_size
     assert any(b % 8 for b in grid) and dry.batch_size in grid  # a non-multiple of 8, as gpu's 250
 
 

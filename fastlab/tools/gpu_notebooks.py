@@ -94,7 +94,8 @@ def execute_one(notebook: Path, save_to: Path, cell_timeout: float) -> dict:
 def run_capped(notebook: Path, out: Path, env: dict[str, str], cap: float) -> dict:
     """One notebook in a child process of its own, killed (its kernel with it) at `cap` seconds."""
     save_to = out / "notebooks" / notebook.name
-    cmd = [sys.executable, "-m", "fastlab.tools.gpu_notebooks", "--one", str(notebook), "--save", str(save_to)]
+    cmd = [sys.executable, "-m", "fastlab.tools.gpu_notebooks", "--one", str(notebook), "--save", str(save_to),
+           "--notebook-s", str(cap)]
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
@@ -109,9 +110,10 @@ def run_capped(notebook: Path, out: Path, env: dict[str, str], cap: float) -> di
                 "status": f"stopped at its cap of {cap:g} s"}
 
 
-def run_notebooks(names: list[str], out: Path, env: dict[str, str], seconds: float, jobs: int) -> list[dict]:
-    """Every notebook, `jobs` at once, none started after `seconds` and none running past it; each outcome appended
-    to notebooks.jsonl as it ends."""
+def run_notebooks(names: list[str], out: Path, env: dict[str, str], seconds: float, jobs: int,
+                  each: float = NOTEBOOK_CAP_S) -> list[dict]:
+    """Every notebook, `jobs` at once, none started after `seconds` and none running past it or its own cap `each`;
+    each outcome appended to notebooks.jsonl as it ends."""
     deadline = time.monotonic() + seconds
     log = out / "notebooks.jsonl"
 
@@ -120,7 +122,7 @@ def run_notebooks(names: list[str], out: Path, env: dict[str, str], seconds: flo
         if left <= 1:
             outcome = {"notebook": name, "status": "not started: the notebooks' cap was spent"}
         else:
-            outcome = run_capped(NOTEBOOKS / f"{name}.ipynb", out, env, min(NOTEBOOK_CAP_S, left))
+            outcome = run_capped(NOTEBOOKS / f"{name}.ipynb", out, env, min(each, left))
         with log.open("a") as f:
             f.write(json.dumps({**outcome, "profile": env["FASTLAB_PROFILE"]}) + "\n")
         print(f"  {outcome['notebook']}: {outcome.get('seconds', 0):.0f} s, {outcome['status']}", flush=True)
@@ -133,7 +135,7 @@ def run_notebooks(names: list[str], out: Path, env: dict[str, str], seconds: flo
 def notebook_order(profile: str) -> tuple[list[str], dict[str, float]]:
     """The notebooks, longest first by their estimated time on the reference GPU (fastlab.estimate), and those
     estimates ({} where the profile has fixed steps)."""
-    from ..estimate import estimate_notebooks
+    from ..estimate import estimate_notebooks  # here: it imports torch, which this module defers until main decides
 
     names = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
     estimates = {e.notebook: e.seconds for e in estimate_notebooks(profile)}
@@ -153,7 +155,7 @@ def default_jobs(estimates: list[float], cap: float) -> int:
     """The fewest kernels at once whose estimated wall time fits `cap`, at most the cores less two (the notebooks'
     own runs and loaders need some); that most where nothing is estimated or nothing fits. The budgets cut each
     notebook's runs to fit its time, so kernels sharing the GPU take longer steps, not longer notebooks."""
-    from ..measure import usable_cpu_count
+    from ..measure import usable_cpu_count  # here: it imports torch, which this module defers until main decides
 
     most = max(1, usable_cpu_count() - 2)
     fits = [j for j in range(1, most + 1) if estimates and makespan(estimates, j) <= cap]
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="notebooks whose names contain this")
     for part, cap in list(CAPS.items())[:-1]:
         parser.add_argument(f"--{part}-s", type=float, default=cap, help=f"the {part} part's cap (s)")
+    parser.add_argument("--notebook-s", type=float, default=NOTEBOOK_CAP_S, help="each notebook's cap (s)")
     parser.add_argument("--total-s", type=float, default=TOTAL_S, help="the whole run's time: the reference runs "
                         "get what the parts before them left of it")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: one notebook
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("ladders", "reference"), help=argparse.SUPPRESS)  # a child: one part
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(execute_one(Path(args.one), Path(args.save), cell_timeout=NOTEBOOK_CAP_S)), flush=True)
+        print(json.dumps(execute_one(Path(args.one), Path(args.save), cell_timeout=args.notebook_s)), flush=True)
         return 0
     if args.part:
         return run_part(args.part, Path(args.out), os.environ["FASTLAB_PROFILE"], args.total_s)
@@ -206,6 +209,7 @@ def run_part(part: str, out: Path, profile: str, seconds: float) -> int:
     """In a child process of its own (its parent caps it): the ladders, or the reference runs within `seconds`."""
     import torch
 
+    # here, in the --part child only: both import torch, reference_run also bench's matplotlib and every lesson
     from .gpu_check import run_ladders
     from .reference_run import run_comparisons
 
@@ -249,7 +253,8 @@ def run_parts(args: argparse.Namespace, profile: str) -> int:
     jobs = args.jobs or default_jobs([estimates[n] for n in names if n in estimates], CAPS["notebooks"])
     print(f"fastlab gpu-notebooks: {len(names)} notebooks, {jobs} at once", flush=True)
     env = kernel_env(target, profile, out)
-    outcomes = timed("notebooks", times, out, lambda: run_notebooks(names, out, env, CAPS["notebooks"], jobs))
+    outcomes = timed("notebooks", times, out, lambda: run_notebooks(names, out, env, CAPS["notebooks"], jobs,
+                                                                        args.notebook_s))
     ladders = timed("ladders", times, out, lambda: capped_part("ladders", out, profile, CAPS["ladders"]))
     CAPS["reference"] = max(0.0, args.total_s - sum(times.values()))  # what is left of the whole run's time
     reference = (timed("reference", times, out, lambda: capped_part("reference", out, profile, CAPS["reference"]))
