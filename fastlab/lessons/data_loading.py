@@ -18,7 +18,7 @@ from .. import budget, claims
 from ..calibration import calibrate
 from ..claims import Judgement
 from ..comparisons import comparison
-from ..config import TrainConfig, comparison_repeats, time_sizing
+from ..config import TrainConfig, comparison_repeats, positive_int, time_sizing
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
 from ..plots import data_note
@@ -38,9 +38,7 @@ SWEEP = "01_data_loading:num_workers"
 
 def worker_counts(cpu_count: int | None = None) -> list[int]:
     """0, powers of two below the cores, the cores, then 2x, 4x and 6x them (cores: usable_cpu_count by default)."""
-    n = usable_cpu_count() if cpu_count is None else cpu_count
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"worker_counts(cpu_count={cpu_count!r}) is not allowed: cpu_count must be an integer >= 1")
+    n = positive_int("worker_counts: cpu_count", usable_cpu_count() if cpu_count is None else cpu_count)
     counts = [0]
     p = 1
     while p < n:
@@ -96,8 +94,7 @@ def pipeline_workers(cpu_count: int | None = None) -> int:
 
 def pipeline_steps(workers: int) -> list[tuple[str, dict[str, Any]]]:
     """The DataLoader knobs added one at a time (cumulative), then the device-resident loader."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"pipeline_steps(workers={workers!r}) is not allowed: workers must be an integer >= 1")
+    positive_int("pipeline_steps: workers", workers)
     plain = dict(loader="dataloader", num_workers=workers, pin_memory=False, non_blocking=False,
                  persistent_workers=False, prefetch_factor=None)
     steps = [(f"{workers} workers", plain)]

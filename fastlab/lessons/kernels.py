@@ -13,7 +13,7 @@ from torch import nn
 from .. import claims, isolation
 from ..claims import Judgement
 from ..comparisons import comparison
-from ..config import TrainConfig, low_precision
+from ..config import TrainConfig, low_precision, positive_int
 from ..measure import MemoryMeter, Spread, now, resolve_device
 from ..models import build_model
 from ..plots import ShownFigure
@@ -112,9 +112,8 @@ def time_shapes(sizes: list[int], *, benchmark: bool, model: str | nn.Module = "
     _check_sizes(sizes)
     if not isinstance(benchmark, bool):
         raise ValueError(f"time_shapes(benchmark={benchmark!r}) is not allowed: True or False")
-    for name, value, low in (("batch_size", batch_size, 1), ("warmup_steps", warmup_steps, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"time_shapes({name}={value!r}) is not allowed: an integer >= {low}")
+    positive_int("time_shapes: batch_size", batch_size)
+    positive_int("time_shapes: warmup_steps", warmup_steps, 0)
     dev = resolve_device(device)
     torch.manual_seed(seed)
     fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -14,7 +14,7 @@ from torch import nn
 from .. import claims, exercise
 from ..claims import Judgement
 from ..comparisons import comparison
-from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, thorough, trap_reasons
+from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, positive_int, thorough, trap_reasons
 from ..data import load_data, make_dataloader
 from ..measure import Spread, resolve_device
 from ..models import build_model
@@ -89,8 +89,7 @@ def first_seed(results: list[RunResult]) -> list[RunResult]:
 
 def final_loss(result: RunResult, last: int = 5) -> float:
     """Mean of the last `last` logged training losses (one loss is too noisy to compare precisions)."""
-    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-        raise ValueError(f"final_loss(last={last!r}) is not allowed: an integer >= 1")
+    positive_int("final_loss: last", last)
     values = [v for _, v in result.losses[-last:]]
     return sum(values) / len(values) if values else math.nan
 
