@@ -29,12 +29,12 @@ bench: $(STAMP)  ## the technique ladder on this machine: results.json, bench.pn
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fastlab tests
 
-test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval over notebooks/ (smoke profile)
+test: lint  ## ruff, unit tests, the browser test (tests/test_browser.py), nbval over notebooks/ (smoke and gpu-dry)
 	FASTLAB_PROFILE=smoke FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env tests notebooks
 
-# Every notebook under the gpu-dry profile (the gpu profile's ResNet-18, device loader and paths at smoke's sizes, on
-# this CPU), each in a fresh process, whole and with its budget spent: not yet inside make test's time
-# (tests/test_gpu_dry.py and tests/test_budget_spent.py say why).
+# Every notebook under the gpu-dry profile (the gpu profile's ResNet-18, device loader and paths at a quarter of
+# smoke's batch, on this CPU), each in a fresh process, whole (also in make test) and with its budget spent (only
+# here: tests/test_budget_spent.py says why).
 test-gpu-dry: $(STAMP)
 	FASTLAB_GPU_DRY_NOTEBOOKS=1 FASTLAB_SOLUTION=1 MPLBACKEND=Agg $(PY) -m pytest -p no:cacheprovider tests/test_gpu_dry.py \
 		tests/test_budget_spent.py -k "gpu-dry or gpu_dry"

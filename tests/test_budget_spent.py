@@ -7,7 +7,7 @@ on a profile of fixed steps (smoke, gpu-dry: nothing else changes) in every proc
 PYTHONPATH, and logs each refusal to FASTLAB_BUDGET_LOG, so the test also sees that the runs really were refused.
 
 The pass runs under smoke in make test, and under gpu-dry too (the gpu profile's ResNet-18, device loader and paths at
-smoke's sizes) in `make test-gpu-dry` (FASTLAB_GPU_DRY_NOTEBOOKS=1): with the comparisons refused, what is left of a
+a quarter of smoke's batch) in `make test-gpu-dry` (FASTLAB_GPU_DRY_NOTEBOOKS=1): with the comparisons refused, what is left of a
 notebook under gpu-dry is its cells' own runs on ResNet-18, and on a loaded 2-core CPU 09's alone took 21 minutes,
 past what CI's time leaves.
 
