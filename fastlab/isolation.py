@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import mmap
 import multiprocessing
 import os
@@ -421,6 +422,7 @@ class InProcessWatchdog:
         else:
             return None
         workers = [p for p in _run_processes() if p.pid not in self.before]
+        _forget_workers({p.pid for p in workers})
         for p in workers:
             with contextlib.suppress(Exception):
                 p.kill()
@@ -430,6 +432,21 @@ class InProcessWatchdog:
         kept = copy.deepcopy(result)
         kept.steps_done = self.seen
         return _ended_here(kept, self.training.cfg, f"{reason}; {left}", status)
+
+
+def _forget_workers(pids: set[int]) -> None:
+    """Unregister these DataLoader workers from torch's SIGCHLD handler before they are killed. A DataLoader with
+    workers iterated once in the main thread installs that handler, and it raises "DataLoader worker ... is killed"
+    in the main thread (a notebook's, wherever it then is) when any registered worker dies. The run's thread then
+    finds its workers gone at its own next look and fails there."""
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import signal_handling
+
+    for loader in gc.get_objects():
+        if (isinstance(loader, dataloader._MultiProcessingDataLoaderIter) and loader._worker_pids_set
+                and pids & {w.pid for w in loader._workers}):
+            signal_handling._remove_worker_pids(id(loader))
+            loader._worker_pids_set = False
 
 
 def _run_processes() -> list[Any]:

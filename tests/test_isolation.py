@@ -313,6 +313,9 @@ def test_a_hung_loader_in_a_run_in_this_process_is_given_up_on_keeping_its_steps
     monkeypatch.setattr(isolation, "DATA_WAIT_FLOOR_SECONDS", 4.0)
     monkeypatch.setenv("FASTLAB_ISOLATION", "thread")
     isolation_probe.RELEASE.clear()
+    # a DataLoader with workers iterated in this (the main) thread first, as a notebook's cell may have: torch then
+    # holds a SIGCHLD handler here that raises in this thread when a worker it knows of is killed
+    next(iter(torch.utils.data.DataLoader(isolation_probe.HangsAfter(items=4), batch_size=2, num_workers=1)))
     before = {p.pid for p in _runs_under(os.getpid())}
     cfg = quick.replace(loader="dataloader", num_workers=workers, steps=20, windows=10, max_seconds=0.0)
     per_process = len(sampled_indices(512)) + 4 * cfg.batch_size  # the sample, four batches, then it blocks
