@@ -69,22 +69,6 @@ class DDPOptions:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class DDPJob:
-    """One training run under DDP: what one launch's ranks train together."""
-
-    config: TrainConfig
-    options: DDPOptions = DDPOptions()
-    label: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config.to_dict(), "options": self.options.to_dict(), "label": self.label}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DDPJob:
-        return cls(TrainConfig.from_dict(data["config"]), DDPOptions(**data.get("options", {})), data.get("label", ""))
-
-
 # ------------------------------------------------------------------ arithmetic (pure, unit-tested)
 
 

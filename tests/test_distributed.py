@@ -1,37 +1,33 @@
-"""fastlab.distributed: the batch/lr arithmetic, sharding, the cross-rank checks, the launcher's timeout and
-error reports, and real torchrun launches of 2 CPU processes under gloo (one that trains, one that crashes)."""
+"""fastlab.distributed: the batch/lr arithmetic, sharding, the cross-rank checks, the flags that carry a config to
+the ranks, reading the ranks' results back, and real torchrun runs of 2 CPU processes under gloo (one that trains,
+one that crashes, one killed past its time)."""
 
 import os
-import signal
-import sys
 import time
-import warnings
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from fastlab import distributed
+from fastlab.config import config_for
 from fastlab.distributed import (
-    DDPJob,
     DDPOptions,
     DistributedRunError,
-    _jobs_from_args,
-    _launch_error,
+    _config_from_args,
     _parse_args,
     combine,
-    launch,
+    flags,
     main,
     plan_batches,
-    run_ddp,
-    run_with_timeout,
-    torchrun_command,
+    rank_file,
+    read_ranks,
     window_throughput,
 )
 from fastlab.lessons import ddp as lesson
+from fastlab.lessons.ddp import torchrun
 from fastlab.parallel import compare_across_ranks, shard_indices
-from fastlab.results import RunResult
+from fastlab.results import RunResult, save_results
 
 # ------------------------------------------------------------------ arithmetic
 
@@ -123,97 +119,60 @@ def test_scaling_efficiency_and_noise():
         lesson.scaling_of(result(1, []), result(2, [1.0]))
 
 
-# ------------------------------------------------------------------ the launcher
+# ------------------------------------------------------------------ the flags and the ranks' files
 
 
-def test_command_uses_this_interpreter_and_a_free_port():
-    cmd = torchrun_command(2, ["--out", "x"])
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd and cmd[-2:] == ["--out", "x"]
-    with pytest.raises(ValueError, match="nproc=0"):
-        torchrun_command(0, [])
+@pytest.mark.parametrize("changes", [{}, {"steps": 4, "windows": 2, "lr": 0.0125, "channels_last": True},
+                                     {"num_workers": 2, "pin_memory": False, "max_seconds": 7.5, "amp": "bf16"}])
+@pytest.mark.parametrize("options", [DDPOptions(), DDPOptions(batch="global", lr_scaling="sqrt", no_sync=False,
+                                                                sync_batchnorm=True, backend="gloo")])
+def test_flags_carry_the_config_and_options_to_the_ranks(changes, options):
+    cfg = config_for("smoke", **changes)
+    assert _config_from_args(_parse_args(flags(cfg, options))) == (cfg, options)
 
 
-def test_launch_validates_before_starting_anything(smoke, tmp_path):
-    with pytest.raises(ValueError, match="crash_rank=2"):
-        launch([DDPJob(smoke)], 2, out_dir=tmp_path, crash_rank=2)
-    with pytest.raises(ValueError, match="at least one DDPJob"):
-        launch([], 2, out_dir=tmp_path)
-    assert not (tmp_path / "launch.log").exists()
-
-
-def test_worker_flags_build_the_job(tmp_path):
-    args = _parse_args(["--out", str(tmp_path), "--profile", "smoke", "--steps", "4", "--windows", "2",
-                        "--lr-scaling", "linear", "--no-no-sync"])
-    (job,) = _jobs_from_args(args)
-    assert job.config.profile == "smoke" and (job.config.steps, job.config.windows) == (4, 2)
-    assert job.options == DDPOptions(lr_scaling="linear", no_sync=False)
-
-
-def test_worker_outside_torchrun_says_how_to_start_it(tmp_path, monkeypatch):
+def test_a_rank_outside_torchrun_says_how_to_start_it(tmp_path, monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(SystemExit, match="start it with torchrun"):
         main(["--out", str(tmp_path)])
 
 
-def test_timeout_kills_the_whole_process_group(tmp_path):
-    # a parent that starts a grandchild, both sleeping: like torchrun and its workers
-    pid_file = tmp_path / "child.pid"
-    script = ("import subprocess, sys, time; "
-              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-              f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
-    t0 = time.perf_counter()
-    code, timed_out, stopped = run_with_timeout([sys.executable, "-c", script], tmp_path / "log", timeout_s=4)
-    assert timed_out and not stopped and code != 0
-    assert time.perf_counter() - t0 < 20
-    child = int(pid_file.read_text())
-    time.sleep(0.5)
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+def _write_rank(out: Path, rank: int, result: RunResult, world: int = 2) -> None:
+    save_results(rank_file(out, rank), [result], meta={"kind": "fastlab.distributed", "rank": rank, "world_size": world})
+    time.sleep(0.01)  # the order they were written in is the order of failure
 
 
-def test_error_names_the_root_cause_rank_not_the_one_that_lost_its_peer(tmp_path):
-    (tmp_path / "rank0.error").write_text("Traceback\nRuntimeError: Connection closed by peer")
-    (tmp_path / "rank1.error").write_text("Traceback\nRuntimeError: deliberate crash on rank 1 at step 2")
-    log = ("Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15\n"
-           "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 9)\n")
-    err = _launch_error(tmp_path, log, 1, False, False, 60, 2)
-    assert err.rank == 1 and not err.timed_out
-    assert str(err).startswith("rank 1 failed with exit code 1: RuntimeError: deliberate crash on rank 1")
-    timed = _launch_error(tmp_path, log, -15, True, False, 60, 2)
-    assert timed.timed_out and "timeout_s=60" in str(timed)
+def test_reading_the_ranks_combines_them(tmp_path):
+    for r in (1, 0):
+        _write_rank(tmp_path, r, _rank_result(r, [1.0, 2.0], 10.0 * (r + 1)))
+    run = read_ranks(tmp_path, "x2")
+    assert [r.label for r in run.ranks] == ["rank 0", "rank 1"] and run.result.label == "x2"
+    assert run.result.peak_memory_mb == 20.0 and run.result.images_per_step == 16
 
 
-@pytest.mark.parametrize(("rank_code", "launches"), [(-6, 2), (-11, 2), (1, 1), (-15, 1)])
-def test_only_a_native_crash_is_launched_once_more(monkeypatch, smoke, tmp_path, rank_code, launches):
-    calls = []
+def test_reading_the_ranks_names_the_first_to_fail_not_the_one_that_lost_its_peer(tmp_path):
+    _write_rank(tmp_path, 1, RunResult(config={}, label="rank 1", status="failed",
+                                       error="RuntimeError: deliberate crash on rank 1 at step 2"))
+    _write_rank(tmp_path, 0, RunResult(config={}, label="rank 0", status="failed",
+                                       error="RuntimeError: Connection closed by peer"))
+    with pytest.raises(DistributedRunError, match=r"^rank 1 failed: RuntimeError: deliberate crash") as info:
+        read_ranks(tmp_path)
+    assert info.value.rank == 1
 
-    def failing(cmd, log_path, timeout_s, **kwargs):
-        calls.append(timeout_s)
-        log_path.write_text("Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
-                            f"  exitcode  : {rank_code} (pid: 9)\n")
-        return 1, False, False
 
-    monkeypatch.setattr(distributed, "run_with_timeout", failing)
-    with warnings.catch_warnings(record=True) as said, pytest.raises(DistributedRunError) as info:
-        warnings.simplefilter("always")
-        launch([DDPJob(smoke)], 2, out_dir=tmp_path, timeout_s=100)
-    assert len(calls) == launches and info.value.rank_exit_code == rank_code
-    assert [str(w.message) for w in said if "launching once more" in str(w.message)] == (
-        [f"fastlab.distributed: rank 1 failed with exit code {rank_code}: killed by "
-         f"{signal.Signals(-rank_code).name}; launching once more"] if launches == 2 else [])
-    assert (tmp_path / "launch.first-failure.log").exists() == (launches == 2)
+def test_reading_the_ranks_names_a_rank_that_wrote_nothing(tmp_path):
+    _write_rank(tmp_path, 0, _rank_result(0, [1.0, 2.0], 10.0), world=3)
+    with pytest.raises(DistributedRunError, match=r"rank\(s\) 1, 2 wrote no result"):
+        read_ranks(tmp_path)
+    with pytest.raises(DistributedRunError, match="no rank wrote a result"):
+        read_ranks(tmp_path / "empty")
 
-def test_a_rank_killed_by_a_signal_is_named_with_its_native_last_words(tmp_path):
-    log = ("[rank 0] job 0: ...\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
-           "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 4 vs 8\n"
-           + "torchrun report line\n" * 40 +
-           "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
-           "  exitcode  : -6 (pid: 9)\n  traceback : Signal 6 (SIGABRT) received by PID 9\n")
-    err = _launch_error(tmp_path, log, 1, False, False, 60, 2)
-    assert err.rank == 1
-    assert "rank 1 failed with exit code -6: killed by SIGABRT after: terminate called" in str(err)
-    assert "op.preamble.length <= op.nbytes" in str(err)
+
+def test_torchrun_refuses_a_bad_nproc_before_starting_anything(smoke, tmp_path):
+    with pytest.raises(ValueError, match="nproc=0"):
+        torchrun(0, smoke, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------ real launches: 2 CPU processes, gloo
@@ -232,11 +191,11 @@ def _our_workers(out: Path) -> list[psutil.Process]:
 
 def test_two_gloo_ranks_train_and_stay_identical(quick, tmp_path):
     cfg = quick.replace(device="cpu", grad_accum_steps=2)
-    jobs = [DDPJob(cfg, DDPOptions(no_sync=True), "dataloader, no_sync"),
-            DDPJob(cfg.replace(loader="device"), DDPOptions(no_sync=False), "device loader, every micro-batch")]
-    runs = launch(jobs, 2, out_dir=tmp_path, timeout_s=300)
-    assert sorted(p.name for p in tmp_path.glob("job[0-9]*.json")) == ["job0.json", "job1.json"]  # rank 0 wrote one each
-    for run in runs:
+    runs = [torchrun(2, cfg, DDPOptions(no_sync=True), label="dataloader, no_sync", out=tmp_path / "a", quiet=True),
+            torchrun(2, cfg.replace(loader="device"), DDPOptions(no_sync=False), label="device loader, every micro-batch",
+                     out=tmp_path / "b", quiet=True)]
+    for run, out in zip(runs, ("a", "b")):
+        assert sorted(p.name for p in (tmp_path / out).glob("rank*.json")) == ["rank0.json", "rank1.json"]
         assert [r.label for r in run.ranks] == ["rank 0", "rank 1"]
         assert all(r.status == "ok" and r.steps_done == cfg.warmup_steps + cfg.steps for r in run.ranks)
         assert run.parameters["identical"] and run.parameters["max_abs_diff"] == 0.0
@@ -252,44 +211,28 @@ def test_two_gloo_ranks_train_and_stay_identical(quick, tmp_path):
     assert not _our_workers(tmp_path)
 
 
-def test_a_crashed_rank_fails_the_launch_quickly_and_clearly(quick, tmp_path):
+def test_a_crashed_rank_fails_the_run_quickly_and_clearly(quick, tmp_path):
     t0 = time.perf_counter()
     with pytest.raises(DistributedRunError) as info:
-        run_ddp(quick.replace(device="cpu"), 2, out_dir=tmp_path, timeout_s=240, crash_rank=1, crash_step=1)
+        torchrun(2, quick.replace(device="cpu"), out=tmp_path, timeout_s=240, quiet=True,
+                 also=["--crash-rank", "1", "--crash-step", "1"])
     err = info.value
-    assert err.rank == 1 and not err.timed_out and err.exit_code not in (0, None)
-    assert "rank 1 failed" in str(err) and "deliberate crash on rank 1 at step 1" in str(err)
+    assert err.rank == 1 and str(err).startswith("rank 1 failed: RuntimeError: deliberate crash on rank 1 at step 1")
+    assert "torchrun exited with code 1" in str(err) and "torchrun.log" in str(err)
     assert time.perf_counter() - t0 < 240
-    assert not list(tmp_path.glob("job[0-9]*.json"))
     assert not _our_workers(tmp_path)
+
+
+def test_a_run_past_its_time_is_killed_with_its_ranks(quick, tmp_path):
+    """torchrun starts its ranks in sessions of their own: killing torchrun must end them too (Linux)."""
+    cfg = quick.replace(device="cpu", steps=100_000, windows=1, max_seconds=0.0)
+    t0 = time.perf_counter()
+    with pytest.raises(DistributedRunError, match="did not finish within timeout_s=20 s"):
+        torchrun(2, cfg, out=tmp_path, timeout_s=20, quiet=True)
+    assert time.perf_counter() - t0 < 40
+    assert psutil.wait_procs(_our_workers(tmp_path), timeout=15)[1] == []
 
 
 def test_scaling_comparison_is_named_for_its_reference_results():
     assert lesson.scaling.name == lesson.NAME
     assert os.environ["FASTLAB_PROFILE"] == "smoke"
-
-
-def test_a_command_started_by_a_caller_that_is_killed_ends_with_it(tmp_path):
-    """torchrun is started in a session of its own (so a timeout kills its whole group); a caller killed by SIGTERM
-    (a kernel shut down) must not leave it running: the kernel ends it with its caller (Linux)."""
-    import subprocess
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the parent-death signal is Linux's")
-    script = ("import pathlib, sys; from fastlab.processes import run_with_timeout\n"
-              f"run_with_timeout([sys.executable, '-c', 'import time; time.sleep(600)'], "
-              f"pathlib.Path({str(tmp_path / 'log')!r}), 600)\n")
-    caller = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    try:
-        deadline, started = time.monotonic() + 60, []
-        while time.monotonic() < deadline and not started:
-            started = psutil.Process(caller.pid).children()
-            time.sleep(0.2)
-        assert started, "the command did not start"
-        caller.send_signal(signal.SIGTERM)
-        caller.wait(timeout=30)
-        _, alive = psutil.wait_procs(started, timeout=10)
-        assert alive == []
-    finally:
-        caller.kill()

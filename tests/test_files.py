@@ -96,7 +96,7 @@ def test_every_file_fastlab_writes_goes_through_the_one_writer():
     import re
     from pathlib import Path
 
-    allowed = {"processes.py", "distributed.py", "files.py", "technique_code.py", "export.py", "__main__.py"}
+    allowed = {"ddp.py", "distributed.py", "files.py", "technique_code.py", "export.py", "__main__.py"}
     found = []
     for p in (Path(files.__file__).parent).rglob("*.py"):
         if p.name in allowed:

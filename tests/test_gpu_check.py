@@ -374,7 +374,7 @@ def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**30))
-    monkeypatch.setattr(importlib.import_module("fastlab.distributed"), "run_ddp", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(importlib.import_module("fastlab.lessons.ddp"), "torchrun", lambda *a, **k: 1 / 0)
     with warnings.catch_warnings(), pytest.raises(SystemExit):
         warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by this test)
         runpy.run_module("fastlab.tools.gpu_check", run_name="__main__", alter_sys=True)

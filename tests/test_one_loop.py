@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 import fastlab
-from fastlab.distributed import DDPJob, DDPOptions, launch
+from fastlab.lessons.ddp import torchrun
 
 PACKAGE = Path(fastlab.__file__).parent
 
 
 @pytest.fixture(scope="module")
 def knobs():
-    """Three jobs, each a knob with a visible effect, run in a single process and under DDP (one launch)."""
+    """Three configs, each a knob with a visible effect, run in a single process and under DDP (2 ranks each)."""
     base = fastlab.config_for("smoke", steps=8, warmup_steps=1, windows=2, train_images=256, eval_images=64,
                               max_seconds=0.0)
     configs = {
@@ -25,8 +25,7 @@ def knobs():
         "divergence": base.replace(optimizer="sgd", lr=1e6),
     }
     single = {k: fastlab.run(c, progress=False) for k, c in configs.items()}
-    jobs = [DDPJob(c, DDPOptions(), k) for k, c in configs.items()]
-    ddp = {k: run.result for k, run in zip(configs, launch(jobs, 2, timeout_s=400))}
+    ddp = {k: torchrun(2, c, label=k, timeout_s=300, quiet=True).result for k, c in configs.items()}
     return single, ddp
 
 
@@ -62,10 +61,15 @@ def test_no_function_in_fastlab_is_over_100_lines():
     assert not long, long
 
 
-def test_distributed_keeps_only_the_launcher_and_gathering():
-    assert len((PACKAGE / "distributed.py").read_text().splitlines()) <= 450
+def test_distributed_keeps_only_a_rank_and_reading_the_ranks_back():
+    """Issue 51: torchrun starts the ranks; fastlab holds no launcher, log parsing or retry of its own."""
     text = (PACKAGE / "distributed.py").read_text()
+    assert len(text.splitlines()) <= 260
     assert "backward(" not in text and "zero_grad" not in text  # no second training loop
+    for module in ("distributed.py", "parallel.py"):
+        source = (PACKAGE / module).read_text()
+        assert "subprocess" not in source and "Root Cause" not in source and "retry" not in source, module
+    assert not (PACKAGE / "processes.py").exists()
 
 
 def test_the_loop_is_one_readable_function_without_exceptions_as_control_flow():

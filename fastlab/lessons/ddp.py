@@ -1,19 +1,29 @@
-"""Notebook 11: DDP runs (fastlab.distributed) of 1 and N processes, scaling efficiency (speed-up in global images/s
+"""Notebook 11: DDP runs of 1 and N processes (torchrun starting fastlab.distributed), scaling efficiency (speed-up in global images/s
 divided by N), the gradient-accumulation pitfall, a crashed rank, and the plot."""
 
 from __future__ import annotations
 
 import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from .. import budget
 from ..comparisons import comparison
 from ..config import TrainConfig, config_for, positive_int
-from ..distributed import DDPJob, DDPOptions, DDPRun, DistributedRunError, launch, run_ddp
+from ..distributed import DDPRun, DistributedRunError, flags, read_ranks
 from ..measure import Spread
+from ..parallel import DDPOptions
 from ..profiles import profile_of
 from ..results import RunResult
 from ..verdicts import ratio_of, verdict
@@ -38,8 +48,6 @@ class Setup:
 def setup_for(base: TrainConfig, nproc: int | None = None) -> Setup:
     """N = the GPUs here when there are two or more; otherwise 2 CPU processes (gloo), one core each (NCCL will
     not put two ranks on one GPU); a profile with a ddp_cpu_profile (gpu: cpu's sizes) then takes that profile's."""
-    import torch
-
     if nproc is not None:
         positive_int("nproc", nproc, 2, why=" (the demo compares 1 process with nproc)")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -121,12 +129,55 @@ def parameters_line(result: RunResult) -> str:
     return line
 
 
-def accumulation_jobs(base: TrainConfig) -> tuple[DDPJob, DDPJob]:
+def accumulation_runs(base: TrainConfig) -> list[tuple[TrainConfig, DDPOptions, str]]:
     """Gradient accumulation over ACCUM_STEPS micro-batches, with and without no_sync (half the steps each)."""
     steps = max(base.windows, base.steps // 2)
     cfg = base.replace(grad_accum_steps=ACCUM_STEPS, steps=steps)
-    return (DDPJob(cfg, DDPOptions(no_sync=True), f"accumulate {ACCUM_STEPS}, no_sync"),
-            DDPJob(cfg, DDPOptions(no_sync=False), f"accumulate {ACCUM_STEPS}, all-reduce every micro-batch"))
+    return [(cfg, DDPOptions(no_sync=True), f"accumulate {ACCUM_STEPS}, no_sync"),
+            (cfg, DDPOptions(no_sync=False), f"accumulate {ACCUM_STEPS}, all-reduce every micro-batch")]
+
+
+def torchrun(nproc: int, config: TrainConfig, options: DDPOptions | None = None, *, label: str = "",
+             out: str | os.PathLike | None = None, timeout_s: float = LAUNCH_TIMEOUT_S, stop: Any = None,
+             also: Sequence[str] = (), quiet: bool = False) -> DDPRun:
+    """Run `torchrun --standalone --nproc-per-node nproc -m fastlab.distributed ...` for `config` (the command a
+    reader would type, printed unless quiet), its output kept in OUT/torchrun.log, and read the ranks' results back.
+    Past timeout_s, or once `stop` (a threading.Event) is set, torchrun is killed and its ranks end with it."""
+    positive_int("nproc", nproc, why=" (processes to start)")
+    out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="fastlab-ddp-"))
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "fastlab.distributed", *flags(config, options), "--out", str(out), *also]
+    command += ["--label", label] if label else []
+    env = dict(os.environ)
+    if config.device == "cpu" or not torch.cuda.is_available():
+        env["OMP_NUM_THREADS"] = "1"  # N processes share the cores: one thread each, or they fight
+    if not quiet:
+        print("$", ("OMP_NUM_THREADS=1 " if "OMP_NUM_THREADS" in env else "") + shlex.join(command), flush=True)
+    deadline, ended = time.monotonic() + timeout_s, ""
+    with open(out / "torchrun.log", "wb") as log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                                   env=env) as launched:
+        try:
+            while launched.poll() is None:
+                if stop is not None and stop.is_set():
+                    ended = "it was stopped"
+                elif time.monotonic() > deadline:
+                    ended = f"it did not finish within timeout_s={timeout_s:g} s"
+                if ended:
+                    launched.kill()  # its ranks get SIGTERM as torchrun ends (fastlab.distributed sets that up)
+                time.sleep(0.2)
+        except BaseException:
+            launched.kill()
+            raise
+    if ended:
+        raise DistributedRunError(f"the DDP run of {nproc} processes was killed: {ended} (its output: "
+                                  f"{out / 'torchrun.log'})")
+    try:
+        return read_ranks(out, label)
+    except DistributedRunError as e:
+        raise DistributedRunError(f"{e}; torchrun exited with code {launched.returncode} (its output: "
+                                  f"{out / 'torchrun.log'})", rank=e.rank) from None
 
 
 @dataclass
@@ -143,17 +194,21 @@ class Demo:
 
 def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUNCH_TIMEOUT_S, quiet: bool = False,
          accumulation: bool = True) -> Demo:
-    """1 process, then one launch of N processes training the same config (and the no_sync pair, if accumulation)."""
+    """1 process, then N processes training the same config (and the no_sync pair, if accumulation), each its own
+    torchrun."""
     setup = setup_for(base, nproc)
-    setup = replace(setup, config=fit_to_budget(setup.config, runs=4 if accumulation else 2, launches=2))
+    pair = accumulation_runs(setup.config) if accumulation else []
+    setup = replace(setup, config=fit_to_budget(setup.config, runs=2 + len(pair), launches=2 + len(pair)))
+    if pair:
+        pair = accumulation_runs(setup.config)
     with budget.within(NAME, None):
-        one = run_ddp(setup.config, 1, label="1 process", timeout_s=timeout_s, quiet=quiet)
-        pair = accumulation_jobs(setup.config) if accumulation else ()
-        many = launch([DDPJob(setup.config, DDPOptions(), f"{setup.nproc} processes"), *pair], setup.nproc,
-                      timeout_s=timeout_s, quiet=quiet)
-    for run in [one, *many]:
+        one = torchrun(1, setup.config, label="1 process", timeout_s=timeout_s, quiet=quiet)
+        many = torchrun(setup.nproc, setup.config, label=f"{setup.nproc} processes", timeout_s=timeout_s, quiet=quiet)
+        accumulated = [torchrun(setup.nproc, cfg, options, label=label, timeout_s=timeout_s, quiet=quiet)
+                       for cfg, options, label in pair]
+    for run in [one, many, *accumulated]:
         run.result.extras["comparison"] = NAME
-    return Demo(setup, one, many[0], many[1:])
+    return Demo(setup, one, many, accumulated)
 
 
 def fit_to_budget(cfg: TrainConfig, runs: int, launches: int) -> TrainConfig:
@@ -170,12 +225,12 @@ class CrashReport:
 
 
 def crash_demo(setup: Setup, *, crash_step: int = 1, timeout_s: float = 120.0) -> CrashReport:
-    """Make the last rank raise at crash_step of a short run; return what the launcher reported."""
+    """Make the last rank raise at crash_step of a short run; return what reading the ranks' results said."""
     cfg = setup.config.replace(warmup_steps=1, steps=2, windows=1)
     t0 = time.perf_counter()
     try:
-        run_ddp(cfg, setup.nproc, label="crash demo", crash_rank=setup.nproc - 1, crash_step=crash_step,
-                timeout_s=timeout_s)
+        torchrun(setup.nproc, cfg, label="crash demo", timeout_s=timeout_s,
+                 also=["--crash-rank", str(setup.nproc - 1), "--crash-step", str(crash_step)])
     except DistributedRunError as e:
         return CrashReport(e, time.perf_counter() - t0, timeout_s)
     raise RuntimeError("the crash demo finished without the deliberate crash: --crash-rank was not honoured")
@@ -183,10 +238,11 @@ def crash_demo(setup: Setup, *, crash_step: int = 1, timeout_s: float = 120.0) -
 
 def ddp_runner(nproc: int, options: DDPOptions | None = None, timeout_s: float = LAUNCH_TIMEOUT_S
                ) -> Callable[..., RunResult]:
-    """A runner for fastlab.widgets.Panel: each Run launches nproc processes; Stop kills the launch."""
+    """A runner for fastlab.widgets.Panel: each Run starts torchrun with nproc processes; Stop kills it."""
 
     def runner(cfg: TrainConfig, *, label: str = "run", stop: Any = None, **_ignored: Any) -> RunResult:
-        return run_ddp(cfg, nproc, options=options, label=f"x{nproc} {label}", stop=stop, timeout_s=timeout_s).result
+        return torchrun(nproc, cfg, options, label=f"x{nproc} {label}", stop=stop, timeout_s=timeout_s,
+                        quiet=True).result
 
     return runner
 

@@ -26,10 +26,11 @@ from torch import nn
 
 import fastlab
 
-from .. import distributed, isolation, measure
+from .. import isolation, measure
 from ..config import config_for
 from ..exercise import technique_shown
 from ..files import write_json
+from ..lessons import ddp
 from ..lessons.batch_size import find_max_batch, probe_config
 from ..models import build_model
 from ..results import save_results
@@ -341,7 +342,7 @@ def watched_loops(device: str, **sizes: Any) -> str:
 
 @check("a one-process nccl DDP run finishes")
 def _ddp() -> str:
-    job = distributed.run_ddp(_small(steps=10, windows=2), nproc=1, timeout_s=240)
+    job = ddp.torchrun(1, _small(steps=10, windows=2), timeout_s=240)
     r = job.result
     assert r.ok and r.extras["ddp"]["backend"] == "nccl", (r.summary(), r.extras.get("ddp", {}).get("backend"))
     return f"{r.throughput.median:,.0f} images/s on 1 rank, backend nccl"
