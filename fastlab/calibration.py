@@ -97,13 +97,17 @@ def load_per_cpu() -> float | None:
         return None
 
 
-def stale(entry: dict[str, Any], now: _dt.datetime, load: float | None) -> str | None:
-    """Why a cached calibration `entry` must be measured again at `now` with the load per CPU `load` (None: reuse
-    it): its step time not a positive number, older than MAX_AGE, its time unknown, or the load moved by more than
-    MAX_LOAD_CHANGE since."""
+def unreadable(entry: Any) -> str | None:
+    """Why a cached calibration `entry` cannot be used at all (None: it can): its step time not a positive number."""
     seconds = entry.get("step_seconds") if isinstance(entry, dict) else None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
         return f"its step time ({seconds!r}) is not a positive number of seconds"
+    return None
+
+
+def stale(entry: dict[str, Any], now: _dt.datetime, load: float | None) -> str | None:
+    """Why a readable cached calibration `entry` must be measured again at `now` with the load per CPU `load` (None:
+    reuse it): older than MAX_AGE, its time unknown, or the load moved by more than MAX_LOAD_CHANGE since."""
     try:
         age = now - _dt.datetime.fromisoformat(entry["measured_at"])
     except (KeyError, TypeError, ValueError):
@@ -138,15 +142,17 @@ def calibrate(config: TrainConfig, measure: Measure | None = None) -> Calibratio
     path = cache_path()
     entries = _read_cache(path)
     now, load = _dt.datetime.now(_dt.timezone.utc), load_per_cpu()
-    why = stale(entries[key], now, load) if key in entries else "not calibrated here yet"
+    why = "not calibrated here yet"
+    if key in entries and (bad := unreadable(entries[key])) is not None:  # said: the file was written wrong
+        print(f"fastlab: {path}: the calibration of {work} is ignored: {bad}; measuring it again")
+    elif key in entries:
+        why = stale(entries[key], now, load)
     if why is None:
         try:
             _KERNEL_CACHE[key] = Calibration(**{**entries[key], "source": "cache"})
             return _KERNEL_CACHE[key]
         except TypeError:  # written by another version: measured again
             why = "written by another version"
-    if why.startswith("its step time"):
-        print(f"fastlab: {path}: the calibration of {work} is ignored: {why}; measuring it again")
     seconds = (measure or measure_step_seconds)(config)
     if not seconds:
         raise RuntimeError(f"the calibration of {work} finished no timed step")

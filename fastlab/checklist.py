@@ -18,7 +18,7 @@ from .verdicts import verdict
 
 
 @dataclass(frozen=True)
-class Technique:
+class ChecklistLine:
     """One checklist line: the ladder rung that adds it, the knobs it sets, any condition on that rung."""
 
     name: str  # as in fastlab.environment_report.techniques_here()
@@ -29,18 +29,18 @@ class Technique:
 
 
 # In the ladder's order, mapped onto the rungs of fastlab.bench.ladder.
-TECHNIQUES: tuple[Technique, ...] = (
-    Technique("DataLoader workers", "workers", ("num_workers",)),
-    Technique("pin_memory + non_blocking", "workers", ("pin_memory", "non_blocking")),
-    Technique("fp16 autocast + GradScaler", "amp", ("amp",), {"amp": "fp16"}),
-    Technique("bf16 autocast", "amp", ("amp",), {"amp": "bf16"}),
-    Technique("cudnn.benchmark", "cudnn", ("cudnn_benchmark",)),
-    Technique("channels_last", "channels_last", ("channels_last",)),
-    Technique("fused / foreach optimisers", "fused_adamw", ("opt_impl",)),
-    Technique("device-resident loader", "device_loader", ("loader",)),
-    Technique("larger batch", "large_batch", ("batch_size",)),
-    Technique("torch.compile", "all_on", ("compile",)),
-    Technique("TF32", "", ("tf32", "matmul_precision"),
+TECHNIQUES: tuple[ChecklistLine, ...] = (
+    ChecklistLine("DataLoader workers", "workers", ("num_workers",)),
+    ChecklistLine("pin_memory + non_blocking", "workers", ("pin_memory", "non_blocking")),
+    ChecklistLine("fp16 autocast + GradScaler", "amp", ("amp",), {"amp": "fp16"}),
+    ChecklistLine("bf16 autocast", "amp", ("amp",), {"amp": "bf16"}),
+    ChecklistLine("cudnn.benchmark", "cudnn", ("cudnn_benchmark",)),
+    ChecklistLine("channels_last", "channels_last", ("channels_last",)),
+    ChecklistLine("fused / foreach optimisers", "fused_adamw", ("opt_impl",)),
+    ChecklistLine("device-resident loader", "device_loader", ("loader",)),
+    ChecklistLine("larger batch", "large_batch", ("batch_size",)),
+    ChecklistLine("torch.compile", "all_on", ("compile",)),
+    ChecklistLine("TF32", "", ("tf32", "matmul_precision"),
               elsewhere="not a ladder rung: conv TF32 is on in every rung, as in stock PyTorch; notebook 03 "
                         "(03_cudnn_benchmark_and_channels_last:tf32) compares strict fp32, conv TF32 and TF32 matmuls"),
 )
@@ -57,12 +57,12 @@ class ChecklistRow:
 
 def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
     """The rung that results[index] was built on: the last one below it neither dropped nor left untrained."""
-    return next((r for r in reversed(results[:index]) if not r.extras.get("dropped") and r.status != "no_op"), None)
+    return next((r for r in reversed(results[:index]) if not r.dropped and r.status != "no_op"), None)
 
 
-def _rung_of(rows: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None) -> int | str:
+def _rung_of(rows: Sequence[RunResult], technique: ChecklistLine, skipped: dict[str, str] | None) -> int | str:
     """Where the technique's rung is among the ladder's runs, or why it cannot be read there."""
-    rungs = [r.extras.get("rung") for r in rows]
+    rungs = [r.rung for r in rows]
     if technique.rung not in rungs:
         why = (skipped or {}).get(technique.rung)
         return f"not measured: {why}" if why else "not measured (its rung was not run)"
@@ -73,7 +73,7 @@ def _rung_of(rows: Sequence[RunResult], technique: Technique, skipped: dict[str,
     return rungs.index(technique.rung)
 
 
-def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str, str] | None = None) -> str:
+def effect(results: Sequence[RunResult], technique: ChecklistLine, skipped: dict[str, str] | None = None) -> str:
     """What adding `technique` did on the ladder `results`: a ratio, or why there is none."""
     i = _rung_of(results, technique, skipped) if technique.rung else technique.elsewhere
     if isinstance(i, str):
@@ -93,7 +93,7 @@ def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str
         text = f"DIVERGED{step} ({r.error or 'non-finite loss'}): {c.ratio:.2f}x images/s, not credited"
     elif c.noise:
         text += " (noise)"
-    if r.extras.get("dropped"):
+    if r.dropped:
         text += ": a trap here, dropped from the rungs above"
     partners = [t.name for t in TECHNIQUES if t.rung == technique.rung and t is not technique and not t.when]
     if partners and not technique.when:
@@ -101,7 +101,7 @@ def effect(results: Sequence[RunResult], technique: Technique, skipped: dict[str
     return text
 
 
-def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: Technique, skipped: dict[str, str] | None = None) -> str:
+def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: ChecklistLine, skipped: dict[str, str] | None = None) -> str:
     """What adding `technique` did to seconds to target over seeds, against the rung it was built on."""
     firsts = [t.runs[0] for t in ttas]
     i = _rung_of(firsts, technique, skipped) if technique.rung else "not a ladder rung"

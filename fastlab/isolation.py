@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import psutil
 import torch
 
 from .clocks import window_ends
@@ -330,18 +331,23 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
 def kill_with_its_processes(child: Any) -> None:
     """SIGKILL a run's process and every process it started (DataLoader workers), and wait for them: nothing of
     the run goes on using the CPU or the GPU."""
-    import psutil
-
     try:
         started = psutil.Process(child.pid).children(recursive=True)
     except psutil.Error:  # already gone
         started = []
     child.kill()
     child.join()
-    for p in started:
+    kill_all(started)
+
+
+def kill_all(processes: list[psutil.Process], wait_s: float = 5.0) -> None:
+    """SIGKILL each process (one already gone is passed over), then wait up to wait_s for them to go (which reaps a
+    child of this process: its own parent object then never sees it end)."""
+    for p in processes:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(started, timeout=5)
+    if wait_s:
+        psutil.wait_procs(processes, timeout=wait_s)
 
 
 def step_facts(result: RunResult, step: int, total: int) -> dict[str, Any]:
@@ -414,18 +420,15 @@ class InProcessWatchdog:
         while self.seen < len(result.step_seconds):  # each step the run kept since the last look
             self.seen += 1
             self.clock.step(self.seen, {"step_seconds": result.step_seconds[self.seen - 1], "last": False})
-        ended = "the run was given up on"
         if waiting > 0 and self.clock.over():
             reason, status = self.clock.reason(self.seen, "its loop, waiting for a batch, was given up on"), "time_limited"
         elif waiting and self.data_wait.hung():
-            reason, status = self.data_wait.reason(self.seen, ended), "failed"
+            reason, status = self.data_wait.reason(self.seen, "the run was given up on"), "failed"
         else:
             return None
         workers = [p for p in _run_processes() if p.pid not in self.before]
         _forget_workers({p.pid for p in workers})
-        for p in workers:
-            with contextlib.suppress(Exception):
-                p.kill()
+        kill_all(workers, wait_s=0)  # not reaped here: the loader must find its own workers' ends
         left = ("its DataLoader workers were ended" if workers else
                 "the run's thread cannot be ended from here: it stays blocked until the Dataset returns an item, then "
                 "stops at its next batch (restart the kernel to end it now)")
@@ -453,8 +456,6 @@ def _run_processes() -> list[Any]:
     """This process's descendants but multiprocessing's own servers (the forkserver and the resource tracker, which
     serve this process for its whole life): a run's DataLoader workers, in a run in this process. Runs are one at a
     time (exclusive_run), so those started during a run are its own."""
-    import psutil
-
     me = psutil.Process()
     servers = set()
     for p in me.children():
@@ -597,13 +598,10 @@ def _end_with_parent() -> None:
     parent = multiprocessing.parent_process()
     if parent is None or not hasattr(signal, "setitimer"):
         return
-    import psutil
 
     def check(signum: int, frame: Any) -> None:
         if not parent.is_alive():
-            for p in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
+            kill_all(psutil.Process().children(recursive=True), wait_s=0)
             os._exit(1)
 
     signal.signal(signal.SIGALRM, check)
