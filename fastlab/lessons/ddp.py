@@ -1,9 +1,8 @@
 """Notebook 11: DDP runs of 1 and N processes (torchrun starting fastlab.distributed), scaling efficiency (speed-up in global images/s
-divided by N), the gradient-accumulation pitfall, a crashed rank, and the plot."""
+divided by N), the gradient-accumulation pitfall and a crashed rank."""
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import shutil
@@ -245,42 +244,3 @@ def ddp_runner(nproc: int, options: DDPOptions | None = None, timeout_s: float =
                         quiet=True).result
 
     return runner
-
-
-# ------------------------------------------------------------------ the picture
-
-
-def plot_scaling(one: RunResult, many: RunResult, title: str = ""):
-    """Left: global images/s against processes, with the ideal (N x one process). Right: scaling efficiency."""
-    from ..plots import data_note, new_figure
-
-    fig, (ax, ax_e) = new_figure(2, width=5.0)
-    runs = [one, many]
-    ns = [world_size(r) for r in runs]
-    med = [r.throughput.median for r in runs]
-    err = [[m - r.throughput.low for m, r in zip(med, runs)], [r.throughput.high - m for m, r in zip(med, runs)]]
-    ax.errorbar(ns, med, yerr=err, marker="o", capsize=4, label="measured (median, min-max)")
-    ideal = [med[0] * n / ns[0] for n in ns]
-    ax.plot(ns, ideal, ls="--", color="gray", label="ideal: N x one process")
-    ax.set_xticks(ns)
-    ax.set_xlabel("processes")
-    ax.set_ylabel("images/s, all ranks together")
-    ax.set_title("throughput against processes")
-    ax.legend(fontsize=8)
-    s = scaling_of(one, many)
-    e = s.efficiency
-    ax_e.bar([0], [100 * e.median], yerr=[[100 * (e.median - e.low)], [100 * (e.high - e.median)]], capsize=6,
-             color="tab:gray" if s.noise else "tab:blue")
-    ax_e.axhline(100, color="black", lw=0.8, ls="--")
-    ax_e.annotate(f"{e.median:.0%}" + (" (noise)" if s.noise else ""), (0, 100 * e.median),
-                  textcoords="offset points", xytext=(0, 14), ha="center", fontsize=9)
-    ax_e.set_xticks([0])
-    ax_e.set_xticklabels([f"{many.label} vs {one.label}"], fontsize=8)
-    ax_e.set_xlim(-1, 1)
-    ax_e.set_ylim(0, max(110, 100 * e.high * 1.15) if math.isfinite(e.high) else 110)
-    ax_e.set_ylabel("scaling efficiency, % (speed-up / N)")
-    ax_e.set_title("scaling efficiency")
-    fig.suptitle(f"{title + ' - ' if title else ''}{data_note(runs)}", fontsize=10)
-    fig.tight_layout()
-    return fig
-

@@ -19,7 +19,6 @@ from ..harness import TrainingRun
 from ..isolation import exclusive_run
 from ..measure import Spread, resolve_device
 from ..models import build_model
-from ..plots import ShownFigure, data_note
 from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run, sweep
@@ -71,25 +70,6 @@ def summarize_eval(results: list[RunResult]) -> list[EvalSummary]:
             by_mode[r.config["eval_mode"]].append(r)
     return [EvalSummary(mode, Spread.of([r.dataset["eval_images"] / r.eval_seconds for r in rs]),
                         Spread.of([eval_growth_mb(r) for r in rs])) for mode, rs in by_mode.items()]
-
-
-def plot_eval(results: list[RunResult]):
-    """Evaluation speed (median, min-max over repeats) and memory rise during evaluation, per eval_mode."""
-    rows = summarize_eval(results)
-    fig = ShownFigure(figsize=(10, 3.6))
-    ax_s, ax_m = fig.subplots(1, 2)
-    for ax, key, ylabel in ((ax_s, "speed", "held-out images/s (median, min-max)"),
-                            (ax_m, "growth_mb", "MiB above end of training (median, min-max)")):
-        spreads = [getattr(s, key) for s in rows]
-        ax.bar([s.mode for s in rows], [s.median for s in spreads], yerr=[[s.median - s.low for s in spreads],
-                                                                         [s.high - s.median for s in spreads]],
-               capsize=4, color=["tab:red" if s.mode == "autograd" else "tab:blue" for s in rows])
-        ax.set_ylabel(ylabel, fontsize=8)
-    ax_s.set_title("evaluation speed")
-    ax_m.set_title("memory rise during evaluation")
-    fig.suptitle(f"evaluation with and without autograd - {data_note(results)}", fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 @comparison("05_no_grad_detach_item:log_loss", arms=2)
@@ -263,20 +243,6 @@ def growth_with_steps(steps_list: tuple[int, ...] = (1, 2, 4, 8), keep: str = "l
                       batch_size: int = 32) -> list[GraphMemory]:
     """kept_graph_memory without backward for a growing number of steps: the leak grows with every step."""
     return [kept_graph_memory(keep, s, False, batch_size) for s in steps_list]
-
-
-def plot_graph_growth(rows_by_keep: dict[str, list[GraphMemory]]):
-    """Saved-activation MiB alive against steps, one line per keep choice (random inputs, not a dataset)."""
-    fig = ShownFigure(figsize=(6, 3.6))
-    ax = fig.subplots()
-    for keep, rows in rows_by_keep.items():
-        ax.plot([g.steps for g in rows], [g.saved_mb for g in rows], marker="o", label=f"keep {keep}")
-    ax.set_xlabel("forward passes (no backward)")
-    ax.set_ylabel("MiB of saved activations alive")
-    ax.set_title("what a kept loss keeps alive (tiny net, random inputs; counted, not timed)", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
 
 
 def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:

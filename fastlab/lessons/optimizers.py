@@ -292,19 +292,3 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
 
 def benchmark_opt_impls(base: TrainConfig, impls: tuple[str, ...] = OPT_IMPLS, repeats: int = 30) -> list[StepTiming]:
     return [time_optimizer_step(base, impl, repeats) for impl in impls]
-
-
-def plot_step_timings(timings: list[StepTiming], device_name: str = ""):
-    """Milliseconds per optimizer.step(): median bar with min-max whiskers, per implementation."""
-    fig = ShownFigure(figsize=(5.5, 3.6))
-    ax = fig.subplots()
-    med = [t.milliseconds for t in timings]
-    errors = [[m - 1000 / t.steps_per_second.high for m, t in zip(med, timings)],
-              [1000 / t.steps_per_second.low - m for m, t in zip(med, timings)]]
-    colors = ["tab:gray"] + ["tab:blue"] * (len(timings) - 1)
-    ax.bar([t.impl for t in timings], med, yerr=errors, capsize=4, color=colors)
-    ax.set_ylabel("ms per optimizer.step() (median, min-max)")
-    where = f" on {device_name}" if device_name else ""
-    ax.set_title(f"{timings[0].optimizer} step alone, random gradients (no data){where}", fontsize=10)
-    fig.tight_layout()
-    return fig
