@@ -187,12 +187,11 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
             cfg = cfg.replace(max_seconds=max(budget, 1.0))
         result = (skip_or_demonstrate(base.replace(**kept), cfg, rung.title, progress=progress)
                   or run(cfg, label=rung.title, progress=progress))  # no-op, a short trap run, or a full run
-        result.extras["rung"] = rung.name
-        result.extras["why"] = rung.why
+        result.rung = rung.name
         reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
         reason = reason or (f"a trap here: {result.extras['trap']}" if result.extras.get("trap") else None)
         if reason:
-            result.extras["dropped"] = reason
+            result.dropped = reason
         else:
             kept.update(rung.changes)
             below = below if result.status == "no_op" else result  # a rung not trained measured nothing to build on
@@ -224,7 +223,7 @@ def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: in
             continue  # the first pass ran already
         i = again[j]
         r = run(configs[i], label=first[i].label, progress=progress)
-        r.extras.update({k: first[i].extras[k] for k in ("rung", "why", "dropped") if k in first[i].extras})
+        r.rung, r.dropped = first[i].rung, first[i].dropped
         runs[i].append(r)
         merged = [merge_repeats(rs) for rs in runs]
         if on_update is not None:
@@ -280,9 +279,8 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
         tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress, limits=tta_limits(below))
         reason = tta_drop_reason(tta)
         for r in tta.runs:
-            r.extras.update(rung=rung.name, why=rung.why, metric="time-to-accuracy")
-            if reason:
-                r.extras["dropped"] = reason
+            r.rung, r.dropped = rung.name, reason or ""
+            r.extras["metric"] = "time-to-accuracy"
         if not reason:
             kept.update(rung.changes)
             below = tta
@@ -387,7 +385,7 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
     notes: list[str] = []
     for t in ttas:
         s, b = t.seconds, t.best_accuracy
-        dropped = t.runs[0].extras.get("dropped")
+        dropped = t.runs[0].dropped
         name = t.label + (f" (dropped: {dropped})" if dropped else "")
         speed = Spread.of([r.throughput.median for r in t.runs if r.window_throughput]).median
         no_ops = ", ".join(sorted({k for r in t.runs for k in r.no_ops}))
@@ -445,7 +443,7 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
         v = tta_verdict(below, t) if below is not None else None
         kind = tta_kind(t, v)
         kinds.append(kind)
-        dropped = ["dropped"] if t.runs and t.runs[0].extras.get("dropped") else []
+        dropped = ["dropped"] if t.runs and t.runs[0].dropped else []
         marks += dropped
         face = KINDS[kind][0]
         if t.reached:
@@ -514,7 +512,7 @@ def markdown_table(results: list[RunResult]) -> str:
     for r in results:
         t = r.throughput
         if r.status == "failed" or not r.window_throughput:
-            dropped = " (dropped from the rungs above)" if r.extras.get("dropped") else ""
+            dropped = " (dropped from the rungs above)" if r.dropped else ""
             lines.append(f"| {r.label}{dropped} | {r.status}: {r.error or 'no timed window finished'} | | | | | | |")
             continue
         vs_base = f"{verdict(base.throughput, t).ratio:.2f}x" if base.window_throughput else ""
@@ -528,12 +526,12 @@ def markdown_table(results: list[RunResult]) -> str:
             # the same computation as the rung below: a difference is the machine drifting, not the knob
             drifts.append(f"{r.label} ({vs_prev})")
             vs_prev += " (no-op: drift)"
-        if not r.extras.get("dropped"):
+        if not r.dropped:
             below = r
         acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else ""
         no_ops = ", ".join(r.no_ops)
         status = "" if r.ok else f" ({r.status}{': speed not credited' if r.status == 'diverged' else ''})"
-        if r.extras.get("dropped"):
+        if r.dropped:
             status += " (dropped from the rungs above)"
         lines.append(f"| {r.label}{status} | {t.median:,.0f} ({t.low:,.0f}-{t.high:,.0f}) | {vs_base} | {vs_prev} | "
                      f"{r.peak_memory_mb:,.0f} | {_wait_cell(r)} | {acc} | {no_ops} |")
@@ -544,7 +542,7 @@ def markdown_table(results: list[RunResult]) -> str:
         lines += ["", "Every change of " + ", ".join(drifts) + " is a no-op here, so it computed exactly what the "
                   "rung below it did: the difference is how the machine's speed drifted between the two runs, and "
                   "a bound on how far any other difference in this table can be trusted."]
-    dropped = [f"{r.label}: {r.extras['dropped']}" for r in results if r.extras.get("dropped")]
+    dropped = [f"{r.label}: {r.dropped}" for r in results if r.dropped]
     if dropped:
         lines += ["", "Dropped rungs (measured, then left out of the rungs above): " + "; ".join(dropped) + "."]
     lines += ["", "images/s = batch_size x grad_accum_steps x steps in a window / window wall time; median, min and max "

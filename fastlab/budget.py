@@ -22,7 +22,7 @@ EVAL_SHARE_OF_A_STEP = 1 / 3
 # The share of a notebook's budget its parts are not split: kept for the cells' own single runs, which are never cut
 # (in 01 under the cpu profile at load 6 they and the imports took 130 s of its 380 s).
 OWN_RUNS_SHARE = 0.25
-CUT = "cut to a short run"  # how a cell's own run cut by the spent budget is described (extras["budget"], summary)
+CUT = "cut to a short run"  # how a cell's own run cut by the spent budget is described (RunResult.budget_cut, summary)
 
 
 @dataclass

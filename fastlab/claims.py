@@ -115,7 +115,7 @@ def verdict_speedup(base_runs: RunResult | Sequence[RunResult], other_runs: RunR
     if c.comparable:
         return _faster(c, claimed_ratio, "windows", on_gpu=other[0].env.get("device_type") == "cuda")
     summaries = "; ".join(r.summary() for r in (other if c.side == "other" else base))
-    refused = next((r for r in (other if c.side == "other" else base) if r.extras.get("budget") == "not started"), None)
+    refused = next((r for r in (other if c.side == "other" else base) if r.not_started), None)
     if refused is not None:  # the notebook's budget did not start it: nothing was measured, so nothing to keep
         return Judgement(f"{COULD_NOT_TELL} ('{refused.label}' did not run: {refused.error})", summaries, recorded=False)
     if c.side == "base":

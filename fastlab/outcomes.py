@@ -169,7 +169,7 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
     """The runs of a time-to-accuracy comparison or results file, grouped back by rung or variant (in order)."""
     groups: dict[str, TimeToAccuracy] = {}
     for r in results:
-        key = r.extras.get("rung") or r.extras.get("variant") or r.label
+        key = r.rung or r.extras.get("variant") or r.label
         if key not in groups:
             groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
         groups[key].runs.append(r)
@@ -228,7 +228,7 @@ def tta_record(r: RunResult, target: float) -> dict[str, Any]:
     if hit is not None:
         record.update(seconds=hit[0], steps=hit[1], images=hit[1] * r.images_per_step)
     else:
-        record["why_not"] = ("not started: the notebook's budget was spent" if r.extras.get("budget") == "not started"
+        record["why_not"] = ("not started: the notebook's budget was spent" if r.not_started
                              else {"ok": "step budget spent", "time_limited": "time budget spent",
                                    "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status])
     return record
@@ -267,7 +267,7 @@ def tta_verdict(base: TimeToAccuracy, other: TimeToAccuracy, *, steps_too: bool 
     evidence = f"{other.summary()}; against {base.summary()}"
     if diverged:
         return TtaVerdict(False, f"{other.label} diverged in {diverged} of {n} seeds", evidence)
-    refused = next((r for r in other.runs + base.runs if r.extras.get("budget") == "not started"), None)
+    refused = next((r for r in other.runs + base.runs if r.not_started), None)
     if refused is not None:  # the notebook's budget did not start it: nothing was measured to judge
         return TtaVerdict(False, f"'{refused.label}' did not run ({refused.error})", evidence, told=False)
     if other.reached == 0:

@@ -114,7 +114,7 @@ def own_no_ops(r: RunResult, built_on: RunResult | None) -> list[str]:
 
 def marks_of(r: RunResult) -> list[str]:
     """The MARKS a run carries: dropped from the ladder, stopped at its time budget."""
-    return [m for m, on in (("dropped", r.extras.get("dropped")), ("time_limited", r.status == "time_limited")) if on]
+    return [m for m, on in (("dropped", r.dropped), ("time_limited", r.status == "time_limited")) if on]
 
 
 def kind_hatch(kind: str, marks: list[str]) -> str:
@@ -357,7 +357,7 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
             top = max(speed, prev, hi / base)
         ax.annotate(text, (i, top), textcoords="offset points", xytext=(0, 3), ha="center", va="bottom",
                     fontsize=7.5, color="tab:orange" if kind == "diverged" else "black")
-        if not r.extras.get("dropped"):
+        if not r.dropped:
             built_on = r
             if r.status != "no_op":
                 below = r

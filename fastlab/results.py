@@ -20,7 +20,8 @@ SCHEMA_VERSION = 1
 REFERENCE_DIR = Path(__file__).parent / "reference"
 
 
-MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve", "stopped_by", "kept_loss_tensors")
+MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve", "stopped_by", "kept_loss_tensors",
+                     "rung", "dropped")
 
 
 @dataclass
@@ -48,6 +49,9 @@ class RunResult:
     memory_kind: str = ""
     memory_trace_mb: list[float] = field(default_factory=list)  # memory in use after each step
     no_ops: dict[str, str] = field(default_factory=dict)  # knob -> why it did nothing here
+    rung: str = ""  # the ladder rung this run measured (fastlab.bench.ladder); "" off the ladder
+    dropped: str = ""  # why the ladder did not build on this rung ("" where it did)
+    budget_cut: str = ""  # what the notebook's spent budget did (fastlab.budget): "not started", or budget.CUT ...
     env: dict[str, Any] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
     gpu_util: list[tuple[float, float]] = field(default_factory=list)  # (seconds, NVML utilisation %)
@@ -74,6 +78,11 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def not_started(self) -> bool:
+        """A run the notebook's spent budget did not let start."""
+        return self.budget_cut == "not started"
 
     @property
     def throughput(self) -> Spread:
@@ -124,7 +133,7 @@ class RunResult:
         """'warm-up 1.23 s for 5 steps' (the untimed warm-up's wall time), or why this run has no warm-up figure: it
         never trained (a no-op, or a run the notebook's budget did not start) or stopped before its warm-up ended. A
         figure is printed only for what ran."""
-        if self.status == "no_op" or self.extras.get("budget") == "not started":
+        if self.status == "no_op" or self.not_started:
             return f"warm-up did not run ({self._stopped()})"
         warm = self.config.get("warmup_steps")
         if warm is not None and self.steps_done < int(warm):
@@ -157,8 +166,7 @@ class RunResult:
                                                              str(self.error) else "")
         if self.status == "no_op":
             return f"{self.label}: NOT TRAINED: {self.error}"
-        short = self.extras.get("budget", "")
-        short = f", a short run: {short}" if str(short).startswith(budget.CUT) else ""
+        short = f", a short run: {self.budget_cut}" if self.budget_cut.startswith(budget.CUT) else ""
         if not self.window_throughput:
             return (f"{self.label}: {self.status.upper().replace('_', ' ')}, no timed window finished "
                     f"({self.error or 'stopped early'}; {step_time(self)}), {data}{short}")
@@ -186,9 +194,9 @@ class RunResult:
         names = {f.name for f in dataclasses.fields(cls)}
         kept = {k: v for k, v in data.items() if k in names}
         extras = dict(kept.get("extras") or {})
-        for key in MOVED_FROM_EXTRAS:  # files written before these were fields kept them in extras
-            if key in extras and key not in data:
-                kept[key] = extras.pop(key)
+        for key, name in [*((k, k) for k in MOVED_FROM_EXTRAS), ("budget", "budget_cut")]:
+            if key in extras and name not in data:  # files written before these were fields kept them in extras
+                kept[name] = extras.pop(key)
         return cls(**{**kept, "extras": extras})
 
 
@@ -219,7 +227,7 @@ def merge_repeats(repeats: list[RunResult]) -> RunResult:
     """One arm's runs as one result: every run's windows (pooled and per run), the top peak, the first bad status.
     A repeat the notebook's budget did not let start (fastlab.budget) is left out where another ran: the merged
     result says how many were cut (extras["budget_cut_repeats"]) instead of wearing its status."""
-    ran = [r for r in repeats if r.extras.get("budget") != "not started"]
+    ran = [r for r in repeats if not r.not_started]
     if ran and len(ran) < len(repeats):
         kept = merge_repeats(ran)
         kept.extras["budget_cut_repeats"] = len(repeats) - len(ran)

@@ -40,7 +40,7 @@ def run(config: TrainConfig, *, label: str = "run", model: ModelArg = None, data
     on_step: called as on_step(steps_done, total_steps) after each step (for progress widgets).
     Out-of-memory, Ctrl-C, config.max_seconds and divergence end the run marked failed, interrupted, time_limited
     or diverged, keeping the steps it finished. Once the notebook's budget is spent, a cell's own run is cut to a
-    short run (fastlab.budget.own_run_cut): its result's extras["budget"] says why.
+    short run (fastlab.budget.own_run_cut): its result's budget_cut says why.
     """
     return _run(TrainingRun(config, label, model, dataset, progress, stop, on_step), comparison)
 
@@ -57,8 +57,7 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
     result.repeats = 1  # one run, alone: merge_repeats counts the interleaved ones
     if comparison:
         result.extras["comparison"] = comparison
-    if cut := training.result.extras.get("budget"):
-        result.extras["budget"] = cut
+    result.budget_cut = training.result.budget_cut
     return result
 
 
@@ -75,7 +74,7 @@ def admitted(training: TrainingRun, comparison: str | None = None) -> RunResult 
     if cut is not None:
         training.cfg = demonstration_config(training.cfg)
         training.result.config = training.cfg.to_dict()
-        training.result.extras["budget"] = cut
+        training.result.budget_cut = cut
     return None
 
 
@@ -203,7 +202,9 @@ def not_trained(arm: TrainConfig, label: str, reason: str, comparison: str | Non
 
 def not_started(cfg: TrainConfig, label: str, reason: str, comparison: str | None = None) -> RunResult:
     """The result of a run the notebook's budget did not let start: time_limited, no step, the reason."""
-    return _without_steps(cfg, label, "time_limited", reason, {"budget": "not started"}, comparison)
+    result = _without_steps(cfg, label, "time_limited", reason, {}, comparison)
+    result.budget_cut = "not started"
+    return result
 
 
 def _without_steps(cfg: TrainConfig, label: str, status: str, error: str, extras: dict[str, Any],

@@ -443,7 +443,7 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
         if (refused := budget.refusal(label)) is not None:
             budget.say_refusal(label, refused)
             runs[name].append(RunResult({}, label=label, status="time_limited", error=refused,
-                                        extras={"budget": "not started"}))
+                                        budget_cut="not started"))
             continue
         w = Watch(label, **options)
         fn(w)
@@ -464,7 +464,7 @@ def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparis
                               f"{d.label} diverged ({d.error}); " + ("no run of the other side diverged: no speed-up "
                                                                      "over a diverged run is claimed" if fine else
                                                                      "the other side did not finish either"))
-    if (r := next((r for r in before + after if r.extras.get("budget") == "not started"), None)) is not None:
+    if (r := next((r for r in before + after if r.not_started), None)) is not None:
         return LoopComparison(before, after, nan, nan, "not run", f"{r.label} did not run ({r.error}): no comparison")
     if (r := next((r for r in before + after if not r.ok or not r.window_throughput), None)) is not None:
         reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"

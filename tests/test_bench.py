@@ -24,7 +24,7 @@ def test_ladder_is_cumulative_and_selectable(smoke):
 def test_run_ladder_report_comes_from_the_results_file(tmp_path, quick):
     rungs = select_rungs(ladder(quick), only=["amp", "device_loader"])
     results = run_ladder(quick, rungs, progress=False)
-    assert [r.extras["rung"] for r in results] == ["naive", "amp", "device_loader"]
+    assert [r.rung for r in results] == ["naive", "amp", "device_loader"]
     # cumulative: the amp rung's change is carried up, unless it was a trap here and so dropped
     if "dropped" in results[1].extras:
         assert results[2].config["amp"] == "off"

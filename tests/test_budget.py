@@ -46,7 +46,7 @@ def test_a_spent_budget_refuses_a_run_without_starting_it(quick, monkeypatch):
     assert fastlab.run(quick.replace(steps=1, warmup_steps=0, windows=1), label="a cell's own", progress=False).steps_done
     with budget.within("01_data_loading:num_workers", None):  # a registered comparison's runs are held to it
         r = fastlab.run(quick, label="late", progress=False)
-    assert r.status == "time_limited" and r.extras["budget"] == "not started" and not r.step_seconds
+    assert r.status == "time_limited" and r.not_started and not r.step_seconds
     assert "budget of 60 s on profile cpu was spent" in r.error
     assert "no step finished" in r.summary() and " s over 0 steps" not in r.summary()  # no figure for what never ran
     panel: list[str | None] = []
@@ -179,7 +179,7 @@ def test_a_run_outside_a_part_is_cut_to_a_short_run_once_the_budget_is_spent(mon
     line = capsys.readouterr().out
     assert ran[-1] == demonstration_config(base) and ran[-1].steps < base.steps and ran[-1].eval_images < 256
     assert line.startswith("budget: 'after' is cut to a short run: notebook 99_test_notebook's budget of 60 s")
-    assert cut.extras["budget"].startswith("cut to a short run") and "a short run: cut to" in cut.summary()
+    assert cut.budget_cut.startswith("cut to a short run") and "a short run: cut to" in cut.summary()
     train.run(base, label="again")
     assert ran[-1] == demonstration_config(base) and capsys.readouterr().out == ""  # said once
     with budget.within("99_test_notebook:part", None):  # a part's run is refused, never cut (its caller says so)

@@ -77,7 +77,7 @@ def test_the_budget_site_refuses_a_comparisons_runs_and_logs_them(tmp_path):
               "cfg = config.config_for('smoke')\n"
               "with budget.within('00_start_here:probe', None):\n"
               "    r = train.run(cfg, label='refused', progress=False)\n"
-              "print(r.status, r.extras.get('budget'))\n"
+              "print(r.status, r.budget_cut)\n"
               "print(train.run(cfg, label='single', progress=False).status)\n")
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=spent_env(log), capture_output=True, text=True,
                        timeout=600)

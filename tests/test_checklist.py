@@ -17,9 +17,9 @@ def rung(name, speeds, dropped=None, no_ops=None, **config):
     r = fastlab.RunResult(config={"amp": "off", **config}, label=name, window_throughput=list(speeds),
                           no_ops=dict(no_ops or {}), dataset={"name": "synthetic", "synthetic": True},
                           env={"device_name": "CPU (test)"}, peak_memory_mb=100.0)
-    r.extras["rung"] = name
+    r.rung = name
     if dropped:
-        r.extras["dropped"] = dropped
+        r.dropped = dropped
     return r
 
 
@@ -130,7 +130,7 @@ def _tta_group(name, seconds, status="ok", dropped=None, target=0.5, **config):
                            "steps": 10 if reached else None, "images": None, "best_accuracy": 0.6, "curve": [],
                            "why_not": None if reached else "diverged"}
         if dropped:
-            r.extras["dropped"] = dropped
+            r.dropped = dropped
         runs.append(r)
     return fastlab.TimeToAccuracy(name, target, runs)
 
@@ -187,7 +187,7 @@ def test_a_reference_ladder_is_read_like_this_machines():
 def test_a_dropped_rung_is_retested_on_top(quick):
     rungs = at.select_rungs(at.ladder(quick), only=["channels_last"])
     naive = fastlab.run(quick.replace(**rungs[0].changes), label="naive", progress=False)
-    naive.extras["rung"] = "naive"
+    naive.rung = "naive"
     cl = rung("channels_last", [1.0], dropped="a trap", channels_last=True)
     retests = at.retest_dropped([naive, cl], rungs, progress=False)
     assert len(retests) == 1

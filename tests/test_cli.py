@@ -55,7 +55,7 @@ def test_bench_profile_and_model_reach_the_results(tmp_path):
               "--out", str(tmp_path / "b"))
     assert out.returncode == 0, out.stderr
     results = fastlab.load_results(tmp_path / "b" / "results.json")
-    assert [r.extras["rung"] for r in results] == ["naive", "device_loader"]
+    assert [r.rung for r in results] == ["naive", "device_loader"]
     assert {(r.config["profile"], r.config["model"]) for r in results} == {("smoke", "compact")}
 
 

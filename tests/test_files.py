@@ -19,7 +19,7 @@ from fastlab.results import RunResult, save_results
 def results(label_speed: dict[str, float]) -> list[RunResult]:
     cfg = config_for("smoke").to_dict()
     return [RunResult(config=cfg, label=label, window_throughput=[speed, speed * 1.01], steps_done=10,
-                      extras={"rung": label}) for label, speed in label_speed.items()]
+                      rung=label) for label, speed in label_speed.items()]
 
 
 class Disk:

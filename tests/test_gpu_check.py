@@ -188,7 +188,7 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
     results = bench.run_ladder(base, rungs, progress=False, max_seconds=3.0, budget_s=100.0, not_run=not_run,
                                repeats=1)
     assert seen == [3.0, 3.0, 3.0]  # started at 0, 40 and 80 s; at 120 s the budget is spent
-    assert [r.extras["rung"] for r in results] == [r.name for r in rungs[:3]]
+    assert [r.rung for r in results] == [r.name for r in rungs[:3]]
     assert list(not_run) == [r.title for r in rungs[3:]] and all("budget" in v for v in not_run.values())
     assert "dropped" not in results[2].extras  # stopped by the harness's budget: carried up, not a trap
 

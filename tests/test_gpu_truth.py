@@ -341,7 +341,7 @@ def test_reference_run_saves_every_rung_survives_a_broken_one_and_keeps_gpu_resu
     def fake_ladder(base, rungs, progress, on_result, max_seconds, repeats=1):
         budgets.append(max_seconds())
         for name in ("naive", "workers"):
-            on_result(RunResult(config={}, label=name, env={"device_type": "cuda"}, extras={"rung": name}))
+            on_result(RunResult(config={}, label=name, env={"device_type": "cuda"}, rung=name))
         raise RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED")  # not an OOM: kills the ladder
 
     def broken(base, progress):

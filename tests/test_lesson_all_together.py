@@ -16,9 +16,9 @@ def rung(name, speeds, status="ok", dropped=None, **config):
     r = fastlab.RunResult(config={"amp": "off", "batch_size": 32, **config}, label=f"+{name}", status=status,
                           window_throughput=list(speeds), dataset={"name": "synthetic", "synthetic": True},
                           env={"device_name": "CPU (test)", "torch": "2.x"}, peak_memory_mb=100.0)
-    r.extras["rung"] = name
+    r.rung = name
     if dropped:
-        r.extras["dropped"] = dropped
+        r.dropped = dropped
     return r
 
 
@@ -85,7 +85,7 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
     assert seen[1][0] == fastlab.TrainConfig.from_dict(results[2].config)
     assert seen[0][1] == at.tta_seeds(quick)
     assert limited[0] is None and limited[1] == fastlab.bench.tta_limits(out[0])  # naive has none; above, naive's
-    assert all(r.extras["rung"] == "fused_adamw" and r.extras["dropped"] == "a trap" for r in out[1].runs)
+    assert all(r.rung == "fused_adamw" and r.dropped == "a trap" for r in out[1].runs)
     assert all(r.extras["comparison"] == f"{at.NAME}:time_to_accuracy" for t in out for r in t.runs)
 
 
@@ -233,9 +233,9 @@ def test_the_tuned_run_is_the_highest_kept_rung():
     results = ladder()
     for r in results:
         r.forward_seconds = [0.01]
-    assert at.stack_top(results).extras["rung"] == "large_batch"
-    results[-1].extras["dropped"] = "a trap"
-    assert at.stack_top(results).extras["rung"] == "fused_adamw"  # amp diverged and was dropped below it
+    assert at.stack_top(results).rung == "large_batch"
+    results[-1].dropped = "a trap"
+    assert at.stack_top(results).rung == "fused_adamw"  # amp diverged and was dropped below it
     assert at.stack_top(results[:1]) is None  # no rung above naive: never naive against itself
 
 
@@ -258,7 +258,7 @@ def test_the_anatomy_never_draws_naive_against_itself():
 def test_a_ladder_the_budget_did_not_start_has_no_top_and_says_why():
     refused = [rung(n, [], status="time_limited") for n in ("naive", "+amp")]
     for r in refused:
-        r.error, r.extras["budget"] = "not started: the budget was spent", "not started"
+        r.error, r.budget_cut = "not started: the budget was spent", "not started"
     assert at.ladder_unrun(refused) == ("no rung of the ladder finished a timed window ('+naive' finished no timed "
                                         "window (time_limited: not started: the budget was spent))")
     assert at.ladder_unrun([rung("naive", [100.0, 101.0]), *refused]) is None

@@ -93,7 +93,7 @@ def _result(status: str, speed: float, accuracy: float = 0.5) -> RunResult:
 def test_the_ladder_drops_a_diverged_rung_and_the_table_marks_it():
     naive, fast_nan = _result("ok", 100), _result("diverged", 800, 0.1)
     assert bench.drop_reason(fast_nan, naive).startswith("diverged")
-    fast_nan.extras["dropped"] = bench.drop_reason(fast_nan, naive)
+    fast_nan.dropped = bench.drop_reason(fast_nan, naive)
     table = bench.markdown_table([naive, fast_nan])
     assert "diverged: speed not credited" in table
     assert "one run" in table  # the accuracy column says it rests on one run

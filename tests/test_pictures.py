@@ -76,7 +76,7 @@ def test_two_samples_name_the_drift_of_the_parts_their_change_does_not_touch():
 
 def test_a_run_the_budget_did_not_start_has_no_anatomy_only_its_reason():
     refused = RunResult(config={"warmup_steps": 4}, label="tuned", status="time_limited", error="not started: spent",
-                        extras={"budget": "not started"}, env={"device_name": "CPU (test)"})
+                        budget_cut="not started", env={"device_name": "CPU (test)"})
     text = pictures.describe_anatomy([_sampled(), refused])
     assert "naive: 78.0 ms a sampled step" in text
     assert "tuned: no step anatomy: warm-up did not run (TIME LIMITED: not started: spent)" in text

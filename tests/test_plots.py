@@ -18,7 +18,7 @@ def rung(label, windows, status="ok", dropped=None, no_ops=None, **config):
                   peak_memory_mb=300.0, memory_kind="process_rss", no_ops=no_ops or {},
                   dataset={"name": "synthetic", "synthetic": True}, env={"device_name": DEVICE})
     if dropped:
-        r.extras["dropped"] = dropped
+        r.dropped = dropped
     return r
 
 

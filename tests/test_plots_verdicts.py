@@ -20,9 +20,9 @@ from fastlab.widgets import pair_summary  # noqa: E402
 CUDNN_WHY = "cudnn_benchmark: cuDNN runs only on NVIDIA GPUs"
 
 
-def rung(label, windows, status="ok", no_ops=None, extras=None, repeat_windows=(), **config):
+def rung(label, windows, status="ok", no_ops=None, extras=None, repeat_windows=(), dropped="", **config):
     return RunResult(config={"warmup_steps": 1, **config}, label=label, status=status, window_throughput=list(windows),
-                     repeat_windows=list(repeat_windows),
+                     repeat_windows=list(repeat_windows), dropped=dropped,
                      peak_memory_mb=300.0, memory_kind="process_rss", no_ops=no_ops or {}, extras=extras or {},
                      error="every change is a no-op here" if status == "no_op" else None,
                      dataset={"name": "synthetic", "synthetic": True}, env={"device_name": "CPU"})
@@ -46,7 +46,7 @@ def ladder():
                  **workers),
             rung("+channels_last", spaced(150), no_ops={"pin_memory": "no GPU", "cudnn_benchmark": "CPU"},
                  amp="bf16", cudnn_benchmark=True, channels_last=True, **workers),
-            rung("+fused", spaced(300), status="diverged", extras={"dropped": "diverged"}, amp="bf16",
+            rung("+fused", spaced(300), status="diverged", dropped="diverged", amp="bf16",
                  cudnn_benchmark=True, channels_last=True, opt_impl="fused", **workers),
             rung("+batch 128", spaced(260), status="time_limited", amp="bf16", cudnn_benchmark=True,
                  channels_last=True, batch_size=128, **workers)]

@@ -109,8 +109,8 @@ def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf1
     base = smoke.replace(device="cpu")
     results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["amp", "channels_last"]),
                                progress=False)
-    amp = next(r for r in results if r.extras["rung"] == "amp")
-    assert amp.config["steps"] == config.DEMONSTRATION_STEPS and "trap" in amp.extras["dropped"]
+    amp = next(r for r in results if r.rung == "amp")
+    assert amp.config["steps"] == config.DEMONSTRATION_STEPS and "trap" in amp.dropped
     assert results[-1].config["amp"] == "off"  # not carried up
 
 
@@ -169,7 +169,7 @@ def test_the_throughput_ladder_does_not_train_a_rung_of_no_ops(monkeypatch, smok
     results = bench.run_ladder(base, bench.select_rungs(bench.ladder(base), only=["cudnn", "channels_last"]),
                                progress=False)
     assert list(dict.fromkeys(label for label, _ in seen)) == ["naive", "+channels_last"]
-    cudnn = next(r for r in results if r.extras["rung"] == "cudnn")
+    cudnn = next(r for r in results if r.rung == "cudnn")
     assert cudnn.status == "no_op" and "cuDNN" in cudnn.error
     assert "no_op: every change is a no-op here (cudnn_benchmark: cuDNN" in bench.markdown_table(results)
 
@@ -375,7 +375,7 @@ def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke
 
     def ran(label, speed, **changes):
         return fastlab.RunResult(config=cfg.replace(**changes).to_dict(), label=label, window_throughput=[speed] * 3,
-                                 peak_memory_mb=100.0, extras={"rung": label})
+                                 peak_memory_mb=100.0, rung=label)
 
     idle = not_trained(cfg.replace(cudnn_benchmark=True), "+cudnn", "cudnn_benchmark: no cuDNN here")
     results = [ran("naive", 100.0), idle, ran("+channels_last", 300.0, cudnn_benchmark=True, channels_last=True)]

@@ -55,7 +55,7 @@ def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 def top_index(results: list[RunResult]) -> int:
     """Index of the top of the ladder: the last rung that was kept and has a timed window."""
-    kept = [i for i, r in enumerate(results) if not r.extras.get("dropped") and r.window_throughput]
+    kept = [i for i, r in enumerate(results) if not r.dropped and r.window_throughput]
     if not kept:
         raise ValueError("no rung of the ladder finished a timed window: there is no top to build on")
     return kept[-1]
@@ -64,7 +64,7 @@ def top_index(results: list[RunResult]) -> int:
 def ladder_unrun(results: list[RunResult]) -> str | None:
     """Why the ladder has no top (no kept rung finished a timed window: e.g. the notebook's budget did not start
     them), naming its first rung that did not, in its own words; None where it has one (top_index)."""
-    if any(not r.extras.get("dropped") and r.window_throughput for r in results):
+    if any(not r.dropped and r.window_throughput for r in results):
         return None
     bad = uncredited(results)
     return f"no rung of the ladder finished a timed window ({bad[1] if bad else 'the ladder has no rung'})"
@@ -89,9 +89,9 @@ def reference_ladders() -> dict[str, list[RunResult]]:
     for device, results in load_reference().items():
         ladders: list[list[RunResult]] = []  # a file may hold several (one per model): each starts at naive
         for r in results:
-            if r.extras.get("rung") == "naive":
+            if r.rung == "naive":
                 ladders.append([r])
-            elif r.extras.get("rung") and ladders:
+            elif r.rung and ladders:
                 ladders[-1].append(r)
         for rungs in ladders:
             out[device if len(ladders) == 1 else f"{device}, {rungs[0].config.get('model')}"] = rungs
@@ -117,8 +117,8 @@ def retest_dropped(results: list[RunResult], rungs: list[Rung], limit: int = 2,
     top = top_config(results)
     out: list[tuple[str, list[RunResult]]] = []
     for r in results:
-        name = r.extras.get("rung")
-        if not r.extras.get("dropped") or name not in by_name or len(out) >= limit:
+        name = r.rung
+        if not r.dropped or name not in by_name or len(out) >= limit:
             continue
         changes = by_name[name].changes
         if all(top.to_dict().get(k) == v for k, v in changes.items()):
@@ -192,7 +192,7 @@ def _run_tta(results: list[RunResult], base: TrainConfig, progress: bool) -> lis
     out: list[TimeToAccuracy] = []
     below: TimeToAccuracy | None = None
     for i, r in enumerate(results):
-        name = r.extras.get("rung")
+        name = r.rung
         if name not in wanted:
             continue
         same = noop_rung(results, i) if i else None
@@ -203,12 +203,10 @@ def _run_tta(results: list[RunResult], base: TrainConfig, progress: bool) -> lis
         # the limits of `bench --metric time-to-accuracy`, from the rung below (none for naive)
         t = time_to_accuracy(cfg, seeds=tta_seeds(base), label=r.label, progress=progress, limits=tta_limits(below))
         for x in t.runs:
-            x.extras.update(rung=name, why=r.extras.get("why", ""), metric="time-to-accuracy",
-                            comparison=TTA_PART)
-            if r.extras.get("dropped"):
-                x.extras["dropped"] = r.extras["dropped"]
+            x.rung, x.dropped = name, r.dropped
+            x.extras.update(metric="time-to-accuracy", comparison=TTA_PART)
         out.append(t)
-        if not r.extras.get("dropped"):
+        if not r.dropped:
             below = t
         if any(x.status == "interrupted" for x in t.runs):
             break
@@ -217,18 +215,18 @@ def _run_tta(results: list[RunResult], base: TrainConfig, progress: bool) -> lis
 
 def tta_not_measured(results: list[RunResult], base: TrainConfig) -> dict[str, str]:
     """Rung name -> why its time to accuracy was not measured: the profile's choice, or every change a no-op."""
-    return {**tta_skipped(base), **{r.extras["rung"]: r.extras["tta_skipped"] for r in results
+    return {**tta_skipped(base), **{r.rung: r.extras["tta_skipped"] for r in results
                                     if r.extras.get("tta_skipped")}}
 
 
 def _by_rung(ttas: list[TimeToAccuracy]) -> dict[str, tuple[int, TimeToAccuracy]]:
-    return {t.runs[0].extras.get("rung", t.label): (i, t) for i, t in enumerate(ttas) if t.runs}
+    return {(t.runs[0].rung or t.label): (i, t) for i, t in enumerate(ttas) if t.runs}
 
 
 def tta_below(ttas: list[TimeToAccuracy], index: int) -> TimeToAccuracy | None:
     """The time to accuracy of the rung ttas[index] built on: the nearest one below that was not dropped."""
     for t in reversed(ttas[:index]):
-        if t.runs and not t.runs[0].extras.get("dropped"):
+        if t.runs and not t.runs[0].dropped:
             return t
     return None
 
@@ -238,7 +236,7 @@ def contrasts(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[tupl
     tta = _by_rung(ttas)
     out = []
     for i, r in enumerate(results):
-        name, below = r.extras.get("rung"), built_on(results, i)
+        name, below = r.rung, built_on(results, i)
         if name not in tta or below is None or not (r.window_throughput and below.window_throughput):
             continue
         per_image, base = verdict(below.throughput, r.throughput), tta_below(ttas, tta[name][0])
@@ -260,9 +258,9 @@ def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict
     rows = []
     for r in results:
         speed = ratio_of(naive, r.throughput)  # NaN where a side finished no timed window
-        row: dict[str, Any] = {"label": r.label, "status": r.status, "dropped": bool(r.extras.get("dropped")),
+        row: dict[str, Any] = {"label": r.label, "status": r.status, "dropped": bool(r.dropped),
                                "speed": speed, "tta": None}
-        name = r.extras.get("rung")
+        name = r.rung
         if r.extras.get("tta_skipped"):
             row["tta"] = "no-op here"
         elif name in tta:
@@ -270,7 +268,7 @@ def _speedups(results: list[RunResult], ttas: list[TimeToAccuracy]) -> list[dict
             diverged = any(x.status == "diverged" for x in t.runs)
             if t.reached and naive_tta is not None and not diverged:
                 gain = ratio_of(t.seconds, naive_tta)  # naive's seconds over the rung's: > 1 is faster to the target
-                row["tta"] = (gain, t.reached, len(t.runs), bool(t.runs[0].extras.get("dropped")))
+                row["tta"] = (gain, t.reached, len(t.runs), bool(t.runs[0].dropped))
             else:
                 row["tta"] = "DIVERGED" if diverged else ("not reached" if not t.reached else "no naive time")
         rows.append(row)
@@ -344,7 +342,7 @@ def plot_speed_and_outcome(results: list[RunResult], ttas: list[TimeToAccuracy],
 def judge_c15(results: list[RunResult], ttas: list[TimeToAccuracy]) -> Judgement:
     """C15 on both measures: naive against the checklist's techniques as the ladder stacked them (the highest
     C15 rung that ran), in images/s (pooled windows) and in training seconds to the target over seeds."""
-    names = [r.extras.get("rung") for r in results]
+    names = [r.rung for r in results]
     top = next((n for n in reversed(C15_RUNGS) if n in names), None)
     if top is None or len(results) < 2:
         raise ValueError(f"judge_c15 needs the naive rung and one of the checklist's rungs ({', '.join(C15_RUNGS)})")
@@ -374,8 +372,8 @@ def stack_top(results: list[RunResult]) -> RunResult | None:
 
 def why_not_top(r: RunResult) -> str:
     """Why a rung cannot stand for the top of the ladder in the step anatomy, or "" where it can."""
-    if r.extras.get("dropped"):
-        return f"dropped ({r.extras['dropped']})"
+    if r.dropped:
+        return f"dropped ({r.dropped})"
     if r.status != "ok":
         return f"{r.status.replace('_', '-')} ({r.extras.get('not_trained') or r.error or 'stopped early'})"
     return "" if r.forward_seconds else "no sampled steps"
@@ -394,15 +392,15 @@ def anatomy_pair(results: list[RunResult]) -> tuple[list[RunResult], str]:
 
 def c15_stack_notes(results: list[RunResult], top: str) -> list[str]:
     """How the C15 stack differs from the checklist's: techniques dropped, no-op or not run here, and rungs added."""
-    names = [r.extras.get("rung") for r in results]
+    names = [r.rung for r in results]
     notes = [f"{n} not run" for n in C15_RUNGS[:C15_RUNGS.index(top) + 1] if n not in names]
     for i, r in enumerate(results[1:names.index(top) + 1], start=1):
-        name = r.extras.get("rung")
-        if name in C15_RUNGS and r.extras.get("dropped"):
-            notes.append(f"'{r.label}' dropped ({r.extras['dropped']})")
+        name = r.rung
+        if name in C15_RUNGS and r.dropped:
+            notes.append(f"'{r.label}' dropped ({r.dropped})")
         elif name in C15_RUNGS and noop_rung(results, i):
             notes.append(f"'{r.label}' a no-op here")
-        elif name not in C15_RUNGS and not r.extras.get("dropped"):
+        elif name not in C15_RUNGS and not r.dropped:
             notes.append(f"'{r.label}' added (the checklist does not name it)")
     return notes
 
@@ -446,7 +444,7 @@ def describe_compile_check(runs: list[RunResult], base: TrainConfig | None = Non
     env, n = compiled.env, compiled.steps_done
     where = (f"torch {env.get('torch', '?')} on {env.get('device_name', '?')}, model {compiled.config.get('model')}, "
              f"{n} step{'' if n == 1 else 's'} of the compiled run")
-    if not_run := [r for r in runs if r.extras.get("budget") == "not started"]:
+    if not_run := [r for r in runs if r.not_started]:
         said = f"not checked: {not_run[0].error}"
     elif compiled.status == "failed":
         said = f"torch.compile failed here ({compiled.error}): the case could not be checked"

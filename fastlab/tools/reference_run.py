@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 r.extras["comparison"] = f"bench:ladder:{model}"
                 results.append(r)
                 save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
-                print(f"[{time.monotonic() - start:6.0f} s] ladder {model}: {r.extras.get('rung')}", flush=True)
+                print(f"[{time.monotonic() - start:6.0f} s] ladder {model}: {r.rung}", flush=True)
 
             try:  # each run gets what is left of the budget as its max_seconds
                 run_ladder(base, ladder(base), progress=False, on_result=rung_done, max_seconds=left, repeats=1)
