@@ -189,7 +189,7 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
                   or run(cfg, label=rung.title, progress=progress))  # no-op, a short trap run, or a full run
         result.rung = rung.name
         reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
-        reason = reason or (f"a trap here: {result.extras['trap']}" if result.extras.get("trap") else None)
+        reason = reason or (f"a trap here: {result.trap}" if result.trap else None)
         if reason:
             result.dropped = reason
         else:
@@ -217,7 +217,7 @@ def _repeat_rungs(first: list[RunResult], configs: list[TrainConfig], rounds: in
                   on_update: Callable[[list[RunResult]], None] | None) -> list[RunResult]:
     """Passes 2..rounds over the rungs that timed a window, alternating direction; each rung's runs merged."""
     runs = [[r] for r in first]
-    again = [i for i, r in enumerate(first) if r.window_throughput and not r.extras.get("trap")]  # a trap: shown once
+    again = [i for i, r in enumerate(first) if r.window_throughput and not r.trap]  # a trap: shown once
     for p, j in turns(len(again), rounds):
         if p == 0:
             continue  # the first pass ran already

@@ -58,13 +58,14 @@ def rank_file(out: str | os.PathLike, rank: int) -> Path:
 
 
 def read_ranks(out: str | os.PathLike, label: str = "") -> DDPRun:
-    """The ranks' results in `out` as one DDPRun; DistributedRunError, naming the first failing rank, where a rank
+    """The ranks' results in `out` as one DDPRun, labelled `label` (else as the ranks were); DistributedRunError, naming the first failing rank, where a rank
     failed or wrote nothing (torchrun stops the others when one fails)."""
     paths = sorted(Path(out).glob("rank[0-9]*.json"), key=lambda p: p.stat().st_mtime_ns)  # the first written first
     docs = {int(p.stem[4:]): load_document(p) for p in paths}
     if not docs:
         raise DistributedRunError(f"no rank wrote a result in {out}: torchrun's own output says why")
-    world = next(iter(docs.values()))["meta"]["world_size"]
+    meta = next(iter(docs.values()))["meta"]
+    world, label = meta["world_size"], label or meta.get("label", "")
     ranks = {r: RunResult.from_dict(d["results"][0]) for r, d in docs.items()}
     failed = [r for r in ranks if ranks[r].status == "failed"]  # the first to fail is the cause, the rest lost a peer
     if failed or len(ranks) < world:
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _ends_with_torchrun()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": "fastlab.distributed", "rank": rank, "world_size": world}
+    meta = {"kind": "fastlab.distributed", "rank": rank, "world_size": world, "label": args.label}
     config = None
     try:
         config, options = _config_from_args(args)

@@ -215,7 +215,7 @@ def plot_step_times(results: list[RunResult], title: str = ""):
     steps = [r.step_seconds[int(r.config.get("warmup_steps", 0)):] or r.step_seconds or [0.0] for r in results]
     med = [median_step_seconds(r) if r.step_seconds else 0.0 for r in results]
     err = [[m - min(s) for m, s in zip(med, steps)], [max(s) - m for m, s in zip(med, steps)]]
-    traps = [bool(r.extras.get("trap")) for r in results]
+    traps = [bool(r.trap) for r in results]
     ax.barh(range(len(results)), med, xerr=err, capsize=3, color=["tab:red" if t else "tab:gray" for t in traps],
             hatch=["xx" if t else "" for t in traps], edgecolor="black", linewidth=0.6)
     right = max([m + e for m, e in zip(med, err[1])] + [1e-3])

@@ -21,7 +21,7 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 
 
 MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve", "stopped_by", "kept_loss_tensors",
-                     "rung", "dropped")
+                     "rung", "dropped", "trap")
 
 
 @dataclass
@@ -51,6 +51,7 @@ class RunResult:
     no_ops: dict[str, str] = field(default_factory=dict)  # knob -> why it did nothing here
     rung: str = ""  # the ladder rung this run measured (fastlab.bench.ladder); "" off the ladder
     dropped: str = ""  # why the ladder did not build on this rung ("" where it did)
+    trap: str = ""  # why this config is a known trap here (config.plan_arm): it ran as one short run
     budget_cut: str = ""  # what the notebook's spent budget did (fastlab.budget): "not started", or budget.CUT ...
     env: dict[str, Any] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)

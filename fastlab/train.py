@@ -188,7 +188,7 @@ def skip_or_demonstrate(baseline: TrainConfig, arm: TrainConfig, label: str, *, 
     if plan.kind == "trap":
         result = run(demonstration_config(arm), label=f"{label} (trap demonstration, one short run)",
                      progress=progress, comparison=comparison)
-        result.extras["trap"] = plan.reason
+        result.trap = plan.reason
         return result
     return None
 

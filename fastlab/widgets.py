@@ -292,7 +292,7 @@ class Panel:
             else:
                 variant = result
                 if plan.kind == "trap":
-                    result.extras["trap"] = plan.reason
+                    result.trap = plan.reason
             if result.status in ("interrupted", "failed"):
                 break
         return variant, baselines, base_seconds
@@ -309,10 +309,10 @@ class Panel:
             ui.status.value = "Stopped while measuring the baseline: nothing was added."
             return
         lines = [variant.summary()]
-        if variant.extras.get("trap"):
+        if variant.trap:
             beside = (f" against {median_step_seconds(baselines[0]):.2f} s in the baseline beside it" if baselines
                       else "")
-            lines.append(f"A known trap here ({html.escape(variant.extras['trap'])}), one short run (at most "
+            lines.append(f"A known trap here ({html.escape(variant.trap)}), one short run (at most "
                          f"{DEMONSTRATION_STEPS} steps, {DEMONSTRATION_SECONDS:g} s): a median step took "
                          f"{median_step_seconds(variant):.2f} s{beside}; accuracy not compared.")
         if variant.no_ops:

@@ -3,6 +3,7 @@ the ranks, reading the ranks' results back, and real torchrun runs of 2 CPU proc
 one that crashes, one killed past its time)."""
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -209,6 +210,23 @@ def test_two_gloo_ranks_train_and_stay_identical(quick, tmp_path):
     assert without["allreduce_calls_per_step"] == cfg.grad_accum_steps * with_sync["allreduce_calls_per_step"]
     assert without["allreduce_mb_per_step"] == pytest.approx(cfg.grad_accum_steps * with_sync["gradient_mb"])
     assert not _our_workers(tmp_path)
+
+
+def test_the_printed_command_is_the_whole_run(quick, tmp_path, capsys):
+    """What notebook 11 shows is what a reader types: the printed line, run alone in a shell, trains the same run."""
+    cfg = quick.replace(device="cpu", steps=4, windows=2)
+    shown = torchrun(2, cfg, DDPOptions(lr_scaling="linear"), label="shown", out=tmp_path)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("$ OMP_NUM_THREADS=1 ") and " -m torch.distributed.run --standalone --nproc-per-node=2 " \
+        "-m fastlab.distributed --profile smoke " in line, line
+    for f in tmp_path.glob("rank*.json"):
+        f.unlink()
+    typed = subprocess.run(line[2:], shell=True, capture_output=True, text=True, timeout=300)
+    assert typed.returncode == 0, typed.stdout + typed.stderr
+    again = read_ranks(tmp_path)
+    assert again.result.label == "shown" and again.result.config == shown.result.config
+    assert again.result.extras["ddp"]["lr"] == 2 * cfg.lr and again.parameters["identical"]
+    assert again.result.steps_done == shown.result.steps_done == cfg.warmup_steps + cfg.steps
 
 
 def test_a_crashed_rank_fails_the_run_quickly_and_clearly(quick, tmp_path):

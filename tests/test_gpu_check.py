@@ -190,7 +190,7 @@ def test_ladder_rungs_get_a_fixed_budget_and_none_starts_once_the_whole_budget_i
     assert seen == [3.0, 3.0, 3.0]  # started at 0, 40 and 80 s; at 120 s the budget is spent
     assert [r.rung for r in results] == [r.name for r in rungs[:3]]
     assert list(not_run) == [r.title for r in rungs[3:]] and all("budget" in v for v in not_run.values())
-    assert "dropped" not in results[2].extras  # stopped by the harness's budget: carried up, not a trap
+    assert not results[2].dropped  # stopped by the harness's budget: carried up, not a trap
 
 
 def test_gpu_check_ladders_use_a_fixed_rung_budget(monkeypatch, tmp_path):

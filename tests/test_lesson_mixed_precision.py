@@ -158,7 +158,7 @@ def _trap_run(steps=(47.40, 45.17)):
     """A trap's demonstration stopped at its budget: one warm-up step and one timed step, no timed window."""
     return RunResult(config={"amp": "bf16", "batch_size": 8, "warmup_steps": 1}, label="bf16 (trap demonstration)",
                      status="time_limited", error="stopped at its 10 s budget during step 3", images_per_step=8,
-                     step_seconds=list(steps), extras={"trap": "no native bf16 here"})
+                     step_seconds=list(steps), trap="no native bf16 here")
 
 
 def test_a_trap_run_without_a_timed_window_has_one_step_time_everywhere():

@@ -84,8 +84,8 @@ def test_without_native_bf16_the_bf16_arms_become_one_trap_demonstration(native_
     assert len(bf16) == 1 and "trap demonstration" in bf16[0][0]
     assert bf16[0][1].steps == config.DEMONSTRATION_STEPS < smoke.steps and bf16[0][1].windows == 1
     assert [cfg.seed for _, cfg in seen if cfg.amp == "off"] == list(mixed_precision.seeds_for(smoke))
-    trap = [r for r in results if r.extras.get("trap") and r.config["amp"] == "bf16"]  # (fp16 is a CPU trap too)
-    assert len(trap) == 1 and "no native bf16" in trap[0].extras["trap"]
+    trap = [r for r in results if r.trap and r.config["amp"] == "bf16"]  # (fp16 is a CPU trap too)
+    assert len(trap) == 1 and "no native bf16" in trap[0].trap
     report = mixed_precision.precision_report(results)
     assert "a trap here, shown in one short run" in report and "accuracy after so few steps is not compared" in report
 
@@ -98,7 +98,7 @@ def test_with_native_bf16_the_bf16_arms_run_as_arms(native_bf16, monkeypatch, sm
     bf16 = [cfg for _, cfg in seen if cfg.amp == "bf16"]
     assert [cfg.seed for cfg in bf16] == list(mixed_precision.seeds_for(smoke))
     assert all(cfg.steps == smoke.steps for cfg in bf16)
-    assert not any(r.extras.get("trap") for r in results if r.config["amp"] == "bf16")
+    assert not any(r.trap for r in results if r.config["amp"] == "bf16")
 
 
 def test_the_ladder_shows_the_bf16_trap_in_one_short_run_and_drops_it(native_bf16, monkeypatch, smoke):
@@ -126,7 +126,7 @@ def test_fp16_autocast_on_a_cpu_is_a_trap_shown_once_and_bounded_in_time(native_
     fp16 = [cfg for label, cfg in seen if cfg.amp == "fp16"]
     assert len(fp16) == 1 and fp16[0].max_seconds == config.DEMONSTRATION_SECONDS
     assert fp16[0].eval_images == config.DEMONSTRATION_EVAL_IMAGES
-    assert [r.extras["variant"] for r in results if r.extras.get("trap")] == ["fp16 + GradScaler"]
+    assert [r.extras["variant"] for r in results if r.trap] == ["fp16 + GradScaler"]
     # a demonstration never runs longer than the arm's own budget either
     assert config.demonstration_config(smoke.replace(max_seconds=4.0)).max_seconds == 4.0
     assert config.demonstration_config(smoke.replace(max_seconds=0.0)).max_seconds == config.DEMONSTRATION_SECONDS

@@ -167,7 +167,7 @@ def test_a_known_trap_here_runs_as_one_short_demonstration_beside_full_baselines
     assert demo.amp == "fp16" and demo.steps == DEMONSTRATION_STEPS and demo.windows == 1
     assert demo.max_seconds == DEMONSTRATION_SECONDS and demo.eval_images < on_cpu.eval_images
     r = panel.results[-1]
-    assert "fp16 autocast on a CPU" in r.extras["trap"] and "paired" in r.extras
+    assert "fp16 autocast on a CPU" in r.trap and "paired" in r.extras
     assert "A known trap here (amp: fp16 autocast on a CPU" in panel.status.value
     assert "a median step took 30.00 s against 0.25 s in the baseline beside it" in panel.status.value
 

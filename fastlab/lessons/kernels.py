@@ -61,7 +61,7 @@ def kernels_report(results: list[RunResult]) -> str:
         if r.status == "no_op":
             lines.append(r.summary())
             continue
-        trap = f" (a trap here, one short run: {r.extras['trap']})" if r.extras.get("trap") else ""
+        trap = f" (a trap here, one short run: {r.trap})" if r.trap else ""
         lines.append(f"{r.summary()}; {r.warmup_words()}{trap}")
         if r is not results[0]:
             lines.append(f"    vs '{results[0].label}': {runs_verdict(results[0], r)}")

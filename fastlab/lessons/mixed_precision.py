@@ -111,9 +111,9 @@ def precision_report(results: list[RunResult]) -> str:
                      f"the last 5 logged); held-out accuracy {describe_accuracy(runs)}")
         if runs is base:
             continue
-        if runs[0].extras.get("trap"):
+        if runs[0].trap:
             lines.append(f"    a trap here, shown in one short run instead of {len(base)} full ones: "
-                         f"{versus(base[0], runs[0])} ({runs[0].extras['trap']}); its accuracy after so few steps "
+                         f"{versus(base[0], runs[0])} ({runs[0].trap}); its accuracy after so few steps "
                          f"is not compared")
             continue
         lines.append(f"    vs {base_name}: speed {claims.verdict_speedup(base, runs).verdict}; outcome: "
@@ -132,7 +132,7 @@ def versus(base: RunResult, other: RunResult) -> str:
     """`other` against `base` in one line. A trap's short run, or a run that finished no timed window, by both runs'
     step times (results.step_time, the one description of a run's step everywhere), never "nothing measured"; else
     the verdict on their timed windows."""
-    if other.extras.get("trap") or not other.window_throughput:
+    if other.trap or not other.window_throughput:
         return f"{step_time(other)} against {step_time(base)} in {base.label}"
     return str(runs_verdict(base, other))
 
@@ -141,7 +141,7 @@ def speed_figures(results: list[RunResult], title: str) -> list:
     """The speed plot: images/s and peak memory (plots.plot_comparison), and, where a run is a trap's short
     demonstration, every run's step time (plots.plot_step_times): a trap's slowdown, with or without a timed window."""
     figures = [plot_comparison(results, title=title)]
-    if any(r.extras.get("trap") for r in results):
+    if any(r.trap for r in results):
         figures.append(plot_step_times(results, title=title))
     return figures
 
