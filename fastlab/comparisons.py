@@ -1,7 +1,7 @@
 """A notebook's comparison is a plain function it calls: `mixed_precision.compare_precision(cfg)`.
 
 @comparison(name, arms=...) wraps a lesson's function: calling it sizes `base` by time (fastlab.calibration), then
-tags each result with the name (extras["comparison"]) that matches bundled reference results to a notebook's runs.
+tags each result with the name (RunResult.comparison) that matches bundled reference results to a notebook's runs.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def comparison(name: str, arms: Arms = None, repeated: bool = True) -> Callable[
             with budget.within(name, cap if repeated else None, share):
                 results = fn(base, progress=progress, **options)
             for r in results:
-                r.extras["comparison"] = name
+                r.comparison = name
                 if calibration is not None:
                     r.extras["calibration"] = calibration
             return results

@@ -99,7 +99,7 @@ def load_step_times(path: Path = REFERENCE) -> StepTimes:
             continue
         step = r["images_per_step"] / statistics.median(r["window_throughput"])
         pair = (step, max(step, r["timed_seconds"] / timed))
-        name = r.get("extras", {}).get("comparison", "")
+        name = r.get("comparison") or r.get("extras", {}).get("comparison", "")  # older files: in extras
         pairs.setdefault(name, []).append(pair)
         work.setdefault(workload_key(r["config"]), []).append(pair)
         walls.setdefault(name, []).append(r["warmup_seconds"] + r["timed_seconds"] + (r.get("eval_seconds") or 0)

@@ -21,7 +21,7 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 
 
 MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve", "stopped_by", "kept_loss_tensors",
-                     "rung", "dropped", "trap")
+                     "rung", "dropped", "trap", "comparison")
 
 
 @dataclass
@@ -49,6 +49,7 @@ class RunResult:
     memory_kind: str = ""
     memory_trace_mb: list[float] = field(default_factory=list)  # memory in use after each step
     no_ops: dict[str, str] = field(default_factory=dict)  # knob -> why it did nothing here
+    comparison: str = ""  # the registered comparison it belongs to (fastlab.comparisons): its reference results
     rung: str = ""  # the ladder rung this run measured (fastlab.bench.ladder); "" off the ladder
     dropped: str = ""  # why the ladder did not build on this rung ("" where it did)
     trap: str = ""  # why this config is a known trap here (config.plan_arm): it ran as one short run
@@ -326,8 +327,8 @@ def load_reference() -> dict[str, list[RunResult]]:
 
 
 def reference_for(comparison: str) -> dict[str, list[RunResult]]:
-    """Bundled reference results of one comparison (results' extras["comparison"]), by device name."""
-    matching = {device: [r for r in results if r.extras.get("comparison") == comparison]
+    """Bundled reference results of one comparison (RunResult.comparison), by device name."""
+    matching = {device: [r for r in results if r.comparison == comparison]
                 for device, results in load_reference().items()}
     return {device: results for device, results in matching.items() if results}
 

@@ -56,7 +56,7 @@ def _run(training: TrainingRun, comparison: str | None = None, cold_compile_cach
         result = isolation.execute(training, cold_compile_caches)
     result.repeats = 1  # one run, alone: merge_repeats counts the interleaved ones
     if comparison:
-        result.extras["comparison"] = comparison
+        result.comparison = comparison
     result.budget_cut = training.result.budget_cut
     return result
 
@@ -215,7 +215,7 @@ def _without_steps(cfg: TrainConfig, label: str, status: str, error: str, extras
                        env=environment(dev, cfg.profile), images_per_step=cfg.batch_size * cfg.grad_accum_steps,
                        extras=extras)
     if comparison:
-        result.extras["comparison"] = comparison
+        result.comparison = comparison
     return result
 
 

@@ -13,7 +13,7 @@ def test_a_comparison_is_a_plain_function_that_tags_its_results(quick):
         return fastlab.sweep("batch_size", [8, 16], base=base, progress=progress)
 
     results = batch(quick, progress=False)
-    assert [r.extras["comparison"] for r in results] == ["99_test:batch"] * 2
+    assert [r.comparison for r in results] == ["99_test:batch"] * 2
     assert [r.config["batch_size"] for r in results] == [8, 16]
     assert (batch.name, batch.arms, batch.repeated, batch.__doc__) == ("99_test:batch", None, True, "Two batch sizes.")
     assert not hasattr(comparisons, "REGISTRY")  # nothing is registered: the caller holds the function
@@ -37,7 +37,7 @@ def test_a_comparison_with_arms_sizes_its_base_by_time_and_records_how(tmp_path,
     expected = calibration.steps_for(calibration.calibrate(cpu), calibration.seconds_per_run("cpu", 3), "cpu")
     assert seen == [(cpu.replace(steps=expected), "passed through")] and expected != cpu.steps
     assert result.extras["calibration"]["steps"] == expected and result.extras["calibration"]["arms"] == 3
-    assert result.extras["comparison"] == "99_test:sized"
+    assert result.comparison == "99_test:sized"
     seen.clear()
     sized(config_for("smoke"))  # smoke keeps its fixed steps: nothing calibrated, nothing recorded
     assert seen[0][0] == config_for("smoke")

@@ -86,7 +86,7 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
     assert seen[0][1] == at.tta_seeds(quick)
     assert limited[0] is None and limited[1] == fastlab.bench.tta_limits(out[0])  # naive has none; above, naive's
     assert all(r.rung == "fused_adamw" and r.dropped == "a trap" for r in out[1].runs)
-    assert all(r.extras["comparison"] == f"{at.NAME}:time_to_accuracy" for t in out for r in t.runs)
+    assert all(r.comparison == f"{at.NAME}:time_to_accuracy" for t in out for r in t.runs)
 
 
 def test_a_rung_faster_per_image_but_slower_to_a_result_stands_out():

@@ -103,7 +103,7 @@ def test_the_slow_storage_comparison_runs_and_is_tagged(quick):
         "01_data_loading:num_workers", "01_data_loading:pipeline", "01_data_loading:slow_storage"]
     results = dl.compare_slow_storage(quick, progress=False)
     assert [r.config["num_workers"] for r in results] == [0, dl.pipeline_workers()]
-    assert all(r.synthetic and r.extras["comparison"] == "01_data_loading:slow_storage" for r in results)
+    assert all(r.synthetic and r.comparison == "01_data_loading:slow_storage" for r in results)
     fig = dl.plot_busy_trace(results)
     assert "SYNTHETIC" in fig.get_suptitle()
 

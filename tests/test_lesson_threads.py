@@ -16,7 +16,7 @@ def fake(where, speed, switches=1.0):
 def test_the_demo_runs_both_ways_alternately_and_records_what_it_measured(quick):
     results = T.thread_effect(quick, progress=False, repeats=1)
     assert [r.extras["where"] for r in results] == ["main", "thread"]
-    assert all(r.status == "ok" and r.extras["comparison"] == T.THREADS for r in results)
+    assert all(r.status == "ok" and r.comparison == T.THREADS for r in results)
     assert all(r.extras["torch_threads"] == torch.get_num_threads() for r in results)
     assert all(r.extras["switches_per_step"] >= 0 for r in results)
     assert fastlab.runs_verdict(*T.split_by_thread(results), interleaved=True).comparable

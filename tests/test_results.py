@@ -74,9 +74,10 @@ def test_reference_summary_says_when_nothing_is_bundled(monkeypatch, tmp_path):
 
     monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
     assert "No reference results" in fastlab.reference_summary("01_data_loading:num_workers")
-    ref = make("workers=8", extras={"comparison": "01_data_loading:num_workers"})
+    ref = make("workers=8")
+    ref.comparison = "01_data_loading:num_workers"
     ref.env = {"device_name": "NVIDIA H200", "date": "2026-11-29"}
-    save_results(tmp_path / "h200.json", [ref, make("other", extras={"comparison": "02:x"})])
+    save_results(tmp_path / "h200.json", [ref, make("other", comparison="02:x")])
     assert list(fastlab.reference_for("01_data_loading:num_workers")) == ["NVIDIA H200"]
     assert "measured on NVIDIA H200" in fastlab.reference_summary("01_data_loading:num_workers")
 
@@ -118,11 +119,14 @@ def test_saved_results_follow_the_umask_like_any_other_file(tmp_path):
 def test_what_a_figure_reads_is_a_field_and_older_files_still_load():
     old = {"config": {}, "extras": {"repeats": 2, "repeat_windows": [[1.0], [2.0]], "window_seconds": [0.5, 0.6],
                                     "tta_curve": [[1.0, 5, 0.3]], "stopped_by": "max_seconds",
-                                    "kept_loss_tensors": 7, "comparison": "x"}}
+                                    "kept_loss_tensors": 7, "comparison": "x", "rung": "amp", "dropped": "slower",
+                                    "trap": "no native bf16", "budget": "not started", "metric": "tta"}}
     r = RunResult.from_dict(old)
     assert (r.repeats, r.repeat_windows, r.window_seconds) == (2, [[1.0], [2.0]], [0.5, 0.6])
     assert (r.tta_curve, r.stopped_by, r.kept_loss_tensors) == ([[1.0, 5, 0.3]], "max_seconds", 7)
-    assert r.extras == {"comparison": "x"}  # what no figure reads stays where it was
+    assert (r.comparison, r.rung, r.dropped, r.trap, r.budget_cut) == ("x", "amp", "slower", "no native bf16",
+                                                                       "not started") and r.not_started
+    assert r.extras == {"metric": "tta"}  # what several modules do not read stays where it was
     assert RunResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
 
 

@@ -321,7 +321,7 @@ def test_compare_and_sweep_do_not_train_a_no_op_change(monkeypatch, smoke):
     base = smoke.replace(device="cpu")
     results = fastlab.train.compare(base, progress=False, comparison="x:y", cudnn_benchmark=True)
     assert {label for label, _ in seen} == {"baseline"} and results[1].status == "no_op"
-    assert results[1].extras["comparison"] == "x:y"
+    assert results[1].comparison == "x:y"
     swept = fastlab.train.sweep("pin_memory", [False, True], base, progress=False)
     assert [r.status for r in swept] == ["ok", "no_op"] and "pin_memory" in swept[1].error
     before = len(seen)

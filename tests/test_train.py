@@ -174,6 +174,6 @@ def test_torch_datasets_can_be_brought(quick):
     held_out = TensorDataset(torch.randn(20, 3, 32, 32, generator=g), torch.randint(0, 10, (20,), generator=g))
     r = fastlab.run(quick.replace(batch_size=16), dataset=(train, held_out), progress=False, comparison="t:x")
     assert r.status == "ok" and r.dataset["train_images"] == 64 and r.dataset["eval_images"] == 20
-    assert r.extras["comparison"] == "t:x" and r.eval_accuracy is not None
+    assert r.comparison == "t:x" and r.eval_accuracy is not None
     with pytest.raises(ValueError, match="loader='device' needs the images as arrays"):
         fastlab.run(quick.replace(loader="device"), dataset=(train, held_out), progress=False)

@@ -49,7 +49,7 @@ def run_all_together(base: TrainConfig, progress: bool = True) -> list[RunResult
     every rung gets the steps that fit the profile's comparison time (and the notebook's budget) on this machine."""
     results = run_ladder(base, rungs_for(base), progress=progress)
     for r in results:
-        r.extras["comparison"] = NAME
+        r.comparison = NAME
     return results
 
 
@@ -204,7 +204,8 @@ def _run_tta(results: list[RunResult], base: TrainConfig, progress: bool) -> lis
         t = time_to_accuracy(cfg, seeds=tta_seeds(base), label=r.label, progress=progress, limits=tta_limits(below))
         for x in t.runs:
             x.rung, x.dropped = name, r.dropped
-            x.extras.update(metric="time-to-accuracy", comparison=TTA_PART)
+            x.comparison = TTA_PART
+            x.extras["metric"] = "time-to-accuracy"
         out.append(t)
         if not r.dropped:
             below = t

@@ -206,7 +206,7 @@ def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUN
         accumulated = [torchrun(setup.nproc, cfg, options, label=label, timeout_s=timeout_s, quiet=quiet)
                        for cfg, options, label in pair]
     for run in [one, many, *accumulated]:
-        run.result.extras["comparison"] = NAME
+        run.result.comparison = NAME
     return Demo(setup, one, many, accumulated)
 
 

@@ -48,7 +48,8 @@ def _execute(cfg: TrainConfig, label: str, where: str, progress: bool) -> RunRes
             thread.join()
         after = _switches()
     result: RunResult = box["result"]
-    result.extras.update(where=where, torch_threads=box["threads"], comparison=THREADS,
+    result.comparison = THREADS
+    result.extras.update(where=where, torch_threads=box["threads"],
                          switches_per_step=(after - before) / max(result.steps_done, 1))
     return result
 

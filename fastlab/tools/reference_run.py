@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             base = config_for("gpu", model=model)
 
             def rung_done(r: RunResult, model: str = model) -> None:
-                r.extras["comparison"] = f"bench:ladder:{model}"
+                r.comparison = f"bench:ladder:{model}"
                 results.append(r)
                 save_results(path, results, meta={"kind": "reference", "device": device_name(device)})
                 print(f"[{time.monotonic() - start:6.0f} s] ladder {model}: {r.rung}", flush=True)
