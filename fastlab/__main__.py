@@ -1,4 +1,6 @@
-"""python -m fastlab bench | env | run | code | report | advise | download | notebooks"""
+"""python -m fastlab bench | env | run | code | report | advise | download | notebooks
+
+fastlab.bench is imported by the two commands that use it: it brings matplotlib, which the others do not need."""
 
 from __future__ import annotations
 
@@ -9,8 +11,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import CHOICES, PROFILES, TrainConfig, add_config_flags
+from .advisor import results_advice_text
+from .code import code, code_diff
+from .config import CHOICES, PROFILES, TrainConfig, add_config_flags, config_for
+from .data import DatasetError, data_dir, download_cifar10
+from .environment_report import environment_report
 from .files import NotWritten
+from .results import load_document, load_results, save_results
+from .tools.install import copy_notebooks
+from .train import run
 
 
 class CliError(Exception):
@@ -38,8 +47,6 @@ def _fail(what: str, fix: str, status: int = 2) -> int:
 
 def _what_and_fix(e: BaseException) -> tuple[str, str]:
     """What went wrong and its fix, from an exception the package raised (its messages say both)."""
-    from .data import DatasetError
-
     text = " ".join(str(e).split())
     if isinstance(e, CliError):
         return e.what, e.fix
@@ -84,8 +91,6 @@ def _results_file(path_text: str) -> Path:
     fix = "give the path of a results.json written by `python -m fastlab bench` (or `run --out`)"
     if not path.is_file():
         raise CliError(f"no results file at {path}", fix)
-    from .results import load_document
-
     try:
         load_document(path)
     except ValueError as e:  # not JSON, or another schema version (the fix follows ". ")
@@ -95,15 +100,11 @@ def _results_file(path_text: str) -> Path:
 
 
 def _flags_config(args: argparse.Namespace) -> TrainConfig:
-    from .config import config_for
-
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"profile"}
     return config_for(args.profile, **{k: v for k, v in vars(args).items() if k in fields and v is not None})
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from .environment_report import environment_report
-
     print(environment_report())
     return 0
 
@@ -126,9 +127,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .results import save_results
-    from .train import run
-
     cfg = _flags_config(args)
     if args.out and Path(args.out).is_dir():
         raise CliError(f"--out {args.out} is a folder", f"give a file name, such as {Path(args.out) / 'result.json'}")
@@ -144,9 +142,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_code(args: argparse.Namespace) -> int:
-    from .code import code, code_diff
-    from .config import config_for
-
     cfg = _flags_config(args)
     if args.diff is None:
         print(code(cfg), end="")
@@ -165,25 +160,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from .data import data_dir, download_cifar10
-
     download_cifar10(data_dir(), timeout_s=60)  # a DatasetError says what failed and the fix: main prints it
     print(f"CIFAR-10 is in {data_dir()}")
     return 0
 
 
 def _cmd_advise(args: argparse.Namespace) -> int:
-    from .advisor import results_advice_text
-    from .results import load_results
-
     results = load_results(_results_file(args.results))
     print(results_advice_text(results) if results else f"{args.results} holds no results")
     return 0
 
 
 def _cmd_notebooks(args: argparse.Namespace) -> int:
-    from .tools.install import copy_notebooks
-
     report = copy_notebooks(_writable_folder(Path(args.dir), "the DIR argument"), force=args.force)
     written = {"wrote": report.copied, "updated": report.updated, "overwrote your edited": report.overwritten}
     for how, names in written.items():

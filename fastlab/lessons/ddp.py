@@ -196,10 +196,9 @@ def demo(base: TrainConfig, nproc: int | None = None, *, timeout_s: float = LAUN
     """1 process, then N processes training the same config (and the no_sync pair, if accumulation), each its own
     torchrun."""
     setup = setup_for(base, nproc)
+    launches = 4 if accumulation else 2  # accumulation_runs is a pair
+    setup = replace(setup, config=fit_to_budget(setup.config, runs=launches, launches=launches))
     pair = accumulation_runs(setup.config) if accumulation else []
-    setup = replace(setup, config=fit_to_budget(setup.config, runs=2 + len(pair), launches=2 + len(pair)))
-    if pair:
-        pair = accumulation_runs(setup.config)
     with budget.within(NAME, None):
         one = torchrun(1, setup.config, label="1 process", timeout_s=timeout_s, quiet=quiet)
         many = torchrun(setup.nproc, setup.config, label=f"{setup.nproc} processes", timeout_s=timeout_s, quiet=quiet)
