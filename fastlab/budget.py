@@ -22,6 +22,7 @@ EVAL_SHARE_OF_A_STEP = 1 / 3
 # The share of a notebook's budget its parts are not split: kept for the cells' own single runs, which are never cut
 # (in 01 under the cpu profile at load 6 they and the imports took 130 s of its 380 s).
 OWN_RUNS_SHARE = 0.25
+NOT_STARTED = "not started"  # a run the spent budget did not let start (RunResult.budget_cut)
 CUT = "cut to a short run"  # how a cell's own run cut by the spent budget is described (RunResult.budget_cut, summary)
 
 
@@ -120,9 +121,9 @@ def refusal(label: str) -> str | None:
     if b is None or b.running is None or threading.current_thread() is not threading.main_thread():
         return None
     if b.spent():
-        return f"not started: {b.describe()} was spent after {duration(b.elapsed())}"
+        return f"{NOT_STARTED}: {b.describe()} was spent after {duration(b.elapsed())}"
     if b.part_ends is not None and b.clock() >= b.part_ends:
-        return (f"not started: the share of {b.describe()} for {b.running} ({duration(b.part_share)}) was spent, "
+        return (f"{NOT_STARTED}: the share of {b.describe()} for {b.running} ({duration(b.part_share)}) was spent, "
                 f"the rest kept for the notebook's other parts")
     return None
 

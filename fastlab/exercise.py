@@ -114,7 +114,8 @@ class Technique:
     line: str  # what to write, as the learner would
     # (the learner's loop's facts, the given loop's) -> (shown: None where nothing showed, what the watch saw in words)
     reading: Reading
-    # what it changes: "speed" alone, "memory" (peak), "loss" (final training loss) or "lr" (against the batch)
+    # what it changes besides speed: "memory" (peak) or "loss" (final training loss); the learning rate against
+    # the batch (04) is in its reading's words
     quantity: str = "speed"
 
 
@@ -135,7 +136,7 @@ TECHNIQUES: dict[str, Technique] = {
         "x.contiguous(memory_format=torch.channels_last)", _own(channels_last_reading)),
     "batch_size": Technique(
         "04_batch_size", "a larger batch_size, with the learning rate scaled by the square root of its factor (Adam)",
-        batch_size_reading, quantity="lr"),
+        batch_size_reading),
     "no_grad": Technique(
         "05_no_grad_detach_item", "with torch.no_grad(): around the validation forward (and loss.detach() for a running total)",
         _own(no_grad_reading), quantity="memory"),
@@ -211,18 +212,6 @@ def final_loss(comparison: LoopComparison) -> Comparison:
                             ".3f")
 
 
-def learning_rate(comparison: LoopComparison) -> str:
-    """Each loop's learning rate (the highest of its optimiser steps: a warm-up starts low) against its images a
-    step (k times the batch: sqrt(k) x lr for Adam)."""
-    mine, given = (runs[0].extras.get("watch", {}).get("facts") or {} for runs in (comparison.after, comparison.before))
-    lr, lr0 = (max(f.get("lrs") or [f.get("lr") or 0.0]) for f in (mine, given))  # (facts of one step: its lr)
-    if not (lr and lr0 and mine.get("images_per_step") and given.get("images_per_step")):
-        return "the learning rate: not read (no optimiser step seen)"
-    k = mine["images_per_step"] / given["images_per_step"]
-    return (f"the learning rate: {lr0:.3g} -> {lr:.3g} ({lr / lr0:.2f}x) for {k:.2f}x the images a step "
-            f"(square-root rule: {k ** 0.5:.2f}x; linear: {k:.2f}x)")
-
-
 def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats: int = 2,
           labels: tuple[str, str] | None = None, **options: Any) -> LoopComparison | None:
     """Measure `mine` against `given` in `repeats` interleaved pairs; print whether it shows `technique` (a key of
@@ -244,7 +233,7 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
     with budget.held(part):  # held to its share of the notebook's budget
         result = compare_loops(given, mine, repeats=repeats, labels=labels, facts=t is not None, **options)
     lines = []
-    if result.outcome == "not run":  # the notebook's budget was spent: nothing of the loops was seen
+    if result.not_compared == "not run":  # the notebook's budget was spent: nothing of the loops was seen
         print(result.text())
         return result
     if t is not None:
@@ -258,12 +247,10 @@ def check(given: LoopFn, mine: LoopFn, *, technique: str | None = None, repeats:
             lines.append(f"  activations saved for backward: {saved_activations(result).words}")
         elif t.quantity == "loss":
             lines.append(f"  final training loss: {final_loss(result).words}")
-        elif t.quantity == "lr":
-            lines.append(f"  {learning_rate(result)}")
     print("\n".join([result.text(), *lines]))
     return result
 
 
-__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "brief", "check", "final_loss", "images", "learning_rate", "loop_source",
+__all__ = ["SOLUTION_ENV", "TECHNIQUES", "Technique", "brief", "check", "final_loss", "images", "loop_source",
            "peak_memory", "pick", "saved_activations",
            "solution_diff", "solution_runs", "technique_shown", "unchanged"]

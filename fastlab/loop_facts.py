@@ -9,11 +9,11 @@ Recorded through torch's global module forward and optimiser step hooks during t
 is hooked; a torch.compile'd model compiles again at the next step). saved_mb is the activations autograd saved for
 backward, exact where a CPU's resident set hides them. A technique is read by its effect: autocast at any module
 (not only the outermost), whether backward and the optimiser step ran inside it, whether the loss's gradient was
-scaled (a GradScaler) and unscaled again before the step. The later steps record only what their optimiser steps
-used (StepRates: the learning rate of each step, to match a schedule against its formula), and the module each calls
-first: its class, whether it is the first step's module, whether DDP synced it. From the first step's end
-to the loop's, hooks on the modules it called outermost (LaterForwards) place every evaluation forward (in a step,
-paused, or on the clock between steps; with a graph or not) and tell whether each step's graph was released.
+scaled (a GradScaler) and unscaled again before the step. From the first step's end to the loop's (LaterSteps),
+each later step records what its optimiser steps used (the learning rate of each, to match a schedule against its
+formula) and the module it calls first (its class, whether it is the first step's module, whether DDP synced it),
+and hooks on the modules the first step called outermost place every evaluation forward (in a step, paused, or on
+the clock between steps; with a graph or not) and tell whether each step's graph was released.
 Checkpointing is read at every piece the step called (which ran again in backward, which kept its activations) and
 by the gradients it should leave (a parameter of a module that ran, left without one).
 """
@@ -112,18 +112,18 @@ class FirstStepFacts:
         self._saved_bytes = 0
         self._params: set[int] = set()  # the model's own storages: saved weights are not activations
         self._probe: list[Any] = []  # [a parameter, its gradient's largest magnitude when backward left it]
-        # exercises 07 and 11: what served each step (outermost_facts, StepRates) and the process group's work
+        # exercises 07 and 11: what served each step (outermost_facts, LaterSteps) and the process group's work
         self.facts.update(exported_batch=None, train_mode_ops=0, group=None, ddp_sync=None,
                           backward_collectives=None, later_models=[], later_same_model=0, later_unsynced=0)
         self.model_ref: weakref.ReferenceType | None = None  # the first step's outermost module
         self._collectives_at_backward: int | None = None
-        # exercises 05, 10 and 12: the evaluations and each step's graph (LaterForwards carries them on), the pieces
+        # exercises 05, 10 and 12: the evaluations and each step's graph (LaterSteps carries them on), the pieces
         # the step called outermost in training (blocks, head) and which of them backward ran again, the parameters
         # of the modules that ran left without a gradient
         self.facts.update(eval_in_step=0, eval_paused=0, graphs_checked=0, graphs_held=0, pieces=[],
                           pieces_recomputed=[], pieces_saved=[], pieces_no_grad=[], params=None,
                           params_without_grad=None)
-        self.outermost: dict[int, torch.nn.Module] = {}  # every module the step called outermost (LaterForwards)
+        self.outermost: dict[int, torch.nn.Module] = {}  # every module the step called outermost (LaterSteps)
         self.graph: weakref.ReferenceType | None = None  # dies with the step's training graph (mark_graph)
         self._pieces: list[torch.nn.Module] = []
         self._piece: int | None = None  # the piece running now: the activations saved now are its
@@ -182,7 +182,7 @@ class FirstStepFacts:
             f["input_from"] = made_in(next((a for a in args if isinstance(a, torch.Tensor)), None))  # (made_in)
             f["weights_layout"] = layout(next((p for p in module.parameters() if p.dim() == 4), None))
             f.update(outermost_facts(module))
-            self.model_ref = weakref.ref(module)  # later steps tell this module from a new one (StepRates)
+            self.model_ref = weakref.ref(module)  # later steps tell this module from a new one (LaterSteps)
         if module.training and torch.is_grad_enabled() and not self._probe:
             self._watch_gradients(module)
         self._params |= {p.data_ptr() for p in module.parameters()}
@@ -290,44 +290,6 @@ def optimizer_step(facts: dict[str, Any], optimizer: torch.optim.Optimizer, devi
                      step_autocast=torch.is_autocast_enabled(device_type))
 
 
-class StepRates:
-    """Around a step after the first: records each optimiser step it takes (optimizer_step) into the first step's
-    facts, in the thread that entered; and, where the first step's outermost module was seen (`first`), the module
-    the step calls first: its class, whether it is that same module (an exported program built once, not per
-    request) and whether a DistributedDataParallel ran it with its gradient sync off (model.no_sync()). That hook
-    removes itself at its first call, before the module runs: the rest of the step runs unhooked."""
-
-    def __init__(self, facts: dict[str, Any], device_type: str, first: weakref.ReferenceType | None = None) -> None:
-        self.facts, self.device_type, self.first = facts, device_type, first
-        self._thread = threading.get_ident()
-        self._handle: Any = None
-        self._called: Any = None
-
-    def __enter__(self) -> StepRates:
-        self._handle = register_optimizer_step_pre_hook(self._step)
-        if self.first is not None:
-            self._called = register_module_forward_pre_hook(self._module)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._handle.remove()
-        if self._called is not None:
-            self._called.remove()
-
-    def _module(self, module: torch.nn.Module, args: tuple) -> None:
-        if not ours(self._thread):
-            return
-        self._called.remove()
-        f = self.facts
-        f["later_models"].append(type(module).__name__)
-        f["later_same_model"] += module is self.first()
-        f["later_unsynced"] += getattr(module, "require_backward_grad_sync", True) is False
-
-    def _step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if ours(self._thread, also_in_backward=True):
-            optimizer_step(self.facts, optimizer, self.device_type)
-
-
 TRAIN_FLAG = {torch.ops.aten.batch_norm.default: 5, torch.ops.aten.dropout.default: 2,  # the argument that says
               torch.ops.aten._native_batch_norm_legit_functional.default: 5}  # the op runs in training mode
 
@@ -403,23 +365,28 @@ def mark_graph(output: Any) -> weakref.ReferenceType | None:
     return weakref.ref(mark)
 
 
-class LaterForwards:
-    """From the end of the first step to the end of the loop (exercises 05 and 10): hooks on the modules the first
-    step called outermost (the model, or a loop's blocks), not global ones, so a compiled model elsewhere is not
-    touched and each forward costs two calls. Each evaluation forward (`evaluating`, or any forward outside a step) is
-    counted where it ran, inside a step, inside a `with w.paused()` block (off the clock) or between the steps on the
-    clock, and whether it recorded a graph; each step's training graph is marked (mark_graph) and looked at two steps
+class LaterSteps:
+    """From the end of the first step to the end of the loop, what the later steps did, into the first step's facts.
+    Around each step (step): its optimiser steps (optimizer_step: each one's learning rate, to match a schedule
+    against its formula), and, where the first step's outermost module was seen (`first`), the module the step calls
+    first: its class, whether it is that same module (an exported program built once, not per request) and whether a
+    DistributedDataParallel ran it with its gradient sync off (model.no_sync()); that global hook removes itself at
+    its first call, before the module runs. Throughout (exercises 05 and 10): hooks on the modules the first step
+    called outermost (the model, or a loop's blocks), not global ones, so a compiled model elsewhere is not touched
+    and each forward costs two calls. Each evaluation forward (`evaluating`, or any forward outside a step) is counted
+    where it ran, inside a step, inside a `with w.paused()` block (off the clock) or between the steps on the clock,
+    and whether it recorded a graph; each step's training graph is marked (mark_graph) and looked at two steps
     later: released, or still held."""
 
-    def __init__(self, facts: dict[str, Any], modules: list[torch.nn.Module],
-                 first_graph: weakref.ReferenceType | None) -> None:
-        self.facts = facts
+    def __init__(self, first_step: FirstStepFacts) -> None:
+        self.facts, self.device_type, self.first = first_step.facts, first_step.device_type, first_step.model_ref
         self.paused = False  # inside a `with w.paused()` block (fastlab.loop_record.LoopRecord.pausing)
         self._in_step, self._step, self._depth, self._evaluating = False, 0, 0, False
         self._thread = threading.get_ident()
-        self._graphs: dict[int, weakref.ReferenceType] = {} if first_graph is None else {0: first_graph}
+        self._graphs: dict[int, weakref.ReferenceType] = {} if first_step.graph is None else {0: first_step.graph}
+        self._called: Any = None
         self._handles: list[Any] = []
-        for m in modules:
+        for m in first_step.outermost.values():
             with contextlib.suppress(RuntimeError):  # a module that takes no hooks (a scripted one) is not seen
                 self._handles += [m.register_forward_pre_hook(self._pre),
                                   m.register_forward_hook(self._post, always_call=True)]
@@ -428,19 +395,36 @@ class LaterForwards:
     def step(self, k: int) -> Iterator[None]:
         """Around the step after `k` steps; at its end, the graph of the step two before: released or held."""
         self._in_step, self._step = True, k
-        try:
-            yield
-        finally:
-            self._in_step = False
-            if (mark := self._graphs.pop(k - 2, None)) is not None:
-                self.facts["graphs_checked"] += 1
-                self.facts["graphs_held"] += mark() is not None
+        with contextlib.ExitStack() as hooks:
+            hooks.enter_context(register_optimizer_step_pre_hook(self._optimizer_step))
+            if self.first is not None:
+                self._called = hooks.enter_context(register_module_forward_pre_hook(self._first_module))
+            try:
+                yield
+            finally:
+                self._in_step = False
+                if (mark := self._graphs.pop(k - 2, None)) is not None:
+                    self.facts["graphs_checked"] += 1
+                    self.facts["graphs_held"] += mark() is not None
 
     def close(self) -> None:
         """The hooks off (the watch's result)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if ours(self._thread, also_in_backward=True):
+            optimizer_step(self.facts, optimizer, self.device_type)
+
+    def _first_module(self, module: torch.nn.Module, args: tuple) -> None:
+        if not ours(self._thread):
+            return
+        self._called.remove()
+        f = self.facts
+        f["later_models"].append(type(module).__name__)
+        f["later_same_model"] += module is self.first()
+        f["later_unsynced"] += getattr(module, "require_backward_grad_sync", True) is False
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         if ours(self._thread):

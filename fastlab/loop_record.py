@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .loop_facts import BatchMaking, FirstStepFacts, LaterForwards, StepRates, process_group
+from .loop_facts import BatchMaking, FirstStepFacts, LaterSteps, process_group
 from .measure import environment
 from .results import RunResult
 
@@ -62,9 +62,8 @@ class LoopRecord:
         self.notes: dict[str, str] = {}  # misuse seen, one line each
         self.facts: dict[str, Any] = {}  # what the first step did (fastlab.loop_facts), when asked for
         self.profiler_on: list[bool] = []  # whether torch.profiler was recording at each step's end (exercise 08)
-        self._first_step: FirstStepFacts | None = None
         self.paused_blocks = 0
-        self._later: LaterForwards | None = None  # from the first step's end: evaluations, each step's graph
+        self._later: LaterSteps | None = None  # from the first step's end: what each later step did
         self.batch_facts: dict[str, Any] = {}  # how the first batch through w(...) was made (BatchMaking), when asked
         self._making: BatchMaking | None = None
         self._last_batch: Any = None
@@ -166,33 +165,26 @@ class LoopRecord:
 
     def step_facts(self, step: int, device_type: str) -> contextlib.AbstractContextManager:
         """What to record around the step after `step` steps: the first step's facts, then each later step's
-        optimiser steps (their learning rates) and the module it calls first into them."""
+        (LaterSteps) into them."""
         if step == 0 or not self.facts:
-            seen = self._first_step = FirstStepFacts(device_type)
+            seen = FirstStepFacts(device_type)
             self.facts = seen.facts  # filled in as the step runs
             return self._first_then_later(seen)
-        rates = StepRates(self.facts, device_type, self._first_step.model_ref if self._first_step else None)
-        return self._later_step(rates, step)
+        return self._later.step(step) if self._later is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _first_then_later(self, seen: FirstStepFacts) -> Iterator[None]:
-        """The first step's facts; after it, LaterForwards on the modules it called outermost, to the loop's end."""
+        """The first step's facts; after it, LaterSteps on the modules it called outermost, to the loop's end."""
         with seen:
             yield
         if self._later is not None:
             self._later.close()
-        self._later = LaterForwards(seen.facts, list(seen.outermost.values()), seen.graph)
+        self._later = LaterSteps(seen)
         seen.outermost.clear()  # the watch keeps no module alive
 
     @contextlib.contextmanager
-    def _later_step(self, rates: StepRates, step: int) -> Iterator[None]:
-        """A step after the first: its optimiser steps (StepRates) and its forwards (LaterForwards)."""
-        with rates, self._later.step(step) if self._later is not None else contextlib.nullcontext():
-            yield
-
-    @contextlib.contextmanager
     def pausing(self) -> Iterator[None]:
-        """A `with w.paused()` block: counted, and the evaluations inside it read as off the clock (LaterForwards)."""
+        """A `with w.paused()` block: counted, and the evaluations inside it read as off the clock (LaterSteps)."""
         self.paused_blocks += 1
         later = self._later
         if later is not None:

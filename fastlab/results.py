@@ -53,7 +53,7 @@ class RunResult:
     rung: str = ""  # the ladder rung this run measured (fastlab.bench.ladder); "" off the ladder
     dropped: str = ""  # why the ladder did not build on this rung ("" where it did)
     trap: str = ""  # why this config is a known trap here (config.plan_arm): it ran as one short run
-    budget_cut: str = ""  # what the notebook's spent budget did (fastlab.budget): "not started", or budget.CUT ...
+    budget_cut: str = ""  # what the notebook's spent budget did (fastlab.budget): budget.NOT_STARTED, or budget.CUT ...
     env: dict[str, Any] = field(default_factory=dict)
     dataset: dict[str, Any] = field(default_factory=dict)
     gpu_util: list[tuple[float, float]] = field(default_factory=list)  # (seconds, NVML utilisation %)
@@ -84,7 +84,7 @@ class RunResult:
     @property
     def not_started(self) -> bool:
         """A run the notebook's spent budget did not let start."""
-        return self.budget_cut == "not started"
+        return self.budget_cut == budget.NOT_STARTED
 
     @property
     def throughput(self) -> Spread:

@@ -3,8 +3,8 @@
 
 The reader's instrument (fastlab.watch) measures and nothing else. The harness hands its watch a RunLimits, and the
 watch asks it at the touches the loop already makes: after each step (after_step), before each batch (must_stop),
-at a paused block's start (check_pause) and end (checkpoint). A watch without one keeps its own windows and never
-stops a loop.
+at a paused block's start (check_pause) and end (checkpoint). A watch without one asks an OwnLoop, whose answers
+are a reader's loop's: its own windows, nothing stops it, every accuracy is the run's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .clocks import KeptLosses, window_ends
 from .results import RunResult
@@ -24,8 +24,43 @@ class RunEnded(Exception):
     """Raised by w.paused() under RunLimits once the run has ended in a way that skips evaluation."""
 
 
+class OwnLoop:
+    """A reader's own loop, with no harness around it: the watch keeps its own timed windows and describes the run
+    itself, nothing stops the loop and every held-out accuracy is the run's. RunLimits overrides each answer."""
+
+    harness: ClassVar[bool] = False  # fastlab.run's run: its windows planned, its result described by the harness
+    result: RunResult | None = None
+    agree: Callable[[bool], bool] | None = None
+    sample_parts = False
+    waiting: Any = None
+
+    def start(self, warmup_steps: int) -> None:
+        """Nothing planned: the watch closes a window every window_steps steps."""
+
+    def window_end(self, k: int, own: bool) -> bool:
+        """Whether step k ends a timed window: `own`, the watch's own rule."""
+        return own
+
+    def after_step(self, res: RunResult, k: int, boundary: bool, *, training_seconds: float, timed_seconds: float,
+                   timed: bool) -> None:
+        """No limit to check after a reader's step."""
+
+    def must_stop(self, res: RunResult) -> bool:
+        return False
+
+    def check_pause(self, res: RunResult) -> None:
+        """A reader's evaluation always runs."""
+
+    def checkpoint(self, res: RunResult, steps: int, accuracy: float, training_seconds: float) -> bool:
+        return True
+
+    def describe_data(self, res: RunResult, data: dict[str, Any]) -> None:
+        """The loader's dataset is the run's (fastlab.run's harness describes its data itself)."""
+        res.dataset = data
+
+
 @dataclass
-class RunLimits:
+class RunLimits(OwnLoop):
     """The harness's run: its timed windows and its stops. The fields are the harness's; `stopping` is why the loop
     must end ("interrupted", "time_limited", "diverged", "reached"), once it must."""
 
@@ -47,11 +82,18 @@ class RunLimits:
     stopping: str | None = field(default=None, init=False)
     window_ends: dict[int, int] = field(default_factory=dict, init=False)  # step (1-based) -> steps in its window
     total: int = field(default=0, init=False)  # warm-up and timed steps
+    harness: ClassVar[bool] = True
 
     def start(self, warmup_steps: int) -> None:
         """The watch's warm-up is known: where the timed windows end, and the steps in all."""
         self.window_ends = window_ends(warmup_steps, self.steps, self.windows)
         self.total = warmup_steps + self.steps
+
+    def window_end(self, k: int, own: bool) -> bool:
+        return k in self.window_ends
+
+    def describe_data(self, res: RunResult, data: dict[str, Any]) -> None:
+        pass
 
     def after_step(self, res: RunResult, k: int, boundary: bool, *, training_seconds: float, timed_seconds: float,
                    timed: bool) -> None:

@@ -203,7 +203,7 @@ def not_trained(arm: TrainConfig, label: str, reason: str, comparison: str | Non
 def not_started(cfg: TrainConfig, label: str, reason: str, comparison: str | None = None) -> RunResult:
     """The result of a run the notebook's budget did not let start: time_limited, no step, the reason."""
     result = _without_steps(cfg, label, "time_limited", reason, {}, comparison)
-    result.budget_cut = "not started"
+    result.budget_cut = budget.NOT_STARTED
     return result
 
 

@@ -26,6 +26,7 @@ batch arrives and w.step_done(n) when its step ends.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import threading
 import time
@@ -43,9 +44,9 @@ from .loop_instruments import MemoryLog, StepProfiler, SyncCounter
 from .loop_record import LoopRecord
 from .measure import GpuUtilSampler, Spread, resolve_device, synchronize
 from .results import RunResult
-from .run_limits import RunLimits, waiting_for
+from .run_limits import OwnLoop, RunLimits, waiting_for
 from .step_parts import StepParts
-from .verdicts import turns, verdict
+from .verdicts import Comparison, runs_verdict, turns, verdict
 
 # the timed steps after the untimed ones whose memory is sampled at every step (fastlab.loop_instruments.MemoryLog)
 MEMORY_DENSE_STEPS = 16
@@ -104,7 +105,7 @@ class WatchedLoader:
         it = self._fetch(iter, self.loader)  # an epoch's start (DataLoader workers starting) is data wait too
         w.record.epochs.append(0)
         try:
-            while not (w.limits is not None and w.limits.must_stop(w.res)):
+            while not w.limits.must_stop(w.res):
                 w._parts.fetch_started()
                 try:
                     batch = self._fetch(next, it)
@@ -122,8 +123,9 @@ class WatchedLoader:
     def _fetch(self, get: Callable[[Any], Any], source: Any) -> Any:
         w = self._watch
         t, cpu = time.perf_counter(), time.process_time()
-        with waiting_for(w.limits and w.limits.waiting, paused=False), w._prof.fetching() if w._prof is not None else contextlib.nullcontext(), \
-                w.record.fetching(get, w.record_facts):  # the first batch's making, for an exercise's check
+        profiled = w._prof.fetching() if w._prof is not None else contextlib.nullcontext()
+        # the first batch's making, for an exercise's check
+        with waiting_for(w.limits.waiting, paused=False), profiled, w.record.fetching(get, w.record_facts):
             got = get(source)
         wall = time.perf_counter() - t
         w._wait += wall
@@ -149,7 +151,8 @@ class Pause:
 
 class Watch:
     """Measures a loop you wrote (see this module's docstring). config: what you know about the loop, e.g.
-    {"amp": "bf16", "lr": 1e-3}; limits: fastlab.run's harness's own (fastlab.run_limits), never a reader's."""
+    {"amp": "bf16", "lr": 1e-3}; limits: fastlab.run's harness's own (fastlab.run_limits), never a reader's (whose
+    loop is an OwnLoop)."""
 
     def __init__(self, label: str = "your loop", *, device: str | torch.device = "auto", warmup_steps: int = 3,
                  window_steps: int = 10, log_every: int = 10, sync_debug: bool = False, profile_steps: int = 0,
@@ -165,7 +168,8 @@ class Watch:
         self.sync_debug = bool(sync_debug)
         self.trace_dir = trace_dir
         self.known = dict(config or {})  # what the reader tells about the loop (e.g. {"amp": "bf16"})
-        self.res = limits.result if limits is not None and limits.result is not None else RunResult({}, label=label)
+        self.limits = limits if limits is not None else OwnLoop()
+        self.res = self.limits.result if self.limits.result is not None else RunResult({}, label=label)
         self.record = LoopRecord()  # the loader, epochs, batches and misuse: what a reader's result describes
         self._finished = False
         self._thread: int | None = None  # the thread of the first touch (started): one watch, one loop, one thread
@@ -174,12 +178,10 @@ class Watch:
         self.clock = StepClock()
         self._last_step: Step | None = None
         self._inside: str | None = None  # "step" or "pause": in a `with w.step(...)` or `with w.paused()` block
-        self.limits = limits
-        if limits is not None:
-            limits.start(self.warmup_steps)
-        self.divergence = DivergenceWatch(self.res, limits.agree if limits else None)
+        self.limits.start(self.warmup_steps)
+        self.divergence = DivergenceWatch(self.res, self.limits.agree)
         self.losses = KeptLosses(self.log_every, self.divergence)
-        self._parts = StepParts(self.device, bool(limits and limits.sample_parts and self.warmup_steps >= 2))
+        self._parts = StepParts(self.device, self.limits.sample_parts and self.warmup_steps >= 2)
         self.memory: MemoryLog | None = None  # started with the loop
         self._util: GpuUtilSampler | None = None
         self._syncs: SyncCounter | None = None
@@ -200,15 +202,12 @@ class Watch:
     def describe(self, loader: Iterable) -> None:
         """Record what the loader is without wrapping it: for a trainer that iterates its loader itself."""
         self._check_open()
-        data = self.record.describe_loader(loader)
-        if self.limits is None:  # fastlab.run describes its data itself
-            self.res.dataset = data
+        self.limits.describe_data(self.res, self.record.describe_loader(loader))
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Pause]:
         """Time inside is not the loop's; set `p.accuracy` in `with w.paused() as p:` to record a held-out accuracy."""
-        if self.limits is not None:
-            self.limits.check_pause(self.res)
+        self.limits.check_pause(self.res)
         self._start()
         self._sync()
         self.memory.pause_started()
@@ -216,7 +215,8 @@ class Watch:
         t = time.perf_counter()
         self._inside = "pause"
         try:
-            with waiting_for(self.limits and self.limits.waiting, paused=True), self.memory.sampling(), self.record.pausing():  # a hung evaluation is bounded too; pauses counted
+            # a hung evaluation is bounded too; pauses counted
+            with waiting_for(self.limits.waiting, paused=True), self.memory.sampling(), self.record.pausing():
                 yield p
         finally:
             self._inside = None
@@ -230,7 +230,7 @@ class Watch:
     def _evaluated(self, accuracy: float, seconds: float, t: float, peak_mb: float) -> None:
         """A held-out accuracy: the run's (the last one given), or under RunLimits a time-to-accuracy checkpoint."""
         training = self.clock.training_seconds(t)
-        if self.limits is None or self.limits.checkpoint(self.res, self._steps, accuracy, training):
+        if self.limits.checkpoint(self.res, self._steps, accuracy, training):
             self.res.eval_accuracy, self.res.eval_seconds = float(accuracy), seconds
             self.res.eval_peak_memory_mb = peak_mb
 
@@ -288,11 +288,8 @@ class Watch:
         if loss is not None:
             self.losses.keep(k, loss)
         timed = k > self.untimed
-        if self.limits is not None:
-            boundary = k == self.warmup_steps or k in self.limits.window_ends
-        else:
-            boundary = k == self.warmup_steps or k == self.untimed or (
-                timed and (self.clock.window_steps + 1) % self.window_steps == 0)
+        own = k == self.untimed or (timed and (self.clock.window_steps + 1) % self.window_steps == 0)
+        boundary = k == self.warmup_steps or self.limits.window_end(k, own)
         if self._parts.active:
             self._parts.end(self.res)
         if boundary:
@@ -307,12 +304,10 @@ class Watch:
         if k == self.warmup_steps:
             self.res.warmup_seconds = t - self.clock.start
             self._after_warmup()
-        if self.limits is not None:
-            if 2 <= k + 1 <= self.warmup_steps:
-                self._parts.begin()  # the next step is sampled
-            self.limits.after_step(self.res, k, boundary, timed=k > self.warmup_steps,
-                                   training_seconds=self.clock.training_seconds(t),
-                                   timed_seconds=self.clock.timed_seconds(t))
+        if 2 <= k + 1 <= self.warmup_steps:
+            self._parts.begin()  # the next step is sampled (where the harness asks: limits.sample_parts)
+        self.limits.after_step(self.res, k, boundary, timed=k > self.warmup_steps,
+                               training_seconds=self.clock.training_seconds(t), timed_seconds=self.clock.timed_seconds(t))
         if k == self.untimed:
             self._stop_profiler()
             self.clock.restart(time.perf_counter())  # the analysis is not the loop's time
@@ -325,7 +320,7 @@ class Watch:
                                    "in another thread: make a fastlab.watch per thread")
             return
         self._thread = threading.get_ident()
-        self.memory = MemoryLog(self.device, self.untimed + MEMORY_DENSE_STEPS, every_step=self.limits is not None)
+        self.memory = MemoryLog(self.device, self.untimed + MEMORY_DENSE_STEPS, every_step=self.limits.harness)
         self.res.memory_kind = self.memory.kind
         self._util = GpuUtilSampler(self.device)
         self._util.__enter__()
@@ -366,7 +361,7 @@ class Watch:
         self._sync()
         self._stop_profiler()
         res = self.res
-        if self.clock.window_steps and self.limits is None:  # under RunLimits, steps after the last window: untimed
+        if self.clock.window_steps and not self.limits.harness:  # the harness's steps after its last window: untimed
             if untimed := self.clock.close_tail(self.device.type == "cpu", self.window_steps):
                 res.extras.setdefault("watch", {})["untimed_tail_steps"] = untimed
         res.window_throughput = self.clock.throughput()
@@ -380,7 +375,7 @@ class Watch:
             watch_extras["syncs"] = self._syncs.stop(max(0, self._steps - self.warmup_steps))
         res.peak_memory_mb = self.memory.training_peak(self._steps)
         res.steps_done = self._steps
-        if self.limits is not None:  # the harness's run: its config, environment and data description stay
+        if self.limits.harness:  # the harness's run: its config, environment and data description stay
             return self.limits.finish(res, self.clock.window_seconds(), self.losses)
         settings = {"warmup_steps": min(self.untimed, self._steps), "window_steps": self.window_steps,
                     "log_every": self.log_every, "profile_steps": self.profile_steps, "sync_debug": self.sync_debug}
@@ -399,28 +394,31 @@ watch = Watch  # fastlab.watch(label, ...): watch a training loop you wrote
 
 @dataclass
 class LoopComparison:
-    """A watched "before" and "after" of your loop, run in turns; the verdict comes from fastlab.measure."""
+    """A watched "before" and "after" of your loop, run in turns: their training images/s judged by
+    fastlab.verdicts (`speed`), and, where a side has no speed to credit, what its runs did instead (`not_compared`)."""
 
     before: list[RunResult]
     after: list[RunResult]
-    before_speed: Spread
-    after_speed: Spread
-    # "faster", "slower", "no measurable difference", "could not tell" (one run a side), "diverged", "fixed" (before
-    # diverged), "failed" or "not run"
-    # (the notebook's budget was spent)
-    outcome: str
-    sentence: str
+    speed: Comparison  # after against before; not_comparable, with its reason, where a side has no credited speed
+    # why the speeds were not compared, in a word Comparison has not: "diverged" (the after side), "fixed" (the before
+    # side diverged, the after side ran), "failed", or "not run" (the notebook's budget was spent); "" when compared
+    not_compared: str = ""
     notes: list[str] = field(default_factory=list)
     technique: tuple[str, bool | None] | None = None  # an exercise's check: (technique, shown in the edited loop)
 
     @property
-    def ratio(self) -> float:
-        return verdict(self.before_speed, self.after_speed).ratio
+    def outcome(self) -> str:
+        """In a word: the comparison's direction ("better", "worse", "noise"), or why there was none."""
+        return self.not_compared or self.speed.direction
+
+    @property
+    def sentence(self) -> str:
+        return self.speed.words
 
     def text(self) -> str:
         head = (f"{self.after[0].label.rsplit(' #', 1)[0]} against {self.before[0].label.rsplit(' #', 1)[0]}, "
                 f"{len(self.before)} run(s) each, in turns: {self.outcome}")
-        return "\n".join([head, f"  training images/s: {self.sentence}", *(f"  {n}" for n in self.notes)])
+        return "\n".join([head, f"  training images/s: {self.speed.words}", *(f"  {n}" for n in self.notes)])
 
 
 LoopFn = Callable[[Watch], Any]
@@ -443,7 +441,7 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
         if (refused := budget.refusal(label)) is not None:
             budget.say_refusal(label, refused)
             runs[name].append(RunResult({}, label=label, status="time_limited", error=refused,
-                                        budget_cut="not started"))
+                                        budget_cut=budget.NOT_STARTED))
             continue
         w = Watch(label, **options)
         fn(w)
@@ -452,31 +450,26 @@ def compare_loops(before: LoopFn, after: LoopFn, repeats: int = 3, *, labels: tu
 
 
 def judge_loops(before: list[RunResult], after: list[RunResult]) -> LoopComparison:
-    """The verdict on two sides' watched runs (measured or built): diverged and empty runs first, then speed."""
-    nan = Spread.of([])
-    if (d := next((r for r in after if r.status == "diverged"), None)) is not None:
-        return LoopComparison(before, after, nan, nan, "diverged",
-                              f"{d.label} diverged ({d.error}): its speed is not credited")
-    if (d := next((r for r in before if r.status == "diverged"), None)) is not None:
-        fine = all(r.ok for r in after)
-        return LoopComparison(before, after, nan, Spread.of([x for r in after for x in r.window_throughput]),
-                              "fixed" if fine else "failed",
-                              f"{d.label} diverged ({d.error}); " + ("no run of the other side diverged: no speed-up "
-                                                                     "over a diverged run is claimed" if fine else
-                                                                     "the other side did not finish either"))
-    if (r := next((r for r in before + after if r.not_started), None)) is not None:
-        return LoopComparison(before, after, nan, nan, "not run", f"{r.label} did not run ({r.error}): no comparison")
-    if (r := next((r for r in before + after if not r.ok or not r.window_throughput), None)) is not None:
-        reason = r.error or ("no timed window finished: more steps than warmup_steps + window_steps are needed"
-                             if r.ok else r.status)
-        return LoopComparison(before, after, nan, nan, "failed", f"{r.label}: {r.status} ({reason}); no comparison")
-    # each run's own windows too: the noise rule pairs the repeats, which ran back to back
-    b = Spread.of([x for r in before for x in r.window_throughput], [r.window_throughput for r in before])
-    a = Spread.of([x for r in after for x in r.window_throughput], [r.window_throughput for r in after])
-    c = verdict(b, a)
-    outcome = ("could not tell" if c.single_pair else
-               {"noise": "no measurable difference", "better": "faster", "worse": "slower"}.get(c.direction, "failed"))
+    """The verdict on two sides' watched runs (measured or built): a run the budget did not start first, then
+    fastlab.verdicts on their timed windows (runs_verdict: the runs it cannot credit), each run one repeat."""
     notes = [f"{r.label}: {n}" for r in before[:1] + after[:1] for n in r.extras.get("watch", {}).get("notes", [])]
-    if len(before) < 2:
-        notes.append("one run each: a drift in the machine's load between them is not averaged out (repeats=3)")
-    return LoopComparison(before, after, b, a, outcome, c.words, notes)
+    if (r := next((r for r in before + after if r.not_started), None)) is not None:
+        nan = Spread.of([])
+        return LoopComparison(before, after, Comparison("not_comparable", math.nan, nan, nan,
+                                                        reason=f"{r.label} did not run ({r.error})"), "not run", notes)
+    speed = runs_verdict(before, after)
+    if speed.comparable:  # each run one repeat, a run alone too: a single pair cannot tell drift from an effect
+        speed = verdict(*(Spread.of([x for r in runs for x in r.window_throughput], [r.window_throughput for r in runs])
+                          for runs in (before, after)))
+        if len(before) < 2:
+            notes.append("one run each: a drift in the machine's load between them is not averaged out (repeats=3)")
+        return LoopComparison(before, after, speed, "", notes)
+    if any(r.ok and not r.window_throughput for r in before + after):
+        notes.append("no timed window finished: more steps than warmup_steps + window_steps are needed")
+    if speed.status != "diverged":
+        state = "failed"
+    elif speed.side == "other":
+        state = "diverged"
+    else:  # the after side, judged first, ran: over a diverged run no speed-up is claimed
+        state = "fixed" if all(r.ok for r in after) else "failed"
+    return LoopComparison(before, after, speed, state, notes)

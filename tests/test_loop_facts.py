@@ -107,13 +107,14 @@ def test_an_exercise_weighs_peak_memory_run_by_run_lower_is_better():
     from fastlab.exercise import peak_memory
     from fastlab.measure import Spread
     from fastlab.results import RunResult
+    from fastlab.verdicts import verdict
     from fastlab.watch import LoopComparison
 
     def side(*peaks: float) -> list[RunResult]:
         return [RunResult(config={}, label="x", peak_memory_mb=p) for p in peaks]
 
     def judged(before: list[RunResult], after: list[RunResult]) -> str:
-        return peak_memory(LoopComparison(before, after, Spread.of([]), Spread.of([]), "", "")).direction
+        return peak_memory(LoopComparison(before, after, verdict(Spread.of([]), Spread.of([])))).direction
 
     assert judged(side(100.0, 101.0), side(60.0, 61.0)) == "better"
     assert judged(side(100.0, 101.0), side(140.0, 141.0)) == "worse"
@@ -121,24 +122,26 @@ def test_an_exercise_weighs_peak_memory_run_by_run_lower_is_better():
 
 
 def test_an_exercise_weighs_the_final_loss_and_reads_the_learning_rate():
-    from fastlab.exercise import final_loss, learning_rate
+    from fastlab.exercise import final_loss
     from fastlab.measure import Spread
     from fastlab.results import RunResult
+    from fastlab.technique_readings import batch_size_reading
+    from fastlab.verdicts import verdict
     from fastlab.watch import LoopComparison
 
-    def side(*finals: float, lr: float = 1e-3, images: int = 32) -> list[RunResult]:
-        facts = {"watch": {"facts": {"lr": lr, "images_per_step": images}}}
-        return [RunResult(config={}, label="x", losses=[(0, 2.3), (9, f)], extras=facts) for f in finals]
+    def side(*finals: float) -> list[RunResult]:
+        return [RunResult(config={}, label="x", losses=[(0, 2.3), (9, f)]) for f in finals]
 
     def compared(before: list[RunResult], after: list[RunResult]) -> LoopComparison:
-        return LoopComparison(before, after, Spread.of([]), Spread.of([]), "", "")
+        return LoopComparison(before, after, verdict(Spread.of([]), Spread.of([])))
 
     assert final_loss(compared(side(1.50, 1.52), side(1.10, 1.12))).direction == "better"
     assert final_loss(compared(side(1.50, 1.60), side(1.55, 1.65))).direction == "noise"
-    said = learning_rate(compared(side(1.0), side(1.0, lr=1.414e-3, images=64)))
-    assert said.startswith("the learning rate: 0.001 -> 0.00141 (1.41x) for 2.00x the images a step")
-    assert "square-root rule: 1.41x" in said
-    assert "not read" in learning_rate(compared(side(1.0, lr=0.0), side(1.0)))
+    # the learning rate against the batch is the batch_size technique's reading (its words, printed by check)
+    shown, said = batch_size_reading({"images_per_step": 64, "lrs": [1.414e-3], "steps": 1},
+                                     {"images_per_step": 32, "lrs": [1e-3]})
+    assert shown and "the learning rate 0.00141, 1.41x the given 0.001: the square-root rule's 1.41x" in said
+    assert batch_size_reading({"images_per_step": 64, "lrs": []}, {"images_per_step": 32, "lrs": [1e-3]})[0] is None
 
 
 def test_an_exercise_check_refuses_a_technique_it_does_not_know():
@@ -194,7 +197,7 @@ def test_an_exercise_weighs_the_saved_activations_by_the_one_comparison():
         return [fastlab.RunResult(config={}, extras={"watch": {"facts": {"saved_mb": mb}}}) for _ in range(2)]
 
     nan = fastlab.Spread.of([])
-    c = saved_activations(LoopComparison(runs(8.0), runs(2.0), nan, nan, "faster", ""))
+    c = saved_activations(LoopComparison(runs(8.0), runs(2.0), fastlab.verdict(nan, nan)))
     assert c.direction == "better" and abs(c.ratio - 0.25) < 1e-9
 
 

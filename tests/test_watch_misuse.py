@@ -212,8 +212,8 @@ def test_compare_loops_runs_the_two_versions_in_turns_under_fresh_watches():
     c = fastlab.compare_loops(make("before", 4), make("after", 8), repeats=3, warmup_steps=1, window_steps=2)
     assert order == ["before", "after", "after", "before", "before", "after"]
     assert len(set(map(id, watches))) == 6 and [r.label for r in c.before] == ["before #1", "before #2", "before #3"]
-    assert c.before_speed.n == sum(len(r.window_throughput) for r in c.before)
-    assert c.outcome in ("faster", "slower", "no measurable difference", "could not tell") and c.sentence in c.text()
+    assert c.speed.base.n == sum(len(r.window_throughput) for r in c.before)
+    assert c.speed.comparable and not c.not_compared and c.speed.words in c.text() and c.outcome in c.text()
     with pytest.raises(ValueError, match=r"compare_loops: repeats=0 is not allowed"):
         fastlab.compare_loops(make("a", 4), make("b", 4), repeats=0)
     with pytest.raises(TypeError, match="after must be a function"):
@@ -231,27 +231,33 @@ def test_the_comparison_is_worded_by_the_one_noise_rule(monkeypatch):
     monkeypatch.setattr(verdicts, "is_noise", lambda a, b: calls.append((a, b)) or real(a, b))
     clear = watch_mod.judge_loops([watched(f"before #{i}", [100.0, 101.0, 102.0]) for i in (1, 2)],
                                   [watched(f"after #{i}", [200.0, 201.0, 202.0]) for i in (1, 2)])
-    assert clear.outcome == "faster" and "faster" in clear.sentence and calls
+    assert clear.speed.direction == "better" and "faster" in clear.speed.words and calls
     noisy = watch_mod.judge_loops([watched(f"b #{i}", [100.0, 200.0, 100.0, 200.0, 150.0]) for i in (1, 2)],
                                   [watched(f"a #{i}", [110.0, 190.0, 140.0, 160.0, 150.0]) for i in (1, 2)])
-    assert noisy.outcome == "no measurable difference" and "noise" in noisy.sentence
+    assert noisy.speed.direction == "noise" and "noise" in noisy.speed.words
     slower = watch_mod.judge_loops([watched(f"b #{i}", [200.0, 201.0, 202.0]) for i in (1, 2)],
                                    [watched(f"a #{i}", [100.0, 101.0, 102.0]) for i in (1, 2)])
-    assert slower.outcome == "slower"
+    assert slower.speed.direction == "worse" and "(slower)" in slower.speed.words
     # one run each (repeats=1), however far apart: a single pair cannot tell the machine's drift from an effect
     single = watch_mod.judge_loops([watched("b", [200.0, 201.0, 202.0])], [watched("a", [100.0, 101.0, 102.0])])
-    assert single.outcome == "could not tell" and "cannot tell drift" in single.sentence
+    assert single.speed.single_pair and single.speed.noise and "cannot tell drift" in single.speed.words
     assert "one run each" in single.text()
 
 
 def test_a_diverged_or_empty_side_is_not_credited():
     ok = [watched("before #1", [100.0, 101.0])]
     d = watch_mod.judge_loops(ok, [watched("after #1", [900.0], "diverged", "the training loss became nan")])
-    assert d.outcome == "diverged" and "not credited" in d.sentence and d.after_speed.n == 0
+    assert d.not_compared == "diverged" and "not credited" in d.speed.words and not d.speed.comparable
+    assert d.speed.side == "other" and d.outcome == "diverged" and "diverged" in d.text()
     fixed = watch_mod.judge_loops([watched("before #1", [900.0], "diverged", "nan")], ok)
-    assert fixed.outcome == "fixed" and "no speed-up over a diverged run" in fixed.sentence
+    assert fixed.not_compared == "fixed" and "'before #1' diverged" in fixed.speed.words and fixed.speed.side == "base"
+    failed = watch_mod.judge_loops([watched("before #1", [900.0], "diverged", "nan")],
+                                   [watched("after #1", [100.0], "failed", "CUDA error")])
+    assert failed.not_compared == "failed" and "CUDA error" in failed.speed.words
     empty = watch_mod.judge_loops(ok, [watched("after #1", [], "failed", "no step was marked (...)")])
-    assert empty.outcome == "failed" and "no step was marked" in empty.sentence
+    assert empty.not_compared == "failed" and "no step was marked" in empty.speed.words
+    short = watch_mod.judge_loops(ok, [watched("after #1", [])])  # ran, but too few steps for a timed window
+    assert short.not_compared == "failed" and "warmup_steps + window_steps" in short.text()
 
 
 def test_verify_on_a_watched_run_points_to_compare_loops():
@@ -283,5 +289,5 @@ def test_repeats_are_paired_so_a_drift_between_them_is_not_noise():
     before = [watched(f"before #{i}", [b, b + 1.0, b + 2.0]) for i, b in enumerate((100.0, 200.0, 150.0), 1)]
     after = [watched(f"after #{i}", [b * 1.1, b * 1.1 + 1, b * 1.1 + 2]) for i, b in enumerate((100.0, 200.0, 150.0), 1)]
     c = watch_mod.judge_loops(before, after)
-    assert c.before_speed.low <= c.after_speed.median <= c.before_speed.high  # pooled, it would look like noise
-    assert c.outcome == "faster" and "3 interleaved repeats" in c.sentence and "one run each" not in c.text()
+    assert c.speed.base.low <= c.speed.other.median <= c.speed.base.high  # pooled, it would look like noise
+    assert c.speed.better and "3 interleaved repeats" in c.speed.words and "one run each" not in c.text()

@@ -335,8 +335,8 @@ def watched_loops(device: str, **sizes: Any) -> str:
         assert shown, (technique, seen)
         runs = c.before + c.after
         assert all(r.ok and r.window_throughput and r.peak_memory_mb > 0 for r in runs), [r.summary() for r in runs]
-        assert c.outcome in ("faster", "slower", "no measurable difference", "could not tell"), c.outcome
-        found.append(f"{technique} {c.ratio:.2f}x ({c.outcome}; seen: {seen})")
+        assert c.speed.comparable, c.speed.words
+        found.append(f"{technique} {c.speed.ratio:.2f}x ({c.speed.direction}; seen: {seen})")
     return "; ".join(found)
 
 
