@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import TrainConfig
+from .config import TrainConfig, positive_int
 from .measure import Spread, resolve_device, usable_cpu_count
 from .results import RunResult
 from .train import describe_changes, run
-from .verdicts import runs_verdict, turns, verdict
+from .verdicts import Comparison, runs_verdict, turns, verdict
 
 # Removing a share s of a step gains at most 1 / (1 - s) (Amdahl): s >= 0.15 (1.18x) clears +-15% window noise.
 DATA_WAIT_SHARE = 0.15  # data wait / step time at or above which the loader sets the pace
@@ -131,6 +131,16 @@ class Advice(list):
 
 def _pct(x: float) -> str:
     return f"{x * 100:g}%"  # 0.15 -> "15%", 0.075 -> "7.5%": thresholds printed exactly
+
+
+def _share(what: str, value: float, op: str, threshold: float, more: str = "") -> Evidence:
+    """A share of the step (or of the device) held against a threshold share: printed as percentages."""
+    return Evidence(what, value, f"{op} {_pct(threshold)}{more}", "%")
+
+
+def _amdahl(share: float) -> str:
+    """The most a step can speed up when a share of it costs nothing: 1 / (1 - share) (Amdahl), as "1.18x"."""
+    return f"{1 / (1 - min(share, 0.99)):.2f}x"
 
 
 def _finite(x: float) -> bool:
@@ -260,20 +270,19 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         return None
     util = [u for _, u in r.gpu_util] if gpu and len(r.gpu_util) >= GPU_UTIL_MIN_SAMPLES else []
     low_util = sum(u < GPU_UTIL_LOW_PCT for u in util) / len(util) if util else float("nan")
-    evidence = [Evidence("data wait / step time", wait, f">= {_pct(DATA_WAIT_SHARE)}", "%")]
+    evidence = [_share("data wait / step time", wait, ">=", DATA_WAIT_SHARE)]
     if _finite(r.copy_fraction()):  # timed apart, never counted as data wait (it waits for GPU work too)
         evidence.append(Evidence("host-to-device copy / step time (not data wait)", r.copy_fraction(), unit="%"))
     fires = wait >= DATA_WAIT_SHARE
     if _finite(low_util):
-        evidence.append(Evidence(f"share of GPU utilisation samples under {GPU_UTIL_LOW_PCT:.0f}%", low_util,
-                                 f">= {_pct(GPU_UTIL_LOW_SHARE)} with data wait >= {_pct(DATA_WAIT_SHARE_WITH_UTIL)}",
-                                 "%"))
+        evidence.append(_share(f"share of GPU utilisation samples under {GPU_UTIL_LOW_PCT:.0f}%", low_util, ">=",
+                               GPU_UTIL_LOW_SHARE, f" with data wait >= {_pct(DATA_WAIT_SHARE_WITH_UTIL)}"))
         fires = fires or (low_util >= GPU_UTIL_LOW_SHARE and wait >= DATA_WAIT_SHARE_WITH_UTIL)
     if not fires:
         return None
     cpus = int(r.env.get("usable_cpus") or usable_cpu_count())  # the cores it may use, not the host's
     workers = cfg.get("num_workers", 0)
-    more_workers = min(max(2, cpus), 8) if workers == 0 else min(workers * 2, max(cpus, 2))
+    more_workers = min(max(2, cpus), LOADER_MAX_WORKERS) if workers == 0 else min(workers * 2, max(cpus, 2))
     pinned = {"pin_memory": True, "non_blocking": True} if gpu else {}
     worker_change = _only_different(cfg, {"num_workers": more_workers, "persistent_workers": True, **pinned})
     device_change = _only_different(cfg, dict(loader="device", num_workers=0, pin_memory=False, non_blocking=False,
@@ -294,7 +303,7 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     evidence.append(Evidence("loader, num_workers", f"{cfg.get('loader')}, {workers}"))
     return Finding("data_bound", "data-bound: the model waits for its batches", tuple(evidence), technique,
                    (NOTEBOOKS["data"],), changes,
-                   f"removing the wait could make steps up to {1 / (1 - min(wait, 0.99)):.2f}x faster "
+                   f"removing the wait could make steps up to {_amdahl(wait)} faster "
                    "(Amdahl: 1 / (1 - wait share))", alternatives, confidence=confidence)
 
 
@@ -317,8 +326,8 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
                         + ("" if share is None else ", unless the wait is off the CPU")),
                Evidence("images per batch", batch, f"<= {LOADER_SMALL_BATCH} (or < 1 MiB a batch) is small")]
     if share is not None:
-        weighed.append(Evidence("CPU time / wall time of the data wait", share,
-                                f"< {_pct(LOADER_OFF_CPU_SHARE)}: a wait off the CPU", "%"))
+        weighed.append(_share("CPU time / wall time of the data wait", share, "<", LOADER_OFF_CPU_SHARE,
+                              ": a wait off the CPU"))
     if nbytes:
         weighed.append(Evidence("bytes per batch", f"{nbytes / 2**10:,.0f} KiB"))
     off_cpu = share is not None and share < LOADER_OFF_CPU_SHARE
@@ -337,10 +346,6 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
         return {}, (), lighter, "low: no loader setting is left that is likely to help here", weighed
     (change, words, sure), rest = candidates[0], candidates[1:]
     return change, tuple(c for c, _, _ in rest), f"{words} in your loop; or {lighter}", sure, weighed
-
-
-def _dataloader_words(change: dict[str, Any]) -> str:
-    return "DataLoader(" + ", ".join(f"{k}={v}" for k, v in change.items()) + ")"
 
 
 def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool, gpu: bool,
@@ -372,11 +377,11 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
                         f"{'high' if crowded and small else 'medium'}: " + "; ".join(why)))
         elif workers < cores - 1:
             change = {"num_workers": min(workers * 2, cores - 1, LOADER_MAX_WORKERS), "persistent_workers": True, **pin}
-            out.append((change, _dataloader_words(change),
+            out.append((change, f"DataLoader({describe_changes(change)})",
                         f"medium: {cores} cores leave room for more than {workers} workers"))
     elif cores >= LOADER_MIN_CORES or off_cpu:
         change = {"num_workers": new_workers, "persistent_workers": True, **pin}
-        out.append((change, _dataloader_words(change), sleeps if off_cpu else
+        out.append((change, f"DataLoader({describe_changes(change)})", sleeps if off_cpu else
                     (f"low: {cores} cores leave {cores - 1} for workers, but each batch of {batch} images is pickled "
                      "between processes, which can cost more than it saves" if small else spare)))
     return out + ([bigger] if small else [])
@@ -406,7 +411,7 @@ def _overhead_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | N
     compute = step * (1 - wait) / accum  # per micro-batch: launch costs are paid per forward/backward
     if (compute >= SHORT_STEP_S) if gpu else (batch > CPU_SMALL_BATCH):
         return None
-    evidence = (Evidence("data wait / step time", wait, f"< {_pct(DATA_WAIT_SHARE)}", "%"),
+    evidence = (_share("data wait / step time", wait, "<", DATA_WAIT_SHARE),
                 Evidence("compute time per micro-batch", compute * 1000, f"< {SHORT_STEP_S * 1000:g} ms" if gpu else "",
                          "ms"),
                 Evidence("batch_size", batch, "" if gpu else f"<= {CPU_SMALL_BATCH}"))
@@ -436,14 +441,14 @@ def _optimizer_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | 
     impl = cfg.get("opt_impl", "default")
     if not _finite(share) or share < OPTIMIZER_SHARE or impl == "fused":
         return None
-    evidence = (Evidence("optimizer.step() / step time (sampled in warm-up)", share, f">= {_pct(OPTIMIZER_SHARE)}", "%"),
+    evidence = (_share("optimizer.step() / step time (sampled in warm-up)", share, ">=", OPTIMIZER_SHARE),
                 Evidence("optimizer, opt_impl", f"{cfg.get('optimizer')}, {impl}"))
     alternatives = ({"opt_impl": "foreach"},) if impl in ("default", "for-loop") else ()
     return Finding("optimizer_bound", "optimiser-bound: the parameter update is a large share of each step",
                    evidence, "the fused optimiser (the whole update in a few kernels; foreach: one per op over all "
                    "tensors)", (NOTEBOOKS["optimizer"],), {"opt_impl": "fused"},
                    f"a for-loop update runs a dozen small ops per parameter tensor; at most "
-                   f"{1 / (1 - min(share, 0.99)):.2f}x if the update cost nothing", alternatives)
+                   f"{_amdahl(share)} if the update cost nothing", alternatives)
 
 
 def _precision(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
@@ -519,7 +524,7 @@ def _memory(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
                    if cfg.get("amp") == "off" else
                    {"batch_size": batch // 2, "grad_accum_steps": accum * 2} if batch >= 2 else {})
         evidence = ((Evidence("status", f"failed: {r.error}"),) if oom else
-                    (Evidence("peak memory / GPU memory", share, f">= {_pct(MEMORY_LIMIT_SHARE)}", "%"),
+                    (_share("peak memory / GPU memory", share, ">=", MEMORY_LIMIT_SHARE),
                      Evidence("peak memory", r.peak_memory_mb, unit="MiB")))
         key = "out_of_memory" if oom else "memory_near_limit"
         title = "out of GPU memory" if oom else "close to the GPU's memory limit"
@@ -530,7 +535,7 @@ def _memory(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
                        "checkpointing recomputes activations instead of keeping them (a model change, not a knob)")
     if share < MEMORY_HEADROOM_SHARE and r.ok:
         return Finding("memory_headroom", "memory headroom left on the GPU",
-                       (Evidence("peak memory / GPU memory", share, f"< {_pct(MEMORY_HEADROOM_SHARE)}", "%"),
+                       (_share("peak memory / GPU memory", share, "<", MEMORY_HEADROOM_SHARE),
                         Evidence("peak memory", r.peak_memory_mb, unit="MiB"),
                         Evidence("GPU memory", total / 1024, unit="GiB")),
                        f"a larger batch ({batch * 2})", (NOTEBOOKS["batch"],), {"batch_size": batch * 2},
@@ -586,21 +591,29 @@ def findings_for(result: RunResult) -> list[Finding]:
 
 @dataclass
 class Verification:
-    """The top (or chosen) finding tried: fresh baseline runs and changed runs, measured in this session."""
+    """The top (or chosen) finding tried: fresh baseline runs and changed runs, measured in this session, and the
+    Comparison that judged them: its direction (better, worse, noise, not_comparable) and words are the verdict."""
 
     finding: Finding
     baseline: list[RunResult]
     changed: list[RunResult]
-    metric: str  # "training images/s" or "held-out images/s"
-    before: Spread
-    after: Spread
-    outcome: str  # "gain", "no measurable gain", "slower", "inconclusive", "diverged", "failed", "fixed", ...
-    sentence: str
+    metric: str  # "training images/s", "held-out images/s" or "training loss" (a divergence fix)
+    comparison: Comparison  # changed against baseline; not_comparable where a side has no credited speed
     notes: list[str] = field(default_factory=list)
+    # A divergence fix is judged on whether the reruns learn, not on speed: fixed is True when every rerun kept
+    # finite losses, False when one still diverged, None otherwise; learning says what their losses did.
+    fixed: bool | None = None
+    learning: str = ""
+
+    @property
+    def sentence(self) -> str:
+        """The verdict in words: the divergence check's for a divergence fix, else the comparison's."""
+        return self.learning or self.comparison.words
 
     def text(self) -> str:
-        head = f"Tried {describe_changes(self.finding.changes)} (for: {self.finding.bottleneck}): {self.outcome}."
-        return "\n".join([head, f"  {self.metric}: {self.sentence}", *(f"  {n}" for n in self.notes)])
+        speed = [f"  training images/s: {self.comparison.words}"] if self.learning else []
+        return "\n".join([f"Tried {describe_changes(self.finding.changes)} (for: {self.finding.bottleneck}):",
+                          f"  {self.metric}: {self.sentence}", *speed, *(f"  {n}" for n in self.notes)])
 
 
 def _pick(findings: list[Finding], finding: int | str | Finding | None) -> Finding | None:
@@ -615,56 +628,49 @@ def _pick(findings: list[Finding], finding: int | str | Finding | None) -> Findi
                      f"(a key, or an index 0..{len(findings) - 1})")
 
 
-def _eval_rate(r: RunResult) -> float | None:
-    n = r.dataset.get("eval_images")
-    return n / r.eval_seconds if n and r.eval_seconds else None
-
-
-OUTCOMES = {"better": "gain", "worse": "slower", "noise": "no measurable gain"}
-
-
-def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]
-           ) -> tuple[str, Spread, Spread, str, list[str]]:
-    """(outcome, before, after, sentence, notes); a time-limited run keeps its finished windows, with a note."""
+def _judge(finding: Finding, base_runs: list[RunResult], new_runs: list[RunResult]) -> Verification:
+    """The changed runs against the fresh baseline, in training (or, for an eval finding, held-out) images/s; a
+    time-limited run keeps its finished windows, with a note."""
     if finding.metric == "finite":
-        return _judge_divergence(new_runs)
+        return _judge_divergence(finding, new_runs)
     notes = [f"{r.label}: {r.error}" for r in base_runs + new_runs if r.status == "time_limited"]
     c = runs_verdict(base_runs, new_runs, interleaved=True)
-    if not c.comparable:
-        # the change diverged: it gained nothing; the baseline diverged: nothing to compare with
-        outcome = ("failed" if c.status != "diverged" else "diverged" if c.side == "other" else "inconclusive")
-        return outcome, c.base, c.other, c.words, notes
-    if finding.metric == "eval":
-        before = Spread.of([x for r in base_runs if (x := _eval_rate(r)) is not None])
-        after = Spread.of([x for r in new_runs if (x := _eval_rate(r)) is not None])
+    if finding.metric != "eval":
+        return Verification(finding, base_runs, new_runs, "training images/s", c, notes)
+    if c.comparable:  # one evaluation pass a run, each run its own repeat: one pass a side cannot tell
+        rates = [[r.dataset["eval_images"] / r.eval_seconds for r in runs
+                  if r.dataset.get("eval_images") and r.eval_seconds] for runs in (base_runs, new_runs)]
+        c = verdict(*(Spread.of(xs, [[x] for x in xs]) for xs in rates), unit="held-out images/s")
         notes += [f"{r.label}: evaluation peak {r.eval_peak_memory_mb:,.0f} MiB" for r in base_runs[:1] + new_runs[:1]
                   if r.eval_peak_memory_mb is not None]
-        if min(before.n, after.n) < 2:
-            sentence = (f"{after.median:,.0f} vs {before.median:,.0f} held-out images/s, one evaluation pass each: "
-                        "no spread to tell a gain from noise (use repeats=3 or more)")
-            return "inconclusive", before, after, sentence, notes
-        c = verdict(before, after)
-    return OUTCOMES.get(c.direction, "inconclusive"), c.base, c.other, c.words, notes
+        if c.single_pair:
+            notes.append("one evaluation pass a side: verify(..., repeats=3) runs enough to tell a gain from noise")
+    return Verification(finding, base_runs, new_runs, "held-out images/s", c, notes)
 
 
-def _judge_divergence(new_runs: list[RunResult]) -> tuple[str, Spread, Spread, str, list[str]]:
-    """A fix for divergence works when every rerun ends not diverged, with finite logged losses."""
-    before, after = Spread.of([]), Spread.of([w for r in new_runs for w in r.window_throughput])
-    notes = ["the diverged run's own speed is not credited, so no speed-up over it is claimed"]
+def _judge_divergence(finding: Finding, new_runs: list[RunResult]) -> Verification:
+    """A fix for divergence works when every rerun ends not diverged, with finite logged losses. The diverged
+    run's own speed is not credited: its comparison is not_comparable, and no speed-up over it is claimed."""
+    after = Spread.of([w for r in new_runs for w in r.window_throughput])
+    c = Comparison("not_comparable", math.nan, Spread.of([]), after, side="base", status="diverged",
+                   reason="the diverged run's own speed is not credited, so no speed-up over it is claimed")
+
+    def judged(fixed: bool | None, learning: str) -> Verification:
+        return Verification(finding, [], new_runs, "training loss", c, [], fixed, learning)
+
     if (d := next((r for r in new_runs if r.status == "diverged"), None)) is not None:
-        return "still diverges", before, after, f"{d.label}: {_diverged_at(d)}", notes
+        return judged(False, f"still diverges: {d.label}: {_diverged_at(d)}")
     if (b := next((r for r in new_runs if r.status in ("failed", "interrupted")), None)) is not None:
-        return "failed", before, after, f"{b.label}: {b.status} ({b.error or 'stopped'}); no verdict", notes
+        return judged(None, f"{b.label}: {b.status} ({b.error or 'stopped'}); no verdict")
     losses = [float(v) for r in new_runs for _, v in r.losses]
     if not losses or not all(math.isfinite(x) for x in losses):
-        return "still diverges", before, after, "the rerun logged no finite loss", notes
+        return judged(False, "still diverges: the rerun logged no finite loss")
     last = new_runs[-1].losses[-1]
     acc = [r.eval_accuracy for r in new_runs if r.eval_accuracy is not None]
-    sentence = (f"no longer diverges: every logged loss finite over {sum(r.steps_done for r in new_runs)} steps "
-                f"(last {last[1]:.3g} at step {last[0]})"
-                + (f", held-out accuracy {min(acc):.1%}-{max(acc):.1%} over {len(acc)} run(s)" if acc else "")
-                + (f"; it trained at {after.median:,.0f} images/s" if after.n else ""))
-    return "fixed", before, after, sentence, notes
+    return judged(True, f"no longer diverges: every logged loss finite over {sum(r.steps_done for r in new_runs)} "
+                        f"steps (last {last[1]:.3g} at step {last[0]})"
+                  + (f", held-out accuracy {min(acc):.1%}-{max(acc):.1%} over {len(acc)} run(s)" if acc else "")
+                  + (f"; it trained at {after.median:,.0f} images/s" if after.n else ""))
 
 
 def verify(result: RunResult, finding: int | str | Finding | None = None, *, repeats: int = 1, dataset: Any = None,
@@ -675,10 +681,8 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
         raise ValueError("this result is a run of your own loop (fastlab.watch): fastlab cannot re-run it. Make the "
                          "change in your loop and measure both versions in turns with "
                          "fastlab.compare_loops(before_fn, after_fn, repeats=3)")
-    findings = findings_for(result)
-    chosen = _pick(findings, finding)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"verify(repeats={repeats!r}) is not allowed: an integer >= 1")
+    chosen = _pick(findings_for(result), finding)
+    positive_int("verify: repeats", repeats)
     if chosen is None:
         return None
     if not chosen.changes:
@@ -702,13 +706,12 @@ def verify(result: RunResult, finding: int | str | Finding | None = None, *, rep
         runs, cfg, label = sides[side]
         runs.append(runner(cfg, label=f"{label} #{i + 1}" if repeats > 1 else label, dataset=dataset, model=model,
                            progress=progress))
-    outcome, before, after, sentence, notes = _judge(chosen, base_runs, new_runs)
+    judged = _judge(chosen, base_runs, new_runs)
     for r in new_runs[:1]:
-        notes += [f"no-op here: {k}: {v}" for k, v in r.no_ops.items()]
+        judged.notes += [f"no-op here: {k}: {v}" for k, v in r.no_ops.items()]
     if any(r.synthetic for r in base_runs + new_runs):
-        notes.append("measured on SYNTHETIC data")
-    metric = {"eval": "held-out images/s", "finite": "training loss"}.get(chosen.metric, "training images/s")
-    return Verification(chosen, base_runs, new_runs, metric, before, after, outcome, sentence, notes)
+        judged.notes.append("measured on SYNTHETIC data")
+    return judged
 
 
 def advise(result: RunResult, verify: bool = False, **verify_args: Any) -> Advice:
@@ -735,9 +738,6 @@ def results_advice_text(results: list[RunResult]) -> str:
 
 
 def advice_html(result: RunResult) -> str:
-    """The findings of one result as HTML, for a Panel's advice area: Panel(..., describe=advice_html)."""
-    findings = findings_for(result)
-    if not findings:
-        return f"<b>Advice for {html.escape(result.label)}:</b> no bottleneck crossed its threshold."
-    items = "".join(f"<li><pre style='white-space: pre-wrap'>{html.escape(f.text())}</pre></li>" for f in findings)
-    return f"<b>Advice for {html.escape(result.label)}</b> (most important first):<ol>{items}</ol>"
+    """The advice on one result (Advice.text) as HTML, for a Panel's advice area: Panel(..., describe=advice_html)."""
+    return (f"<b>Advice for {html.escape(result.label)}:</b>"
+            f"<pre style='white-space: pre-wrap'>{html.escape(advise(result).text())}</pre>")
