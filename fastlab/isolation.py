@@ -5,7 +5,7 @@ BUDGET_GRACE_SECONDS past the run's time budget (config.max_seconds) kills it, w
 child streams each step (its time, data wait, memory, loss), so a run killed mid-step keeps its finished steps. What
 a child cannot import (a class from __main__, a lambda) runs in a fresh thread instead, and `extras["isolation"]`
 says why. A thread cannot be killed: the caller gives up on one whose loop waits for a batch past the hung-loader bound
-or its time budget (InProcessWatchdog), ends the DataLoader workers it started, and returns what the run kept; a step
+or its time budget (Watchdog), ends the DataLoader workers it started, and returns what the run kept; a step
 still computing is waited for.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import gc
 import mmap
 import multiprocessing
@@ -32,7 +33,7 @@ import psutil
 import torch
 
 from .clocks import window_ends
-from .data import load_data
+from .data import load_data, worker_start_method
 from .exits import describe_exit, oom_kills
 from .harness import TrainingRun, cold_compile_caches, progress_bar
 from .results import RunResult
@@ -126,7 +127,7 @@ class RunSpec:
     payload: bytes  # pickle of (model, dataset): checked in the caller, unpickled in the child
     checkpoints: Any
     cold_compile_caches: bool
-    setup: tuple  # the caller's environment, import path, folder, threads and worker start method (_adopt)
+    setup: tuple  # the caller's environment, import path, folder, threads and worker start method (_setup)
     images: bytes | None = None  # the caller's cached images, pickled (as tensors they would go by shared memory)
 
 
@@ -151,9 +152,10 @@ def execute(training: Any, cold: bool = False) -> Any:
     cold: with torch.compile's caches off (harness.cold_compile_caches)."""
     reason, payload = why_in_process(training)
     if reason is not None:
-        training.waiting = InProcessWait()
+        training.waiting = ctypes.c_double(0.0)  # RunLimits.waiting, as a run's process shares it
         with cold_compile_caches(training.cfg) if cold else contextlib.nullcontext():
-            result = run_in_fresh_thread(training.execute, training.halt, InProcessWatchdog(training))
+            result = run_in_fresh_thread(training.execute, training.halt,
+                                         Watchdog(training, training.waiting, in_process=True))
         result.extras["isolation"] = f"in-process (fresh thread): {reason}"
         return result
     images = None
@@ -198,82 +200,88 @@ def _start(target: Callable[..., None], name: str, *args: Any) -> tuple[Any, Any
     return child, here
 
 
-class BudgetClock:
-    """The run's time budget as its parent keeps it: the streamed seconds of the timed steps (after the warm-up, as
-    the watch counts them; time paused for evaluation is in no step), plus the time since the last step ended. The
-    child checks its budget between steps; this clock ends a step that runs past it."""
+class Watchdog:
+    """When a run must be ended from outside its loop, read from the step seconds it has kept and its waiting mark
+    (RunLimits.waiting: when the loop began waiting for a batch; negated inside a paused block, its held-out
+    evaluation; 0 for neither). Its time budget: the seconds of its timed steps (after the warm-up, as the watch
+    counts them; time paused for evaluation is in no step) plus the time since the last step ended; the loop checks
+    it between steps, this ends a step that runs BUDGET_GRACE_SECONDS past it. A hung loader: a wait for a batch
+    past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far), or a paused block past that for
+    each held-out batch. The caller of a run's process kills it. A run in a thread of this process is given up on
+    (the Watchdog called as run_in_fresh_thread's give_up, every 0.1 s), and only while its loop waits for a batch (a
+    step still computing cannot be ended there): the DataLoader workers it started are killed (the thread's loader
+    then fails at its next look at them); a thread blocked in the Dataset itself cannot be ended, and the reason says
+    so."""
 
-    def __init__(self, max_seconds: float, warmup_steps: int) -> None:
-        self.limit, self.warmup = max_seconds, warmup_steps
-        self.spent = 0.0  # seconds of the timed steps finished
+    def __init__(self, training: Any, waiting: Any, in_process: bool) -> None:
+        cfg = training.cfg
+        self.training, self.cfg, self.waiting, self.in_process = training, cfg, waiting, in_process
+        self.steps = training.result.step_seconds  # the run's step seconds kept so far
+        self.before = {p.pid for p in _run_processes()} if in_process else set()  # not the run's workers
+        self.seen = 0  # steps seen
         self.since: float | None = None  # when the last step ended, once timed steps have begun
-        self.stepping = True  # False once the child said it takes no more steps (its last, or a stop)
-
-    def step(self, step: int, facts: dict[str, Any]) -> None:
-        if step > self.warmup:
-            self.spent += facts["step_seconds"]
-        self.since = time.monotonic() if step >= self.warmup else None
-        self.stepping = not facts["last"]
-
-    def over(self) -> bool:
-        """Whether the step in progress has run BUDGET_GRACE_SECONDS past the budget."""
-        return (bool(self.limit) and self.stepping and self.since is not None
-                and self.spent + time.monotonic() - self.since > self.limit + BUDGET_GRACE_SECONDS)
-
-    def reason(self, done: int, ended: str = "its process was ended") -> str:
-        return (f"stopped at its {self.limit:g} s budget during step {done + 1}: {ended} "
-                f"{BUDGET_GRACE_SECONDS:g} s past the budget, mid-step, keeping the {done} steps it finished")
-
-
-class DataWait:
-    """How long the run's loop has waited for its next batch, or been inside a paused block (its held-out
-    evaluation), from the shared value its watch sets (RunLimits.waiting: when it began; negative for a paused block; 0
-    for neither). A wait past max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS x the median step so far), or a paused
-    block past that for each held-out batch, is a hung loader."""
-
-    def __init__(self, waiting: Any, cfg: Any, steps: list[float]) -> None:
-        self.waiting, self.steps = waiting, steps  # the run's step seconds so far (RunResult.step_seconds)
         self.eval_batches = max(1, -(-cfg.eval_images // cfg.batch_size))
         workers = cfg.num_workers if cfg.loader == "dataloader" else 0
         self.where = (f"on its DataLoader's {workers} worker processes" if workers else
                       "on its data in the run's own process (num_workers=0: the Dataset's __getitem__ or the loader)")
+        self.ended = (("its loop, waiting for a batch, was given up on", "the run was given up on") if in_process else
+                      ("its process was ended", "the run's process and its workers were ended"))
 
-    def evaluating(self) -> bool:
-        return self.waiting.value < 0
-
-    def bound(self) -> float:
-        median = sorted(self.steps)[len(self.steps) // 2] if self.steps else 0.0
-        return max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS * median * (self.eval_batches if self.evaluating() else 1))
-
-    def waited(self) -> float:
-        since = abs(self.waiting.value)
-        return time.monotonic() - since if since > 0 else 0.0
-
-    def hung(self) -> bool:
-        return self.waited() > self.bound()
-
-    def reason(self, done: int, ended: str = "the run's process and its workers were ended") -> str:
-        if self.evaluating():
-            return (f"its held-out evaluation (a paused block: `with w.paused()`) did not end in {self.waited():.0f} s "
-                    f"({self.eval_batches} held-out batches; the bound: {DATA_WAIT_FLOOR_SECONDS:g} s or "
-                    f"{DATA_WAIT_STEPS} x the median step for each, whichever is longer): its loader hung, so {ended}, "
-                    f"keeping the {done} steps it finished")
+    def check(self, last: bool = False) -> tuple[str, str] | None:
+        """(status, reason) once the run must be ended: time_limited past its budget (not once `last`: the run said
+        it takes no more steps), failed for a hung loader; else None."""
+        now, mark, warmup = time.monotonic(), self.waiting.value, self.cfg.warmup_steps
+        if len(self.steps) != self.seen:
+            self.seen = len(self.steps)
+            self.since = now if self.seen >= warmup else None
+        done, limit = self.seen, self.cfg.max_seconds
+        stepping = not last and (mark > 0 or not self.in_process)
+        if (limit and stepping and self.since is not None
+                and sum(self.steps[warmup:done]) + now - self.since > limit + BUDGET_GRACE_SECONDS):
+            return "time_limited", (f"stopped at its {limit:g} s budget during step {done + 1}: {self.ended[0]} "
+                                    f"{BUDGET_GRACE_SECONDS:g} s past the budget, mid-step, keeping the {done} steps "
+                                    "it finished")
+        waited = now - abs(mark) if mark else 0.0
+        median = sorted(self.steps)[done // 2] if done else 0.0
+        if waited <= max(DATA_WAIT_FLOOR_SECONDS, DATA_WAIT_STEPS * median * (self.eval_batches if mark < 0 else 1)):
+            return None
+        if mark < 0:
+            return "failed", (f"its held-out evaluation (a paused block: `with w.paused()`) did not end in {waited:.0f} "
+                              f"s ({self.eval_batches} held-out batches; the bound: {DATA_WAIT_FLOOR_SECONDS:g} s or "
+                              f"{DATA_WAIT_STEPS} x the median step for each, whichever is longer): its loader hung, "
+                              f"so {self.ended[1]}, keeping the {done} steps it finished")
         where = self.where if done else f"{self.where}, or for the items of the Dataset the run checks first"
-        return (f"its loader sent no batch for {self.waited():.0f} s, waiting {where} (the bound: "
-                f"{DATA_WAIT_FLOOR_SECONDS:g} s or {DATA_WAIT_STEPS} x the median step, whichever is longer): the "
-                f"loader hung, so {ended}, keeping the {done} steps it finished")
+        return "failed", (f"its loader sent no batch for {waited:.0f} s, waiting {where} (the bound: "
+                          f"{DATA_WAIT_FLOOR_SECONDS:g} s or {DATA_WAIT_STEPS} x the median step, whichever is longer): "
+                          f"the loader hung, so {self.ended[1]}, keeping the {done} steps it finished")
+
+    def __call__(self) -> RunResult | None:
+        """In this process: None to go on waiting, else the run given up on, as kept then (a copy)."""
+        ended = self.check()
+        if ended is None:
+            return None
+        status, reason = ended
+        workers = [p for p in _run_processes() if p.pid not in self.before]
+        _forget_workers({p.pid for p in workers})
+        kill_all(workers, wait_s=0)  # not reaped here: the loader must find its own workers' ends
+        left = ("its DataLoader workers were ended" if workers else
+                "the run's thread cannot be ended from here: it stays blocked until the Dataset returns an item, then "
+                "stops at its next batch (restart the kernel to end it now)")
+        kept = copy.deepcopy(self.training.result)
+        kept.steps_done = self.seen
+        return _ended_here(kept, self.cfg, status, f"{reason}; {left}")
 
 
 def _run_child(training: Any, spec: RunSpec) -> Any:
-    stop = StopFlag(_mp_context())
-    waiting = _mp_context().RawValue("d", 0.0)
+    """The run in a child process, its steps kept here as they stream in; the child killed, with its workers, on a
+    second Ctrl-C, on STOP_GRACE_SECONDS of silence after a stop, or when the Watchdog ends the run."""
+    stop, waiting = StopFlag(_mp_context()), _mp_context().RawValue("d", 0.0)
     oom_before = oom_kills()  # a SIGKILL the out-of-memory killer sends raises it: then the end is named so
-    child, here = _start(_child_main, f"fastlab-run {spec.label}", stop, waiting, spec)
+    child, here = _start(_child, f"fastlab-run {spec.label}", spec.setup, _train, (spec, stop, waiting), {})
     bar = None  # drawn at the first step, as the in-process loop does: an error in set-up prints no empty bar
-    done, outcome, killed, over_budget, hung = 0, None, None, False, False
+    done, last, outcome, killed, ended = 0, False, None, None, None
     heard = None  # when the child was last heard from, once a stop was asked
-    clock = BudgetClock(spec.config.max_seconds, spec.config.warmup_steps)
-    data_wait = DataWait(waiting, spec.config, training.result.step_seconds)
+    watchdog = Watchdog(training, waiting, in_process=False)
     try:
         while outcome is None:
             try:
@@ -287,7 +295,7 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                     if message[0] == "step":
                         _, step, total, facts = message
                         keep_step(training.result, step, facts)
-                        clock.step(step, facts)
+                        last = facts["last"]
                         bar = bar or progress_bar(total, spec.label, training.progress)
                         bar.update(step - done)
                         done = step
@@ -300,18 +308,14 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
                 elif heard is not None and time.monotonic() - heard > STOP_GRACE_SECONDS:
                     killed = f"as it sent nothing for {STOP_GRACE_SECONDS:g} s after a stop"
                     break
-                elif clock.over():
-                    killed, over_budget = clock.reason(done), True
-                    break
-                elif data_wait.hung():
-                    killed, hung = data_wait.reason(done), True
+                elif (ended := watchdog.check(last)) is not None:
+                    killed = ended[1]
                     break
             except KeyboardInterrupt:  # the caller's Ctrl-C: the child stops at its next step and reports
                 if heard is not None:
                     killed = "on a second Ctrl-C"
                     break
-                stop.set()
-                heard = time.monotonic()
+                training.halt.set()  # one of training.stops: passed on at the loop's next turn
             except EOFError:  # the child closed its end without a result: it died
                 break
     finally:
@@ -321,11 +325,19 @@ def _run_child(training: Any, spec: RunSpec) -> Any:
         child.join(timeout=0 if killed else 30)
         if child.is_alive():
             kill_with_its_processes(child)
-    if over_budget or hung:
-        result = _ended_here(training.result, training.cfg, killed, "time_limited" if over_budget else "failed")
-        result.extras["isolation"] = "process"
-        return result
-    return _outcome(training, outcome, child.exitcode, done, killed, oom_before)
+    if ended is not None:
+        result = _ended_here(training.result, training.cfg, *ended)
+    elif outcome is not None:
+        result = _value(outcome)
+    else:  # the child died: what it streamed is what we know
+        result = training.result
+        result.status = "failed"
+        how = describe_exit(child.exitcode, oom_before, killed_here=killed is not None)
+        result.error = f"the run's process ended without a result ({how}) after {done} steps"
+        if killed:
+            result.error += f"; killed here {killed}"
+    result.extras["isolation"] = "process"
+    return result
 
 
 def kill_with_its_processes(child: Any) -> None:
@@ -374,7 +386,7 @@ def keep_step(result: RunResult, step: int, facts: dict[str, Any]) -> None:
     result.steps_done = step
 
 
-def _ended_here(result: RunResult, cfg: Any, reason: str | None, status: str) -> RunResult:
+def _ended_here(result: RunResult, cfg: Any, status: str, reason: str) -> RunResult:
     """A run its caller ended mid-step (at its time budget: time_limited; a hung loader: failed), with the steps it
     kept and the windows they closed (a window's time is the sum of its steps' times: the watch reads its clock
     once per step)."""
@@ -395,48 +407,6 @@ def _ended_here(result: RunResult, cfg: Any, reason: str | None, status: str) ->
     return result
 
 
-class InProcessWait:
-    """RunLimits.waiting for a run in this process: the same value a run's process shares with its parent."""
-
-    value = 0.0
-
-
-class InProcessWatchdog:
-    """give_up for a run in a fresh thread of this process (run_in_fresh_thread): asked every 0.1 s, it reads the
-    steps the run has kept and its waiting mark, and gives up on a loop that waits for a batch past the hung-loader
-    bound (DataWait) or past its time budget (BudgetClock), or sits in a paused block past the bound. The DataLoader
-    workers the run started are killed (the thread's loader then fails at its next look at them); a thread blocked in
-    the Dataset itself cannot be ended, and the reason says so. Returns a copy of the result as kept then."""
-
-    def __init__(self, training: Any) -> None:
-        self.training, cfg = training, training.cfg
-        self.clock = BudgetClock(cfg.max_seconds, cfg.warmup_steps)
-        self.data_wait = DataWait(training.waiting, cfg, training.result.step_seconds)
-        self.seen = 0
-        self.before = {p.pid for p in _run_processes()}
-
-    def __call__(self) -> RunResult | None:
-        result, waiting = self.training.result, self.training.waiting.value
-        while self.seen < len(result.step_seconds):  # each step the run kept since the last look
-            self.seen += 1
-            self.clock.step(self.seen, {"step_seconds": result.step_seconds[self.seen - 1], "last": False})
-        if waiting > 0 and self.clock.over():
-            reason, status = self.clock.reason(self.seen, "its loop, waiting for a batch, was given up on"), "time_limited"
-        elif waiting and self.data_wait.hung():
-            reason, status = self.data_wait.reason(self.seen, "the run was given up on"), "failed"
-        else:
-            return None
-        workers = [p for p in _run_processes() if p.pid not in self.before]
-        _forget_workers({p.pid for p in workers})
-        kill_all(workers, wait_s=0)  # not reaped here: the loader must find its own workers' ends
-        left = ("its DataLoader workers were ended" if workers else
-                "the run's thread cannot be ended from here: it stays blocked until the Dataset returns an item, then "
-                "stops at its next batch (restart the kernel to end it now)")
-        kept = copy.deepcopy(result)
-        kept.steps_done = self.seen
-        return _ended_here(kept, self.training.cfg, f"{reason}; {left}", status)
-
-
 def _forget_workers(pids: set[int]) -> None:
     """Unregister these DataLoader workers from torch's SIGCHLD handler before they are killed. A DataLoader with
     workers iterated once in the main thread installs that handler, and it raises "DataLoader worker ... is killed"
@@ -445,9 +415,10 @@ def _forget_workers(pids: set[int]) -> None:
     from torch.utils.data import dataloader
     from torch.utils.data._utils import signal_handling
 
+    # type(), not isinstance: isinstance reads each object's __class__, and one of torch's (reduce_op) warns when read
+    iterator = dataloader._MultiProcessingDataLoaderIter
     for loader in gc.get_objects():
-        if (isinstance(loader, dataloader._MultiProcessingDataLoaderIter) and loader._worker_pids_set
-                and pids & {w.pid for w in loader._workers}):
+        if type(loader) is iterator and loader._worker_pids_set and pids & {w.pid for w in loader._workers}:
             signal_handling._remove_worker_pids(id(loader))
             loader._worker_pids_set = False
 
@@ -485,21 +456,6 @@ def _without_main() -> Any:
         spawn.get_preparation_data = original
 
 
-def _outcome(training: Any, outcome: tuple | None, exitcode: int | None, done: int, killed: str | None = None,
-             oom_before: int | None = None) -> Any:
-    if outcome is None:  # the child died: what it streamed is what we know
-        result = training.result
-        result.status = "failed"
-        how = describe_exit(exitcode, oom_before, killed_here=killed is not None)
-        result.error = f"the run's process ended without a result ({how}) after {done} steps"
-        if killed:
-            result.error += f"; killed here {killed}"
-    else:
-        result = _value(outcome)
-    result.extras["isolation"] = "process"
-    return result
-
-
 class ChildTraceback(Exception):
     """The child's traceback, as the cause of its exception raised here: the exception's own message stays as it was."""
 
@@ -515,8 +471,10 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(*args, **kwargs) in a fresh process, waited for: its return value, or its exception raised here. For a
     measurement that is not a training run; fn and its arguments must be importable or picklable."""
     oom_before = oom_kills()
-    child, here = _start(_call_child, "fastlab-call", _setup(), fn, args, kwargs)
+    child, here = _start(_child, "fastlab-call", _setup(), fn, args, kwargs)
     try:
+        while not here.poll(0.1):  # a Ctrl-C is raised here, not held back until the child ends (_receive)
+            pass
         message = _receive(here)
     except EOFError:
         child.join()
@@ -540,30 +498,9 @@ def _value(message: tuple) -> Any:
     return message[1]
 
 
-def _call_child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    try:
-        _begin(setup)
-        conn.send(("value", fn(*args, **kwargs)))
-    except BaseException as e:
-        conn.send(("error", _portable(e), traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-def _adopt(environ: dict[str, str], path: list[str], cwd: str, threads: int, start_method: str) -> None:
-    """The caller's environment, import path, folder, threads and worker start method (DataLoader workers then
-    start as in the caller, not through a forkserver of the child's own)."""
-    os.environ.clear()
-    os.environ.update(environ)
-    sys.path[:] = path
-    os.chdir(cwd)
-    torch.set_num_threads(threads)
-    multiprocessing.set_start_method(start_method, force=True)
-
-
 def _setup() -> tuple[dict[str, str], list[str], str, int, str]:
-    from .data import worker_start_method
-
+    """What a child takes of its caller (_begin): the environment, import path, folder, threads and the worker start
+    method."""
     return dict(os.environ), list(sys.path), os.getcwd(), torch.get_num_threads(), worker_start_method()
 
 
@@ -610,30 +547,29 @@ def _end_with_parent() -> None:
 
 
 def _begin(setup: tuple) -> tuple[int, int]:
-    """A child's first step: the caller's setup, a watch on its parent, then a random layout (not with
-    FASTLAB_LAYOUT=fixed); its shift."""
-    _adopt(*setup)
+    """A child's first step: its caller's setup (DataLoader workers then start as in the caller, not through a
+    forkserver of the child's own), a random layout (not with FASTLAB_LAYOUT=fixed), then a watch on its parent;
+    returns the layout's shift."""
+    environ, path, cwd, threads, start_method = setup
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.path[:] = path
+    os.chdir(cwd)
+    torch.set_num_threads(threads)
+    multiprocessing.set_start_method(start_method, force=True)
     shift = (0, 0) if os.environ.get("FASTLAB_LAYOUT") == "fixed" else _shift_layout()
     _end_with_parent()  # after the shift: its thread's stack would otherwise land where the shift decides
     return shift
 
 
-def _child_main(conn: Any, stop: Any, waiting: Any, spec: RunSpec) -> None:
-    """In the child: rebuild the run from its spec, run it, send the result (or the exception) back."""
+def _child(conn: Any, setup: tuple, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """In a child: its caller's setup, then fn(*args, **kwargs), whose value (or exception) is sent back. A run
+    (_train) also gets the pipe, for its steps, and the layout's shift."""
     try:
-        layout = _begin(spec.setup)
-        model, dataset = pickle.loads(spec.payload)
-        training = TrainingRun(spec.config, spec.label, model, dataset, False, stop, None,
-                               checkpoints=spec.checkpoints)
-        training.on_step = lambda step, total: conn.send(("step", step, total,
-                                                          step_facts(training.result, step, total)))
-        training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
-        training.waiting = waiting
-        training.result.extras["run_pid"] = os.getpid()
-        training.result.extras["layout_shift"] = {"pages": layout[0], "heap_bytes": layout[1]}
-        with cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
-            result = training.execute()
-        conn.send(("value", result))
+        shift = _begin(setup)
+        if fn is _train:
+            kwargs = {"conn": conn, "shift": shift}
+        conn.send(("value", fn(*args, **kwargs)))
     except (BrokenPipeError, ConnectionResetError):  # the caller is gone: nobody to tell, nothing to print
         os._exit(1)
     except BaseException as e:  # handed to the caller, who raises it again
@@ -641,6 +577,19 @@ def _child_main(conn: Any, stop: Any, waiting: Any, spec: RunSpec) -> None:
             conn.send(("error", _portable(e), traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _train(spec: RunSpec, stop: StopFlag, waiting: Any, conn: Any, shift: tuple[int, int]) -> RunResult:
+    """In a run's child: the run rebuilt from its spec and run, each step streamed to the caller."""
+    model, dataset = pickle.loads(spec.payload)
+    training = TrainingRun(spec.config, spec.label, model, dataset, False, stop, None, checkpoints=spec.checkpoints)
+    training.on_step = lambda step, total: conn.send(("step", step, total, step_facts(training.result, step, total)))
+    training.preloaded = pickle.loads(spec.images) if spec.images is not None else None
+    training.waiting = waiting
+    training.result.extras["run_pid"] = os.getpid()
+    training.result.extras["layout_shift"] = {"pages": shift[0], "heap_bytes": shift[1]}
+    with cold_compile_caches(spec.config) if spec.cold_compile_caches else contextlib.nullcontext():
+        return training.execute()
 
 
 def _portable(error: BaseException) -> BaseException:

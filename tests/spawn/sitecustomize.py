@@ -3,7 +3,7 @@
 Python imports `sitecustomize` at startup from its import path, so with this folder on PYTHONPATH every process
 started with that environment begins here: pytest, the notebook's kernel, the forkserver behind fastlab's runs, and
 the DataLoader workers themselves. fastlab carries its caller's start method into each run's child process
-(`isolation._adopt`), so the workers of fastlab's own runs are spawned too, as on a Mac. Linux's default, `fork`,
+(`isolation._begin`), so the workers of fastlab's own runs are spawned too, as on a Mac. Linux's default, `fork`,
 hides the pitfall spawn shows: a spawned worker re-imports the Dataset's class by name, and one defined in a
 notebook cell (`__main__`) cannot be imported.
 
