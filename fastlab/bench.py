@@ -10,10 +10,10 @@ import datetime as _dt
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .calibration import sized
 from .config import TrainConfig, comparison_repeats, config_for, plan_arm, preferred_amp
@@ -44,7 +44,9 @@ from .plots import (
 from .profiles import profile_of
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run, skip_or_demonstrate
-from .verdicts import step_slowdown, turns, verdict
+from .verdicts import ratio_of, step_slowdown, turns, verdict
+
+_Row = TypeVar("_Row", RunResult, TimeToAccuracy)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,25 @@ RUNG_WHY: dict[str, tuple[str, str, str]] = {
 RUNG_NAMES = [r.name for r in ladder(TrainConfig(device="cpu", profile="smoke"))]
 
 
+def compile_skip(base: TrainConfig) -> str | None:
+    """Why base's profile skips torch.compile here (Profile.skip_compile: smoke, gpu-dry), or None where it runs."""
+    if not profile_of(base).skip_compile:
+        return None
+    return (f"skipped under the {base.profile} profile: torch.compile's first compile on a CPU takes longer than the "
+            "rest of this notebook; the cpu and gpu profiles run it")
+
+
+def skipped_rungs(base: TrainConfig) -> dict[str, str]:
+    """Rung name -> why it is not run under base's profile."""
+    why = compile_skip(base)
+    return {"all_on": why} if why else {}
+
+
+def rungs_for(base: TrainConfig) -> list[Rung]:
+    """The ladder for base, less the rungs its profile skips (skipped_rungs)."""
+    return select_rungs(ladder(base), skip=list(skipped_rungs(base)))
+
+
 def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[str] | None = None) -> list[Rung]:
     names = {r.name for r in rungs}
     for given in (only or []) + (skip or []):
@@ -126,6 +147,39 @@ def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[st
     if not keep or keep[0].name != "naive":
         raise ValueError("the naive rung is the baseline every speed-up is measured against; it cannot be skipped")
     return keep
+
+
+def built_on(rows: Sequence[_Row], index: int) -> _Row | None:
+    """The rung that rows[index] was built on: the last one below it neither dropped nor left untrained. rows: a
+    ladder's runs, or its times to accuracy (each read by its first seed's run)."""
+    for row in reversed(rows[:index]):
+        r = (row.runs[0] if row.runs else None) if isinstance(row, TimeToAccuracy) else row
+        if r is not None and not r.dropped and r.status != "no_op":
+            return row
+    return None
+
+
+def speedups(results: list[RunResult], ttas: Sequence[TimeToAccuracy] = ()) -> list[dict[str, Any]]:
+    """Per rung, against the first (naive): "speed", images/s over naive's (a Spread, NaN where a side timed no
+    window); "tta", naive's seconds to target over the rung's as (Spread, reached, seeds, dropped), or why there is
+    none ("no-op here", "DIVERGED", "not reached", "no naive time"), or None where it was not run."""
+    tta = {t.runs[0].rung or t.label: t for t in ttas if t.runs}
+    naive = results[0].throughput if results else Spread.of([])
+    naive_tta = ttas[0].seconds if ttas and ttas[0].reached else None
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {"label": r.label, "status": r.status, "dropped": bool(r.dropped),
+                               "speed": ratio_of(naive, r.throughput), "tta": None}
+        if r.extras.get("tta_skipped"):
+            row["tta"] = "no-op here"
+        elif (t := tta.get(r.rung)) is not None:
+            diverged = any(x.status == "diverged" for x in t.runs)
+            if t.reached and naive_tta is not None and not diverged:  # > 1: faster to the target
+                row["tta"] = (ratio_of(t.seconds, naive_tta), t.reached, len(t.runs), bool(t.runs[0].dropped))
+            else:
+                row["tta"] = "DIVERGED" if diverged else ("not reached" if not t.reached else "no naive time")
+        rows.append(row)
+    return rows
 
 
 # A rung under this speed ratio to the rung below (or failed, diverged, out of time) is a trap, not carried up.
@@ -258,6 +312,18 @@ def tta_limits(below: TimeToAccuracy | None) -> TrapLimits | None:
                       max_seconds_per_image=statistics.median(per_image) / DROP_BELOW_RATIO if per_image else None)
 
 
+def rung_tta(cfg: TrainConfig, rung: str, label: str, below: TimeToAccuracy | None, seeds: tuple[int, ...],
+             progress: bool = True, dropped: str | None = None) -> TimeToAccuracy:
+    """One rung's time to accuracy over seeds, with the trap limits of the rung it builds on (tta_limits); its runs
+    tagged with the rung and why it is dropped (`dropped`, by default tta_drop_reason)."""
+    tta = time_to_accuracy(cfg, seeds=seeds, label=label, progress=progress, limits=tta_limits(below))
+    reason = tta_drop_reason(tta) if dropped is None else dropped
+    for r in tta.runs:
+        r.rung, r.dropped = rung, reason or ""
+        r.extras["metric"] = "time-to-accuracy"
+    return tta
+
+
 def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] = DEFAULT_SEEDS,
                    progress: bool = True, on_result: Callable[[list[RunResult]], None] | None = None,
                    not_run: dict[str, str] | None = None) -> list[TimeToAccuracy]:
@@ -276,12 +342,8 @@ def run_tta_ladder(base: TrainConfig, rungs: list[Rung], seeds: tuple[int, ...] 
                 not_run[rung.title] = plan.reason
             bar.update(1)
             continue
-        tta = time_to_accuracy(cfg, seeds=seeds, label=rung.title, progress=progress, limits=tta_limits(below))
-        reason = tta_drop_reason(tta)
-        for r in tta.runs:
-            r.rung, r.dropped = rung.name, reason or ""
-            r.extras["metric"] = "time-to-accuracy"
-        if not reason:
+        tta = rung_tta(cfg, rung.name, rung.title, below, seeds, progress)
+        if not tta_drop_reason(tta):
             kept.update(rung.changes)
             below = tta
         out.append(tta)
@@ -437,9 +499,9 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
     fig = ShownFigure(figsize=(8.0, 5.6), layout="constrained")
     ax = fig.subplots()
     names = [t.label for t in ttas] + list(not_run or {})
-    below: TimeToAccuracy | None = None  # the last rung carried up
     kinds, marks, markers = [], [], {"no-op"}  # markers: the kinds drawn as a marker (no bar)
     for i, t in enumerate(ttas):
+        below = built_on(ttas, i)  # the last rung carried up
         v = tta_verdict(below, t) if below is not None else None
         kind = tta_kind(t, v)
         kinds.append(kind)
@@ -462,8 +524,6 @@ def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy",
             ax.plot(i, 0, marker=KINDS[kind][2], color="black", markerfacecolor=face, ms=10, clip_on=False)
             ax.annotate(why, (i, 0), textcoords="offset points", xytext=(0, 9), ha="center", va="bottom",
                         rotation=90, color="tab:red", fontsize=9)
-        if not dropped:
-            below = t
     for j, why in enumerate((not_run or {}).values(), start=len(ttas)):
         kinds.append("no-op")
         ax.plot(j, 0, marker=KINDS["no-op"][2], color="black", markerfacecolor="white", ms=10, clip_on=False)
@@ -506,16 +566,15 @@ def markdown_table(results: list[RunResult]) -> str:
              f"data wait{' (+ copy)' if copies else ''} | "
              "held-out acc. (one run) | no-ops here |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    base = results[0]
-    below: RunResult | None = None  # the last rung carried up: what each rung is built on
+    over_naive = speedups(results)
     drifts: list[str] = []
-    for r in results:
-        t = r.throughput
+    for i, (r, row) in enumerate(zip(results, over_naive)):
+        t, below = r.throughput, built_on(results, i)
         if r.status == "failed" or not r.window_throughput:
             dropped = " (dropped from the rungs above)" if r.dropped else ""
             lines.append(f"| {r.label}{dropped} | {r.status}: {r.error or 'no timed window finished'} | | | | | | |")
             continue
-        vs_base = f"{verdict(base.throughput, t).ratio:.2f}x" if base.window_throughput else ""
+        vs_base = "" if math.isnan(row["speed"].median) else f"{row['speed'].median:.2f}x"
         if below is None or not below.window_throughput:
             vs_prev = ""
         else:
@@ -526,8 +585,6 @@ def markdown_table(results: list[RunResult]) -> str:
             # the same computation as the rung below: a difference is the machine drifting, not the knob
             drifts.append(f"{r.label} ({vs_prev})")
             vs_prev += " (no-op: drift)"
-        if not r.dropped:
-            below = r
         acc = f"{r.eval_accuracy:.1%}" if r.eval_accuracy is not None else ""
         no_ops = ", ".join(r.no_ops)
         status = "" if r.ok else f" ({r.status}{': speed not credited' if r.status == 'diverged' else ''})"

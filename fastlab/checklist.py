@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bench import built_on
 from .outcomes import TimeToAccuracy
 from .results import RunResult
 from .verdicts import verdict
@@ -53,11 +54,6 @@ class ChecklistRow:
     here: str  # the measured effect on this machine
     reference: dict[str, str]  # device name -> the measured effect there
     outcome: str = ""  # the effect on time to accuracy over seeds, when the time-to-accuracy ladder was run
-
-
-def built_on(results: Sequence[RunResult], index: int) -> RunResult | None:
-    """The rung that results[index] was built on: the last one below it neither dropped nor left untrained."""
-    return next((r for r in reversed(results[:index]) if not r.dropped and r.status != "no_op"), None)
 
 
 def _rung_of(rows: Sequence[RunResult], technique: ChecklistLine, skipped: dict[str, str] | None) -> int | str:
@@ -113,8 +109,7 @@ def outcome_effect(ttas: Sequence[TimeToAccuracy], technique: ChecklistLine, ski
         return f"DIVERGED in {diverged} of {n} seeds: no time to accuracy"
     if t.reached == 0:
         return f"target {t.target:.0%} not reached in any of {n} seeds"
-    below = built_on(firsts, i)
-    base = next((b for b in ttas if b.runs[0] is below), None)
+    base = built_on(ttas, i)
     if base is None or base.reached == 0:
         return f"{t.seconds.median:.1f} s to {t.target:.0%} ({t.reached} of {n} seeds); no baseline that reached it"
     c = verdict(base.seconds, t.seconds, "s", higher_is_better=False)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 import fastlab
-from fastlab.checklist import TECHNIQUES, build_checklist, built_on, checklist_markdown
+from fastlab.bench import built_on, ladder, rungs_for, select_rungs, skipped_rungs
+from fastlab.checklist import TECHNIQUES, build_checklist, checklist_markdown
 from fastlab.environment_report import techniques_here
 from fastlab.lessons import all_together as at
 
@@ -159,10 +160,10 @@ def test_outcome_column_from_time_to_accuracy():
 
 
 def test_smoke_skips_only_the_compile_rung(smoke):
-    assert [r.name for r in at.rungs_for(smoke)][-1] == "large_batch"
-    assert "smoke" in at.skipped_rungs(smoke)["all_on"]
+    assert [r.name for r in rungs_for(smoke)][-1] == "large_batch"
+    assert "smoke" in skipped_rungs(smoke)["all_on"]
     cpu = fastlab.config_for("cpu", device="cpu")
-    assert at.skipped_rungs(cpu) == {} and at.rungs_for(cpu)[-1].name == "all_on"
+    assert skipped_rungs(cpu) == {} and rungs_for(cpu)[-1].name == "all_on"
 
 
 def test_top_of_the_ladder_skips_dropped_rungs_and_summary_is_computed():
@@ -185,7 +186,7 @@ def test_a_reference_ladder_is_read_like_this_machines():
 
 
 def test_a_dropped_rung_is_retested_on_top(quick):
-    rungs = at.select_rungs(at.ladder(quick), only=["channels_last"])
+    rungs = select_rungs(ladder(quick), only=["channels_last"])
     naive = fastlab.run(quick.replace(**rungs[0].changes), label="naive", progress=False)
     naive.rung = "naive"
     cl = rung("channels_last", [1.0], dropped="a trap", channels_last=True)
@@ -200,7 +201,7 @@ def test_a_dropped_rung_is_retested_on_top(quick):
 
 
 def test_a_dropped_change_that_cannot_apply_on_top_is_not_retested(quick):
-    rungs = at.ladder(quick)
+    rungs = ladder(quick)
     workers = next(r for r in rungs if r.name == "workers")
     dropped = rung("workers", [1.0], dropped="noise", **quick.replace(**workers.changes).to_dict())
     on_device = rung("device_loader", [2.0], **quick.replace(loader="device").to_dict())  # no workers there
@@ -212,7 +213,7 @@ def test_both_notebook_comparisons_are_named_for_their_reference_results():
 
     assert at.run_all_together.name == at.NAME == "09_all_together:ladder"
     base = fastlab.config_for("cpu")
-    assert at.run_all_together.arms(base) == len(at.rungs_for(base))  # sized by time as one comparison of its rungs
+    assert at.run_all_together.arms(base) == len(rungs_for(base))  # sized by time as one comparison of its rungs
     assert own_model.first_steps_demo.name == own_model.NAME == "10_your_own_model:first_steps"
 
 

@@ -2,14 +2,16 @@
 and the torch.compile + bf16 check (fastlab.lessons.all_together)."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 import fastlab
-from fastlab import measure
+from fastlab import bench, measure
 from fastlab.claims import check_verdict
 from fastlab.lessons import all_together as at
-from fastlab.profiles import PROFILES
+from fastlab.profiles import PROFILES, Profile
 
 
 def rung(name, speeds, status="ok", dropped=None, **config):
@@ -58,7 +60,7 @@ def test_profiles_choose_rungs_and_seeds(smoke, monkeypatch):
     assert at.tta_rung_names(cpu) == ["naive", "fused_adamw", "large_batch"] and len(at.tta_seeds(cpu)) >= 3
     skipped = at.tta_skipped(smoke)
     assert "workers" in skipped and "smoke" in skipped["all_on"] and "fused_adamw" not in skipped
-    assert at.EVERY_RUNG in skipped["workers"] and len(at.tta_seeds(smoke)) < len(at.DEFAULT_TTA_SEEDS)
+    assert at.EVERY_RUNG in skipped["workers"] and len(at.tta_seeds(smoke)) < len(Profile.tta_seeds)
     assert "cpu" in at.tta_skipped(cpu)["workers"] and at.EVERY_RUNG in at.tta_skipped(cpu)["workers"]
     # ...and every rung when asked for the thorough version (smoke stays short)
     monkeypatch.setenv("FASTLAB_THOROUGH", "1")
@@ -78,7 +80,7 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
 
     limited = []
 
-    monkeypatch.setattr(at, "time_to_accuracy", fake)
+    monkeypatch.setattr(bench, "time_to_accuracy", fake)
     monkeypatch.setitem(PROFILES, "smoke", dataclasses.replace(PROFILES["smoke"], tta_only=("fused_adamw",)))
     out = at.run_tta(results, quick, progress=False)
     assert [label for _, _, label in seen] == ["+naive", "+fused_adamw"]  # workers is not in the smoke subset
@@ -95,20 +97,19 @@ def test_a_rung_faster_per_image_but_slower_to_a_result_stands_out():
     assert list(found) == ["+amp", "+large_batch"]
     assert "but to the target: not faster (+amp diverged in 3 of 3 seeds)" in found["+amp"]
     assert found["+large_batch"].startswith("2.00x images/s over the rung it built on, but to the target: not faster")
-    assert at.tta_below(ttas(), 3).label == "+workers"  # fused_adamw is against workers: amp was dropped
-    assert at.tta_below(ttas(), 0) is None
-    fig = at.plot_speed_and_outcome(ladder(), ttas())
-    ax_speed, ax_tta = fig.axes[:2]
-    assert "per image" in ax_speed.get_title() and "50%" in ax_tta.get_title()
-    texts = [t.get_text() for t in ax_tta.texts]
-    assert "DIVERGED" in texts and any("3/3 seeds" in t for t in texts)
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
-        "diverged: speed not credited", "dropped: not carried up the ladder", "faster per image, not faster to a result"]
+    assert bench.built_on(ttas(), 3).label == "+workers"  # fused_adamw is against workers: amp was dropped
+    assert bench.built_on(ttas(), 0) is None
+    # what notebook 09's side-by-side figure draws: each rung over naive, per image and to the target
+    rows = bench.speedups(ladder(), ttas())
+    assert [row["speed"].median for row in rows] == pytest.approx([1.0, 1.5, 3.0, 1.6, 3.2])
+    assert rows[2]["tta"] == "DIVERGED" and rows[2]["dropped"] and rows[2]["status"] == "diverged"
+    gain, reached, seeds, dropped = rows[3]["tta"]
+    assert gain.median == pytest.approx(11.0 / 6.5) and (reached, seeds, dropped) == (3, 3, False)
 
 
 def test_rungs_without_a_time_to_accuracy_are_marked_not_run():
-    fig = at.plot_speed_and_outcome(ladder(), ttas()[:2])
-    assert sum("not run" in t.get_text() for t in fig.axes[1].texts) == 3
+    rows = bench.speedups(ladder(), ttas()[:2])
+    assert [row["tta"] is None for row in rows] == [False, False, True, True, True]
 
 
 def test_c15_verdict_on_both_measures():
@@ -163,15 +164,27 @@ def _check_runs(eager_status, compiled_status):
     return [eager, compiled]
 
 
-@pytest.mark.parametrize("eager, compiled, words", [
-    ("ok", "diverged", "-> it reproduces here: torch.compile + bf16 diverged while bf16 in eager mode did not"),
-    ("ok", "ok", "-> it does not reproduce here: both stayed finite"),
-    ("diverged", "diverged", "-> both diverged here"),
-    ("diverged", "ok", "-> bf16 eager diverged and the compiled run did not"),
-    ("ok", "failed", "-> torch.compile failed here"),
+def _compile_cell(runs, smoke, monkeypatch, capsys) -> str:
+    """What notebook 09's compile + bf16 cell prints for these runs (the profile's skip lifted)."""
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "09_all_together.ipynb").read_text())
+    code = next(src for c in nb["cells"] if "at.compile_check_outcome" in (src := "".join(c["source"])))
+    monkeypatch.setattr(bench, "compile_skip", lambda base: None)
+    monkeypatch.setattr(at, "compile_bf16_check", lambda base: runs)
+    exec(code, {"bench": bench, "at": at, "base": smoke})
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("eager, compiled, found, words", [
+    ("ok", "diverged", "reproduces",
+     "-> it reproduces here: torch.compile + bf16 diverged while bf16 in eager mode did not"),
+    ("ok", "ok", "finite", "-> it does not reproduce here: both stayed finite"),
+    ("diverged", "diverged", "both diverged", "-> both diverged here"),
+    ("diverged", "ok", "eager diverged", "-> bf16 eager diverged and the compiled run did not"),
+    ("ok", "failed", "compile failed", "-> torch.compile failed here"),
 ])
-def test_compile_check_reads_the_statuses(eager, compiled, words):
-    text = at.describe_compile_check(_check_runs(eager, compiled))
+def test_compile_check_reads_the_statuses(eager, compiled, found, words, smoke, monkeypatch, capsys):
+    assert at.compile_check_outcome(_check_runs(eager, compiled)) == found
+    text = _compile_cell(_check_runs(eager, compiled), smoke, monkeypatch, capsys)
     assert words in text and "torch 2.x on CPU (test), model compact" in text
     assert "first step (compilation included) took 30.0 s" in text
     if compiled == "diverged":
@@ -179,13 +192,13 @@ def test_compile_check_reads_the_statuses(eager, compiled, words):
 
 
 def test_compile_check_guards(smoke, monkeypatch):
-    assert "smoke profile" in at.compile_check_skip(smoke)
-    assert at.compile_check_skip(fastlab.config_for("cpu")) is None
+    assert "smoke profile" in bench.compile_skip(smoke)
+    assert bench.compile_skip(fastlab.config_for("cpu")) is None
     with pytest.raises(ValueError, match="steps=0 is not allowed"):
         at.compile_bf16_check(smoke, steps=0)
     monkeypatch.setattr(at, "bf16_supported", lambda device: False)
     assert at.compile_bf16_check(smoke) == []
-    assert "has no native bf16" in at.describe_compile_check([], smoke)
+    assert at.compile_check_outcome([]) == "not checked"
 
 
 NATIVE_BF16 = measure.cpu_native_bf16()  # avx512_bf16 or amx_bf16 here (FASTLAB_CPU_KIND overrides it)
@@ -201,7 +214,7 @@ def test_compile_check_runs_for_real(quick):
     assert runs[0].config["amp"] == runs[1].config["amp"] == "bf16"
     assert runs[0].config["compile"] == "off" and runs[1].config["compile"] == "default"
     assert all(r.status in ("ok", "diverged") for r in runs)
-    assert at.describe_compile_check(runs).splitlines()[-1].startswith("-> ")
+    assert at.compile_check_outcome(runs) in ("reproduces", "finite", "both diverged", "eager diverged")
 
 
 def test_compile_check_without_native_bf16_runs_nothing(quick, native_bf16, monkeypatch):
@@ -209,7 +222,11 @@ def test_compile_check_without_native_bf16_runs_nothing(quick, native_bf16, monk
     native_bf16(False)
     monkeypatch.setattr(at, "run", lambda *a, **k: pytest.fail("a run started without native bf16"))
     assert at.compile_bf16_check(quick.replace(device="cpu"), steps=2, model="tiny") == []
-    said = at.describe_compile_check([], quick.replace(device="cpu"))
+    assert at.compile_check_outcome([]) == "not checked"
+
+
+def test_the_notebook_says_a_device_without_native_bf16_was_not_checked(smoke, monkeypatch, capsys):
+    said = _compile_cell([], smoke, monkeypatch, capsys)
     assert said.startswith("not checked: ") and "has no native bf16" in said
 
 
@@ -220,23 +237,23 @@ def test_a_rung_of_no_ops_is_not_measured_to_the_target_again(quick, monkeypatch
     results[1].no_ops = {"cudnn_benchmark": "cuDNN runs only on NVIDIA GPUs"}
     assert at.noop_rung(results, 1).startswith("every change of this rung is a no-op here (cuDNN runs only")
     assert at.noop_rung(results, 2) is None
-    monkeypatch.setattr(at, "time_to_accuracy", lambda cfg, seeds, label, progress, limits: tta(label.lstrip("+"), [1.0]))
+    monkeypatch.setattr(bench, "time_to_accuracy",
+                        lambda cfg, seeds, label, progress, limits: tta(label.lstrip("+"), [1.0]))
     monkeypatch.setenv("FASTLAB_THOROUGH", "1")  # every rung measured: the cpu profile's thorough version
     out = at.run_tta(results, fastlab.config_for("cpu", device="cpu"), progress=False)
     assert [t.label for t in out] == ["+naive", "+channels_last"]
-    assert at.tta_not_measured(results, fastlab.config_for("cpu"))["cudnn"].startswith("every change")
-    fig = at.plot_speed_and_outcome(results, out)
-    assert "no-op here" in [t.get_text() for t in fig.axes[1].texts]
+    assert at.tta_skipped(fastlab.config_for("cpu"), results)["cudnn"].startswith("every change")
+    assert [row["tta"] for row in bench.speedups(results, out)][1] == "no-op here"
 
 
 def test_the_tuned_run_is_the_highest_kept_rung():
     results = ladder()
     for r in results:
         r.forward_seconds = [0.01]
-    assert at.stack_top(results).rung == "large_batch"
+    assert at.anatomy_pair(results)[0][-1].rung == "large_batch"
     results[-1].dropped = "a trap"
-    assert at.stack_top(results).rung == "fused_adamw"  # amp diverged and was dropped below it
-    assert at.stack_top(results[:1]) is None  # no rung above naive: never naive against itself
+    assert at.anatomy_pair(results)[0][-1].rung == "fused_adamw"  # amp diverged and was dropped below it
+    assert at.anatomy_pair(results[:1])[0] == results[:1]  # no rung above naive: never naive against itself
 
 
 def test_the_anatomy_never_draws_naive_against_itself():
@@ -246,7 +263,6 @@ def test_the_anatomy_never_draws_naive_against_itself():
     results[2].error = "its budget: 60 s"
     for r in results:
         r.forward_seconds = [0.01]
-    assert at.stack_top(results) is None
     runs, note = at.anatomy_pair(results)
     assert runs == [results[0]]
     assert note.startswith("No rung above naive finished with a usable measurement ('+workers' time-limited "
