@@ -167,4 +167,4 @@ def test_export_comparison_and_the_c14_verdict(trained, tmp_path):
     assert finding.verdict == "holds only when the route is ONNX (through torch.export)"
     assert ce.judge_export(cmp, {"torch.jit.script": [], "torch.jit.trace": []}).verdict == "holds"
     packed = ce.as_result(cmp, fastlab.config_for("smoke"), "batch")
-    assert ce.plot_export_results([packed]) is not None
+    assert packed.extras["export"] is cmp and packed.images_per_step == cmp.batch_size

@@ -51,24 +51,6 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def describe_sizes(results: list[RunResult]) -> str:
-    """Each batch size's throughput and peak memory; each non-power of two against the nearest power of two run."""
-    powers = [r for r in results if r.window_throughput and is_power_of_two(r.images_per_step)]
-    lines = []
-    for r in results:
-        if not r.window_throughput:
-            lines.append(f"batch {r.images_per_step}: no timed window ({r.status}: {r.error or 'stopped early'})")
-            continue
-        t = r.throughput
-        line = (f"batch {r.images_per_step}: {t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}), "
-                f"peak memory {r.peak_memory_mb:,.0f} MiB")
-        if powers and not is_power_of_two(r.images_per_step):
-            near = min(powers, key=lambda p: abs(math.log2(p.images_per_step / r.images_per_step)))
-            line += f"; against batch {near.images_per_step}: {verdict(near.throughput, t)}"
-        lines.append(line)
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ the largest batch that fits
 
 
@@ -123,12 +105,13 @@ def find_max_batch(base: TrainConfig, *, memory_budget_mb: float | None = None, 
     """The largest batch_size whose short run fits, by doubling from `start`, then bisecting to `resolution`. A probe
     fits when its run does not fail (CUDA out of memory) and its peak memory is within memory_budget_mb (on a CPU,
     process RSS: approximate). On a CPU, where nothing runs out of memory, a budget or max_batch is needed."""
-    for name, value in (("memory_budget_mb", memory_budget_mb), ("max_batch", max_batch), ("start", start),
-                        ("resolution", resolution), ("probe_steps", probe_steps)):
-        kind, allowed = ((int, float), "a number > 0 (MiB)") if name == "memory_budget_mb" else (int, "an integer >= 1")
-        if (value is not None or name in ("resolution", "probe_steps")) and (
-                isinstance(value, bool) or not isinstance(value, kind) or value <= 0):
-            raise ValueError(f"find_max_batch: {name}={value!r} is not allowed: {allowed}")
+    for name, value in (("max_batch", max_batch), ("start", start), ("resolution", resolution),
+                        ("probe_steps", probe_steps)):
+        if value is not None or name in ("resolution", "probe_steps"):
+            positive_int(f"find_max_batch: {name}", value)
+    if memory_budget_mb is not None and (isinstance(memory_budget_mb, bool) or
+                                         not isinstance(memory_budget_mb, (int, float)) or memory_budget_mb <= 0):
+        raise ValueError(f"find_max_batch: memory_budget_mb={memory_budget_mb!r} is not allowed: a number > 0 (MiB)")
     device = resolve_device(base.device)
     if device.type != "cuda" and memory_budget_mb is None and max_batch is None:
         raise ValueError(f"find_max_batch: on {device.type} nothing runs out of memory, so give memory_budget_mb "
@@ -287,7 +270,7 @@ def judge_powers(results: list[RunResult]) -> Judgement:
     readings = read_powers(results)
     if not readings:
         return Judgement("does not hold here (no power of two with a measured neighbour on each side to judge)",
-                       describe_sizes(results).replace("\n", "; "))
+                         "; ".join(r.summary() for r in results))
     evidence = "; ".join(r.describe() for r in readings)
     findings = {f"at batch {r.power.images_per_step}":
                 Judgement("holds" if r.place == "above" else

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 from torch import nn
 
@@ -16,7 +17,7 @@ from ..config import TrainConfig, time_sizing
 from ..data import DeviceLoader, load_images
 from ..measure import now, resolve_device
 from ..models import build_model
-from ..plots import ShownFigure, data_note
+from ..plots import ShownFigure
 from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run
@@ -179,30 +180,6 @@ def held_out_batch(cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return next(iter(loader))
 
 
-def held_out_data(cfg: TrainConfig) -> str:
-    """What held_out_batch's images are, in a plot's words ("SYNTHETIC data", "real cifar10"): from the images
-    themselves, so it holds where no run of `cfg` started (the notebook's budget was spent)."""
-    images = load_images(cfg.dataset, cfg.train_images, cfg.eval_images, allow_download=profile_of(cfg).downloads)
-    return "SYNTHETIC data" if images.synthetic else f"real {images.name}"
-
-
-def plot_step_times(results: list[RunResult], title: str = ""):
-    """Wall time of every step, warm-up included, on a log scale: the compile is the spike at the start."""
-    fig = ShownFigure(figsize=(7, 3.6))
-    ax = fig.subplots()
-    for r in results:
-        ax.plot(range(1, len(r.step_seconds) + 1), [1000 * s for s in r.step_seconds], marker=".", label=r.label)
-    ax.axvspan(0.5, results[0].config["warmup_steps"] + 0.5, color="0.9", label="warm-up (untimed)")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("ms per step (log scale)")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}compile time lands in the warm-up\n{data_note(results)}",
-                 fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
 @dataclass
 class ExportComparison:
     """Eager, torch.export and onnxruntime on one held-out batch: latency, parity, memory, file sizes, export time."""
@@ -213,12 +190,6 @@ class ExportComparison:
     export_seconds: dict[str, float]
     memory_mb: dict[str, float]  # runtime name -> process RSS rise while it was built and first ran (approximate)
     files: dict[str, str] = field(default_factory=dict)
-
-
-def _rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
 
 
 def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repeats: int = 20,
@@ -235,11 +206,11 @@ def export_comparison(net: nn.Module, batch: torch.Tensor, folder: str, *, repea
                 "onnxruntime": lambda: onnx_runner(onnx_session(exported.files["onnx"]))}
     keep = []  # each stays alive, so the next one's RSS rise is its own
     for name, build in builders.items():
-        before = _rss_mb()
+        before = psutil.Process().memory_info().rss
         fn = build()
         with torch.inference_mode():
             fn(batch.cpu())
-        memory[name] = _rss_mb() - before
+        memory[name] = (psutil.Process().memory_info().rss - before) / 2**20
         keep.append(fn)
     runtimes = compare_runtimes(net, batch, exported, repeats=repeats, warmup=warmup)
     return ExportComparison(batch_size=len(batch), runtimes=runtimes, sizes_kib=exported.sizes_kib(),
@@ -317,7 +288,3 @@ def as_result(comparison: ExportComparison, config: TrainConfig, label: str) -> 
     r = RunResult(config=config.to_dict(), label=label, images_per_step=comparison.batch_size)
     r.extras["export"] = comparison
     return r
-
-
-def plot_export_results(results: list[RunResult]):
-    return plot_export([r.extras["export"] for r in results if "export" in r.extras], title="panel")

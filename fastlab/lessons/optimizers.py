@@ -3,7 +3,6 @@ learning-rate schedules; optimiser state; and the optimiser step's implementatio
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +10,7 @@ import torch
 
 from ..claims import Judgement
 from ..comparisons import comparison
-from ..config import CHOICES, TrainConfig, as_run_here, positive_int
+from ..config import TrainConfig, as_run_here, positive_int
 from ..measure import Spread, now, resolve_device
 from ..models import build_model
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_groups
@@ -33,7 +32,6 @@ OPTIMIZER_PRESETS: dict[str, dict[str, Any]] = {
 
 CLAIM_WEIGHT_DECAY = 1e-2  # C12's example weight decay for AdamW; every variant keeps the profile's lr
 SCHEDULES = ("none", "cosine", "onecycle")
-SCHEDULE_NAMES = {"none": "constant", "cosine": "cosine (CosineAnnealingLR)", "onecycle": "one-cycle (OneCycleLR)"}
 OPT_IMPLS = ("for-loop", "foreach", "fused")
 
 
@@ -184,23 +182,6 @@ def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = S
     return out
 
 
-def plot_lr_schedules(schedules: dict[str, list[float]], marks: dict[str, float] | None = None, title: str = ""):
-    """Each schedule's learning rate over the steps; marks: label -> step (e.g. the median step a variant reached
-    its target), drawn as vertical lines."""
-    fig = ShownFigure(figsize=(9.0, 3.4), layout="constrained")
-    ax = fig.subplots()
-    for name, lrs in schedules.items():
-        ax.plot(range(len(lrs)), lrs, label=SCHEDULE_NAMES.get(name, name), lw=1.8)
-    for i, (label, step) in enumerate((marks or {}).items()):
-        if step == step:  # not nan
-            ax.axvline(step, color=f"C{i + 3}", ls=":", lw=1.2, label=label)
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel("learning rate")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a curve
-    ax.set_title(title or "learning-rate schedules over the same steps", fontsize=10)
-    return fig
-
-
 def optimizer_state_bytes(base: TrainConfig, name: str | None = None) -> tuple[int, int]:
     """(bytes of the model's parameters, bytes of the optimiser's state after one step), counted from the tensors
     of a real optimiser built as fastlab.run builds it (name: an OPTIMIZER_PRESETS entry, default base's own)."""
@@ -216,35 +197,6 @@ def optimizer_state_bytes(base: TrainConfig, name: str | None = None) -> tuple[i
     state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor))
     return params, state
-
-
-def plot_panel(results: list[RunResult], title: str = ""):
-    """The panel's figure: training loss against wall time, images/s (median, min-max) and peak memory per run."""
-    fig = ShownFigure(figsize=(12.5, 3.8), layout="constrained")
-    ax_l, ax_t, ax_m = fig.subplots(1, 3, gridspec_kw={"width_ratios": [2.2, 1.2, 1]})
-    labels = []
-    for i, r in enumerate(results):
-        elapsed = list(itertools.accumulate(r.step_seconds))
-        if r.losses and elapsed:
-            ax_l.plot([elapsed[min(s, len(elapsed) - 1)] for s, _ in r.losses], [v for _, v in r.losses],
-                      color=f"C{i % 10}", label=r.label)
-        labels.append(r.label[:28])
-        if r.window_throughput:
-            s = r.throughput
-            ax_t.barh(i, s.median, xerr=[[s.median - s.low], [s.high - s.median]], color=f"C{i % 10}", capsize=3)
-        else:
-            ax_t.text(0, i, r.status, va="center", fontsize=8, color="tab:red")
-        ax_m.barh(i, r.peak_memory_mb, color=f"C{i % 10}")
-    ax_l.set_xlabel("seconds (warm-up included)")
-    ax_l.set_ylabel("training loss")
-    ax_l.legend(fontsize=7)
-    for ax in (ax_t, ax_m):
-        ax.set_yticks(range(len(labels)), labels, fontsize=7)
-        ax.invert_yaxis()
-    ax_t.set_xlabel("images/s (median, min-max)")
-    ax_m.set_xlabel(f"peak memory, MiB ({results[0].memory_kind.replace('_', ' ')})")
-    fig.suptitle(f"{title + ' - ' if title else ''}loss, speed and memory\n{data_note(results)}", fontsize=10)
-    return fig
 
 
 @comparison(f"{NAME}:opt_impl", arms=len(OPT_IMPLS))
@@ -269,10 +221,7 @@ class StepTiming:
 def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup: int = 5) -> StepTiming:
     """Time optimizer.step() alone on base.model's parameters with random gradients, synchronised, after `warmup`
     steps; built as fastlab.run builds it, so a missing implementation falls back the same way and says so."""
-    if impl not in CHOICES["opt_impl"]:
-        raise ValueError(f"time_optimizer_step: impl={impl!r} is not allowed: choose one of "
-                         f"{', '.join(map(repr, CHOICES['opt_impl']))}")
-    cfg = base.replace(opt_impl=impl)
+    cfg = base.replace(opt_impl=impl)  # TrainConfig refuses an unknown impl
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model).to(device)
@@ -289,6 +238,3 @@ def time_optimizer_step(base: TrainConfig, impl: str, repeats: int = 30, warmup:
             rates.append(1 / (now(device) - t0))
     return StepTiming(impl, cfg.optimizer, Spread.of(rates), len(list(net.parameters())), no_ops.get("opt_impl", ""))
 
-
-def benchmark_opt_impls(base: TrainConfig, impls: tuple[str, ...] = OPT_IMPLS, repeats: int = 30) -> list[StepTiming]:
-    return [time_optimizer_step(base, impl, repeats) for impl in impls]

@@ -319,18 +319,3 @@ def loop_dataset(config: TrainConfig, seed: int = 0) -> StripesDataset:
     enough for a warm-up and several timed windows of 5."""
     return StripesDataset(config.batch_size * profile_of(config).loop_steps, "train", seed)
 
-
-# ---------------------------------------------------------------- comparing parameters across devices
-
-
-def parameter_snapshot(module: nn.Module) -> list[torch.Tensor]:
-    """CPU copies of the module's parameters, so they stay comparable after a run moves the module to a GPU."""
-    return [p.detach().to("cpu", copy=True) for p in module.parameters()]
-
-
-def changed_parameters(before: list[torch.Tensor], module: nn.Module) -> int:
-    """How many parameter tensors differ from a snapshot, compared on the CPU (torch.equal refuses mixed devices)."""
-    after = list(module.parameters())
-    if len(after) != len(before):
-        raise ValueError(f"changed_parameters: the snapshot has {len(before)} tensors, the module {len(after)}")
-    return sum(not torch.equal(b.cpu(), a.detach().cpu()) for b, a in zip(before, after))
