@@ -11,7 +11,7 @@ import itertools
 import math
 import statistics
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -20,6 +20,9 @@ from matplotlib.patches import Patch
 from .measure import Spread
 from .results import RunResult, median_step_seconds, step_time
 from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, uncredited
+
+if TYPE_CHECKING:
+    from .lessons.memory import MemoryBreakdown
 
 
 class ShownFigure(Figure):
@@ -376,6 +379,31 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
     devices = " / ".join(sorted({r.env.get("device_name", "?") for r in results}))
     data = " / ".join(sorted({r.data_name for r in results if r.dataset})) or "data not recorded"
     fig.suptitle(f"{title or 'the ladder'}: cumulative speed-up\n{devices} - {data}", fontsize=10)
+    return fig
+
+
+def plot_memory_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
+    """Stacked bars, one per lessons.memory breakdown (notebooks 02 and 12): parameters, gradients, optimiser state,
+    activations, weight copies; what checkpointing recomputes in backward hatched on top."""
+    fig = ShownFigure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
+    ax = fig.subplots()
+    bottoms = [0.0] * len(rows)
+    for comp, color in zip(rows[0].component_mb(), ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
+        values = [r.component_mb()[comp] for r in rows]
+        ax.bar(range(len(rows)), values, bottom=bottoms, color=color, label=comp)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    recompute = [r.recompute_mb for r in rows]
+    if any(recompute):
+        ax.bar(range(len(rows)), recompute, bottom=bottoms, color="none", edgecolor="tab:red", hatch="//",
+               label="recomputed in backward (one segment)")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r.label.replace(", ", "\n") for r in rows], fontsize=7)
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=7)
+    devices = sorted({r.device for r in rows})
+    ax.set_title(f"{title + ' - ' if title else ''}one training step's memory, by component\nrandom SYNTHETIC inputs "
+                 f"on {', '.join(devices)}; {rows[0].source}", fontsize=9)
+    fig.tight_layout()
     return fig
 
 

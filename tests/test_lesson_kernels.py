@@ -62,7 +62,6 @@ def test_comparisons_record_gpu_knobs_as_no_ops_on_cpu(quick):
     assert not strict.config["tf32"] and default.config["tf32"] and matmuls.config["matmul_precision"] == "high"
     if not torch.cuda.is_available():
         assert "tf32" in strict.no_ops  # strict fp32 convolutions: a cuDNN setting, nothing to switch off here
-        assert "no-op here: tf32" in k.kernels_report([strict, default])
 
 
 def test_a_timing_runs_in_a_fresh_process_and_hands_back_errors():
@@ -109,25 +108,11 @@ def test_every_tf32_switch_notebook_03_names_exists_in_this_torch():
     assert "before Ampere (sm_80" in prose
 
 
-def test_a_no_op_arm_has_no_warm_up_figure_in_the_verdict_or_the_report():
+def test_a_no_op_arm_has_no_warm_up_figure_in_the_verdict():
     off = RunResult(config={"warmup_steps": 2}, label="off", window_throughput=[100, 102, 104], warmup_seconds=13.44,
                     steps_done=10)
     on = RunResult(config={"warmup_steps": 2}, label="on", status="no_op", error="every change is a no-op here",
                    no_ops={"cudnn_benchmark": "cuDNN runs only on NVIDIA GPUs"})
     evidence = k.judge_benchmark([off, on]).evidence
     assert "0.00 s" not in evidence and "warm-up did not run (NOT TRAINED" in evidence and "13.44 s" in evidence
-    assert "0.00 s" not in k.kernels_report([off, on])
 
-
-def test_the_shape_plot_marks_a_no_op_timing():
-    fixed = k.ShapeTiming("fixed, benchmark off", [32] * 3, False, "cpu", 0.1, step_seconds=[0.010] * 3)
-    noop = k.ShapeTiming("fixed, benchmark on", [32] * 3, True, "cpu", 0.1, step_seconds=[0.006] * 3,
-                         no_op="cudnn.benchmark: cuDNN runs only on NVIDIA GPUs; this ran on cpu")
-    fig = k.plot_shape_timing([fixed, noop])
-    left, bars = fig.axes
-    assert [t.get_text() for t in bars.get_xticklabels()] == ["fixed, benchmark off",
-                                                            "fixed, benchmark on (no-op here)"]
-    assert [t.get_text() for t in bars.texts] == ["no-op here"]  # over the no-op's bar only
-    assert bars.patches[1].get_hatch() and not bars.patches[0].get_hatch()
-    assert "fixed, benchmark on (no-op here)" in [t.get_text() for t in left.get_legend().get_texts()]
-    assert "no-op here: cudnn.benchmark: cuDNN runs only" in fig.get_suptitle()

@@ -61,11 +61,6 @@ def test_bad_arguments_are_refused(kwargs, field):
         m.measure_breakdown(**{"model": "tiny", "batch_size": 4, **kwargs})
 
 
-def test_the_plot_draws():
-    fig = m.plot_breakdowns([m.measure_breakdown("tiny", 4), m.measure_breakdown("tiny", 4, checkpointing=True)])
-    assert "SYNTHETIC" in fig.axes[0].get_title()
-
-
 def test_checkpointing_segments_the_gpu_profiles_resnet_too():
     """12 under the gpu profile: ResNet-18 is checkpointed in the segments asked for, as the workbook nets are."""
     x = torch.randn(2, 3, 32, 32)

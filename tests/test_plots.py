@@ -1,4 +1,5 @@
-"""The bench figure (plot_waterfall): readable, every label inside, each kind of rung marked in the figure."""
+"""The figures of fastlab.plots: the bench waterfall (readable, every label inside, each kind of rung marked), the
+memory breakdown."""
 
 import matplotlib
 
@@ -7,7 +8,8 @@ matplotlib.use("Agg")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from fastlab.plots import INTERVAL_WORDS, KINDS, figure_png, plot_waterfall  # noqa: E402
+from fastlab.lessons import memory  # noqa: E402
+from fastlab.plots import INTERVAL_WORDS, KINDS, figure_png, plot_memory_breakdowns, plot_waterfall  # noqa: E402
 from fastlab.results import RunResult  # noqa: E402
 
 DEVICE = "CPU (2 cores, x86_64)"
@@ -74,3 +76,11 @@ def test_real_data_is_named_as_real():
     for r in results:
         r.dataset = {"name": "cifar10", "synthetic": False}
     assert "real cifar10" in plot_waterfall(results).get_suptitle()
+
+
+def test_the_memory_breakdown_stacks_each_component_and_the_recompute():
+    rows = [memory.measure_breakdown("tiny", 4), memory.measure_breakdown("tiny", 4, checkpointing=True)]
+    ax = plot_memory_breakdowns(rows).axes[0]
+    assert "SYNTHETIC" in ax.get_title()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == [*memory.COMPONENTS, "recomputed in backward (one segment)"]

@@ -86,8 +86,6 @@ def test_without_native_bf16_the_bf16_arms_become_one_trap_demonstration(native_
     assert [cfg.seed for _, cfg in seen if cfg.amp == "off"] == list(mixed_precision.seeds_for(smoke))
     trap = [r for r in results if r.trap and r.config["amp"] == "bf16"]  # (fp16 is a CPU trap too)
     assert len(trap) == 1 and "no native bf16" in trap[0].trap
-    report = mixed_precision.precision_report(results)
-    assert "a trap here, shown in one short run" in report and "accuracy after so few steps is not compared" in report
 
 
 def test_with_native_bf16_the_bf16_arms_run_as_arms(native_bf16, monkeypatch, smoke):
@@ -143,7 +141,6 @@ def test_a_comparison_whose_changes_are_all_no_ops_trains_nothing_and_says_why(m
     idle = results[1]
     assert idle.status == "no_op" and not idle.window_throughput and "cudnn_benchmark" in idle.no_ops
     assert "cuDNN runs only on NVIDIA GPUs" in idle.error and "NOT TRAINED" in idle.summary()
-    assert "NOT TRAINED" in kernels.kernels_report(results)
     # undoing a knob that is a no-op here is a no-op too (either direction)
     assert plan_arm(smoke.replace(tf32=False), smoke, CPU).kind == "no-op"
     assert plan_arm(smoke, smoke.replace(channels_last=True), CPU).kind == "train"

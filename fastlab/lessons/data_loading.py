@@ -3,7 +3,6 @@ loader (C2, with the copy timed alone), and a trainer starved by slow storage (C
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import time
@@ -21,11 +20,10 @@ from ..comparisons import comparison
 from ..config import TrainConfig, comparison_repeats, positive_int, time_sizing
 from ..data import CifarLikeDataset, load_images
 from ..measure import Spread, resolve_device, usable_cpu_count
-from ..plots import data_note
 from ..profiles import profile_of
 from ..results import RunResult
 from ..train import interleave
-from ..verdicts import runs_verdict, turns, uncredited, verdict
+from ..verdicts import turns, uncredited, verdict
 
 STARVE_BATCH_MS = 100.0  # simulated storage latency per batch, spread over its images: it starves any batch size
 MAX_PIPELINE_WORKERS = 8
@@ -220,20 +218,6 @@ def epoch_start_wait(result: RunResult) -> tuple[float, float]:
     return (statistics.median(at_start) if at_start else math.nan, statistics.median(rest) if rest else math.nan)
 
 
-def wait_share(result: RunResult) -> str:
-    """A run's data wait as a share of its timed step time ("12%"), or why it has none: it finished no timed window
-    (e.g. the notebook's budget did not start it)."""
-    if not result.window_throughput:
-        return f"not measured ('{result.label}' finished no timed window: {result.status}: {result.error or 'stopped early'})"
-    return f"{result.data_wait_fraction():.0%}"
-
-
-def data_path_report(results: list[RunResult]) -> str:
-    """Each run's summary and, after the first, its verdict against the first."""
-    return "\n".join(r.summary() + (f"\n    vs '{results[0].label}': {runs_verdict(results[0], r)}" if i else "")
-                     for i, r in enumerate(results))
-
-
 def describe_data_wait(result: RunResult) -> str:
     """The panel's line: is this run starved for data? The copy is apart: it also waits for queued GPU work."""
     share, copy = result.data_wait_fraction(), result.copy_fraction()
@@ -243,34 +227,6 @@ def describe_data_wait(result: RunResult) -> str:
             "mostly compute-bound: faster loading would gain little" if share < 0.1 else "partly waiting for data")
     return f"{share:.0%} of step time was spent waiting for data: {kind}." + (
         "" if math.isnan(copy) else f" Copying batches to the device took another {copy:.0%} (not counted as data wait).")
-
-
-def plot_busy_trace(results: list[RunResult], title: str = ""):
-    """One row per run: NVML GPU utilisation over time when sampled, else the 0%/100% busy trace of the steps."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(8, 1.7 * len(results) + 1.0))
-    axes = fig.subplots(len(results), 1, squeeze=False)[:, 0]
-    for ax, r in zip(axes, results):
-        if r.gpu_util:
-            ax.plot([t for t, _ in r.gpu_util], [u for _, u in r.gpu_util], color="tab:green")
-            source = "GPU utilisation, NVML"
-        else:
-            times, busy = busy_trace(r.step_seconds, r.data_wait_seconds)
-            ax.step(times, busy, where="post", color="tab:blue", lw=0.8)
-            ax.fill_between(times, busy, step="post", alpha=0.3, color="tab:blue")
-            elapsed = [0.0, *itertools.accumulate(r.step_seconds)]
-            for s in epoch_starts(r):
-                ax.axvline(elapsed[s], color="tab:red", ls=":", lw=1)
-            source = "busy share rebuilt from step records; red dotted: new epoch"
-        share = r.data_wait_fraction()
-        ax.set_ylim(-5, 105)
-        ax.set_ylabel("% busy", fontsize=8)
-        ax.set_title(f"{r.label} ({source}; data wait {share:.0%} of timed steps)", fontsize=8)
-    axes[-1].set_xlabel("seconds since the run started")
-    fig.suptitle(f"{title + ' - ' if title else ''}busy or waiting, over time\n{data_note(results)}", fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 # ---------------------------------------------------------------- C1: where the worker sweep peaks, and what it costs

@@ -23,6 +23,7 @@ from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import turns
+from . import memory
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
 LOG_EVERY = (1, 10)
@@ -239,24 +240,16 @@ def graph_memory_table(steps: int = 8, batch_size: int = 32) -> list[GraphMemory
     return [kept_graph_memory(keep, steps, backward, batch_size) for backward in (False, True) for keep in KEEP_CHOICES]
 
 
-def growth_with_steps(steps_list: tuple[int, ...] = (1, 2, 4, 8), keep: str = "loss",
-                      batch_size: int = 32) -> list[GraphMemory]:
-    """kept_graph_memory without backward for a growing number of steps: the leak grows with every step."""
-    return [kept_graph_memory(keep, s, False, batch_size) for s in steps_list]
-
-
 def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed: int = 0) -> float:
     """MiB of activations autograd saves in one evaluation forward under `mode`, from tensor sizes (no parameters)."""
     torch.manual_seed(seed)
     net = build_model(model).eval()
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
-    x = torch.randn(batch_size, 3, 32, 32)
-    saved: list = []
+    saved: list[torch.Tensor] = []
     ctx = {"autograd": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
-    with ctx(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        net(x)
-    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
-    return sum(n for ptr, n in sizes.items() if ptr not in params) / 2**20
+    with ctx(), memory.record_saved(saved):
+        net(torch.randn(batch_size, 3, 32, 32))
+    return memory.storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in params) / memory.MiB
 
 
 def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Judgement:

@@ -16,7 +16,6 @@ from ..comparisons import comparison
 from ..config import TrainConfig, low_precision, positive_int
 from ..measure import MemoryMeter, Spread, now, resolve_device
 from ..models import build_model
-from ..plots import ShownFigure
 from ..results import RunResult
 from ..train import interleave
 from ..verdicts import Comparison, runs_verdict
@@ -52,21 +51,6 @@ def compare_tf32(base: TrainConfig, progress: bool = True) -> list[RunResult]:
     return interleave([("strict fp32 (conv TF32 off)", strict), ("conv TF32 on (torch's default)", tf32),
                        ("+ TF32 matmuls (matmul_precision='high')", tf32.replace(matmul_precision="high"))],
                       progress=progress)
-
-
-def kernels_report(results: list[RunResult]) -> str:
-    """Per run: its summary and warm-up (where autotuning lands), the verdict against the first, its no-ops."""
-    lines = []
-    for r in results:
-        if r.status == "no_op":
-            lines.append(r.summary())
-            continue
-        trap = f" (a trap here, one short run: {r.trap})" if r.trap else ""
-        lines.append(f"{r.summary()}; {r.warmup_words()}{trap}")
-        if r is not results[0]:
-            lines.append(f"    vs '{results[0].label}': {runs_verdict(results[0], r)}")
-        lines += [f"    no-op here: {knob}: {why}" for knob, why in r.no_ops.items()]
-    return "\n".join(lines) or "no results"
 
 
 def channels_last_gain(results: list[RunResult]) -> dict[str, Comparison]:
@@ -177,46 +161,6 @@ def shape_pitfall(base: TrainConfig, steps: int = len(VARYING_SIZES)) -> list[Sh
                                       batch_size=base.batch_size, device=base.device,
                                       label=f"{name}, benchmark {'on' if benchmark else 'off'}", seed=base.seed))
     return out
-
-
-def shape_label(t: ShapeTiming) -> str:
-    """A timing's name in a plot: its label, and "no-op here" where cudnn.benchmark did nothing."""
-    return f"{t.label} (no-op here)" if t.no_op else t.label
-
-
-def plot_shape_timing(timings: list[ShapeTiming]):
-    """Each timed step's time per scenario (left) and the medians with min-max (right). A timing whose benchmark
-    setting was a no-op here is drawn hatched and named "no-op here": a difference it shows is not benchmark's."""
-    fig = ShownFigure(figsize=(10, 3.6))
-    ax, ax_b = fig.subplots(1, 2)
-    for t in timings:
-        ax.plot(range(1, len(t.step_seconds) + 1), [1000 * s for s in t.step_seconds], marker=".",
-                label=shape_label(t), linestyle=":" if t.no_op else "-")
-    ax.set_xlabel("timed step (warm-up excluded)")
-    ax.set_ylabel("ms (synchronised)")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7)
-    ax.set_title("forward+backward per step", fontsize=9)
-    meds = [t.step_ms for t in timings]
-    bars = ax_b.bar(range(len(timings)), [m.median for m in meds],
-                    yerr=[[m.median - m.low for m in meds], [m.high - m.median for m in meds]], capsize=4,
-                    color=["white" if t.no_op else "tab:gray" if len(set(t.sizes)) == 1 else "tab:orange"
-                           for t in timings], edgecolor="black", linewidth=0.6,
-                    hatch=[".." if t.no_op else "" for t in timings])
-    for bar, t in zip(bars, timings):
-        if t.no_op:
-            ax_b.annotate("no-op here", (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3),
-                          textcoords="offset points", ha="center", va="bottom", fontsize=7)
-    ax_b.set_xticks(range(len(timings)))
-    ax_b.set_xticklabels([shape_label(t) for t in timings], rotation=20, ha="right", fontsize=7)
-    ax_b.set_ylabel("ms per step (median, min-max)")
-    ax_b.set_title("median step time", fontsize=9)
-    devices = sorted({t.device for t in timings})
-    noop = next((t.no_op for t in timings if t.no_op), "")
-    fig.suptitle(f"fixed vs varying input sizes - random SYNTHETIC images on {', '.join(devices)}"
-                 + (f"\nhatched, no-op here: {noop}" if noop else ""), fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 def judge_benchmark(bench: list[RunResult], shapes: list[ShapeTiming] | None = None) -> Judgement:

@@ -3,6 +3,7 @@ autocast's weight copies, computed from tensor sizes (the CUDA allocator measure
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -15,13 +16,11 @@ from ..claims import Judgement
 from ..config import positive_int
 from ..measure import Spread, now, resolve_device, synchronize
 from ..models import blocks_and_head, build_model
-from ..plots import ShownFigure
 
 MiB = 2**20
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZERS = ("sgd", "adam", "adamw")
-COLORS = {"parameters": "tab:blue", "gradients": "tab:orange", "optimiser state": "tab:green",
-          "activations": "tab:red", "weight copies": "tab:purple"}
+COMPONENTS = ("parameters", "gradients", "optimiser state", "activations", "weight copies")
 
 
 def _check(name: str, value: object, allowed: tuple) -> None:
@@ -29,12 +28,12 @@ def _check(name: str, value: object, allowed: tuple) -> None:
         raise ValueError(f"{name}={value!r} is not allowed: choose one of {', '.join(map(repr, allowed))}")
 
 
-def _bytes(tensors) -> int:
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def _saved(store: list):
+def record_saved(store: list[torch.Tensor]) -> torch.autograd.graph.saved_tensors_hooks:
     """saved_tensors_hooks that record every tensor autograd saves for backward into `store`."""
     return torch.autograd.graph.saved_tensors_hooks(lambda t: store.append(t) or t, lambda t: t)
 
@@ -86,7 +85,7 @@ class MemoryBreakdown:
 
     def component_mb(self) -> dict[str, float]:
         values = (self.parameters_mb, self.gradients_mb, self.optimizer_mb, self.activations_mb, self.weight_copies_mb)
-        return dict(zip(COLORS, values))
+        return dict(zip(COMPONENTS, values))
 
     def total_mb(self) -> float:
         """The sum of the parts (+ recompute); not a peak, as backward frees activations while making gradients."""
@@ -133,7 +132,7 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
 
     def step(record: bool) -> None:
         opt.zero_grad(set_to_none=set_to_none)
-        with _saved(saved) if record else nullcontext(), _autocast(dev.type, dtype):
+        with record_saved(saved) if record else nullcontext(), _autocast(dev.type, dtype):
             loss = nn.functional.cross_entropy(net(x), y)
         if record and dev.type == "cuda":
             synchronize(dev)
@@ -146,29 +145,29 @@ def measure_breakdown(model: str = "tiny", batch_size: int = 32, *, amp: str = "
         synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     step(record=True)
-    grads_mb = _bytes(p.grad for p in params if p.grad is not None) / MiB
+    grads_mb = storage_bytes(p.grad for p in params if p.grad is not None) / MiB
     kept_inputs = list(net.kept) if checkpointing else []
     opt.zero_grad(set_to_none=set_to_none)
     if dev.type == "cuda":
         synchronize(dev)
         cuda["peak_step"] = torch.cuda.max_memory_allocated(dev) / MiB
         cuda["between_steps"] = torch.cuda.memory_allocated(dev) / MiB
-    held = _bytes(p.grad for p in params if p.grad is not None) / MiB
+    held = storage_bytes(p.grad for p in params if p.grad is not None) / MiB
     copies = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs and t.dtype != torch.float32
               and tuple(t.shape) in shapes and t.dim() > 1]
     copy_ptrs = {t.untyped_storage().data_ptr() for t in copies}
     acts = [t for t in saved if t.untyped_storage().data_ptr() not in param_ptrs | copy_ptrs]
-    acts_mb = _bytes(acts + kept_inputs) / MiB
+    acts_mb = storage_bytes(acts + kept_inputs) / MiB
     recompute = _largest_segment_mb(base, x, dtype, segments) if checkpointing else 0.0
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0]
-    dtypes = dict(zip(COLORS, map(_dtype_name, (params, params, state, acts, copies))))
+    dtypes = dict(zip(COMPONENTS, map(_dtype_name, (params, params, state, acts, copies))))
     return MemoryBreakdown(
         label=label or f"{model}, batch {batch_size}, {'fp32' if amp == 'off' else amp + ' autocast'}, {optimizer}"
                        + (", checkpointed" if checkpointing else ""),
         batch_size=batch_size, device=str(dev),
         source="computed from tensor sizes" + ("; CUDA allocator measured beside" if cuda else ""),
-        parameters_mb=_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=_bytes(state) / MiB,
-        activations_mb=acts_mb, weight_copies_mb=_bytes(copies) / MiB, grads_held_between_steps_mb=held,
+        parameters_mb=storage_bytes(params) / MiB, gradients_mb=grads_mb, optimizer_mb=storage_bytes(state) / MiB,
+        activations_mb=acts_mb, weight_copies_mb=storage_bytes(copies) / MiB, grads_held_between_steps_mb=held,
         recompute_mb=recompute, dtypes=dtypes, cuda=cuda)
 
 
@@ -183,39 +182,15 @@ def _largest_segment_mb(net: nn.Module, x: torch.Tensor, dtype: torch.dtype | No
     for piece in pieces:
         saved: list[torch.Tensor] = []
         ptrs = {p.untyped_storage().data_ptr() for p in piece.parameters()}
-        with _saved(saved), _autocast(x.device.type, dtype):
+        with record_saved(saved), _autocast(x.device.type, dtype):
             out = piece(x.detach().requires_grad_())
-        largest = max(largest, _bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
+        largest = max(largest, storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in ptrs))
         x = out.detach()
     return largest / MiB
 
 
 def describe_breakdowns(rows: list[MemoryBreakdown]) -> str:
     return "\n".join(r.summary() for r in rows)
-
-
-def plot_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
-    """Stacked bars, one per breakdown: parameters, gradients, optimiser state, activations, weight copies."""
-    fig = ShownFigure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
-    ax = fig.subplots()
-    bottoms = [0.0] * len(rows)
-    for comp, color in COLORS.items():
-        values = [r.component_mb()[comp] for r in rows]
-        ax.bar(range(len(rows)), values, bottom=bottoms, color=color, label=comp)
-        bottoms = [b + v for b, v in zip(bottoms, values)]
-    recompute = [r.recompute_mb for r in rows]
-    if any(recompute):
-        ax.bar(range(len(rows)), recompute, bottom=bottoms, color="none", edgecolor="tab:red", hatch="//",
-               label="recomputed in backward (one segment)")
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r.label.replace(", ", "\n") for r in rows], fontsize=7)
-    ax.set_ylabel("MiB")
-    ax.legend(fontsize=7)
-    devices = sorted({r.device for r in rows})
-    ax.set_title(f"{title + ' - ' if title else ''}one training step's memory, by component\nrandom SYNTHETIC inputs "
-                 f"on {', '.join(devices)}; {rows[0].source}", fontsize=9)
-    fig.tight_layout()
-    return fig
 
 
 def time_steps(model: str = "tiny", batch_size: int = 32, *, checkpointing: bool = False, segments: int = 2,

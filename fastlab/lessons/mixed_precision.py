@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .. import claims, exercise
+from .. import claims
 from ..claims import Judgement
 from ..comparisons import comparison
-from ..config import THOROUGH_SEEDS, TrainConfig, describe_amp, low_precision, positive_int, thorough, trap_reasons
+from ..config import THOROUGH_SEEDS, TrainConfig, low_precision, positive_int, thorough, trap_reasons
 from ..data import load_data, make_dataloader
 from ..measure import Spread, resolve_device
 from ..models import build_model
-from ..outcomes import accuracy_spread, describe_accuracy, outcome_verdict
-from ..plots import data_note, plot_comparison, plot_step_times
+from ..outcomes import accuracy_spread, outcome_verdict
 from ..profiles import profile_of
 from ..results import RunResult, step_time
 from ..train import interleave
@@ -94,40 +92,6 @@ def final_loss(result: RunResult, last: int = 5) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def precision_report(results: list[RunResult]) -> str:
-    """Per precision over seeds: images/s, peak memory, final loss, accuracy; each against fp32 (speed and outcome)."""
-    groups = by_variant(results)
-    if not groups:
-        return "no results"
-    base_name, base = next(iter(groups.items()))
-    lines = []
-    for name, runs in groups.items():
-        t = claims.pooled_throughput(runs)
-        speed = (f"{t.median:,.0f} images/s (min {t.low:,.0f}, max {t.high:,.0f}, {t.n} windows over "
-                 f"{len(runs)} seeds)" if t.n else f"no timed window ({runs[0].status}: {runs[0].error})")
-        peak = Spread.of([r.peak_memory_mb for r in runs])
-        lines.append(f"{name}: {speed}; peak memory {peak.median:,.0f} MiB ({runs[0].memory_kind.replace('_', ' ')}); "
-                     f"final loss {statistics.median(final_loss(r) for r in runs):.3f} (median over seeds of the mean of "
-                     f"the last 5 logged); held-out accuracy {describe_accuracy(runs)}")
-        if runs is base:
-            continue
-        if runs[0].trap:
-            lines.append(f"    a trap here, shown in one short run instead of {len(base)} full ones: "
-                         f"{versus(base[0], runs[0])} ({runs[0].trap}); its accuracy after so few steps "
-                         f"is not compared")
-            continue
-        lines.append(f"    vs {base_name}: speed {claims.verdict_speedup(base, runs).verdict}; outcome: "
-                     f"{outcome_verdict(base, runs)}")
-        limited = [r for r in runs if r.status == "time_limited"]
-        if limited:
-            lines.append(f"    {len(limited)} run(s) hit the time budget: {step_time(limited[0])} against "
-                         f"{step_time(base[0])} in {base_name}")
-        no_ops = {k: v for r in runs for k, v in r.no_ops.items()}
-        if no_ops:
-            lines.append("    no-ops: " + "; ".join(f"{k}: {v}" for k, v in no_ops.items()))
-    return "\n".join(lines)
-
-
 def versus(base: RunResult, other: RunResult) -> str:
     """`other` against `base` in one line. A trap's short run, or a run that finished no timed window, by both runs'
     step times (results.step_time, the one description of a run's step everywhere), never "nothing measured"; else
@@ -135,15 +99,6 @@ def versus(base: RunResult, other: RunResult) -> str:
     if other.trap or not other.window_throughput:
         return f"{step_time(other)} against {step_time(base)} in {base.label}"
     return str(runs_verdict(base, other))
-
-
-def speed_figures(results: list[RunResult], title: str) -> list:
-    """The speed plot: images/s and peak memory (plots.plot_comparison), and, where a run is a trap's short
-    demonstration, every run's step time (plots.plot_step_times): a trap's slowdown, with or without a timed window."""
-    figures = [plot_comparison(results, title=title)]
-    if any(r.trap for r in results):
-        figures.append(plot_step_times(results, title=title))
-    return figures
 
 
 def batch_pairs(results: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
@@ -161,17 +116,6 @@ def exercise_trap(cfg: TrainConfig, device: torch.device) -> str | None:
     """Why autocast in this device's half precision (low_precision) is a known trap here (config.trap_reasons),
     or None where it is not."""
     return trap_reasons(cfg.replace(amp=low_precision(device)), device).get("amp")
-
-
-def exercise_brief(cfg: TrainConfig, device: torch.device) -> str:
-    """The autocast exercise's instructions on this device: the dtype and whether GradScaler goes with it, and where
-    that is a known trap here, that it is, why, and what helps instead (exercise.brief)."""
-    amp = low_precision(device)
-    scaler = ("with a torch.amp.GradScaler (fp16's narrow range)" if amp == "fp16" else
-              "without a GradScaler (bf16 has fp32's range)")
-    helps = f"the autocast dtype fastlab picks for this device (config.preferred_amp): {describe_amp(device)}"
-    return (f"this device's half precision: {amp} (dtype=torch.{'float16' if amp == 'fp16' else 'bfloat16'}), "
-            f"{scaler}\n" + exercise.brief("autocast", trap=exercise_trap(cfg, device), helps=helps))
 
 
 # ---------------------------------------------------------------- why fp16 needs GradScaler
@@ -192,10 +136,9 @@ class UnderflowReport:
     log2_reference: list[float] = field(default_factory=list, repr=False)  # log2 |output grad| in fp32
 
 
-def _check_positive(name: str, value: float, integer: bool = False) -> None:
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} is not allowed: {'an integer' if integer else 'a finite number'} > 0")
+def _check_positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name}={value!r} is not allowed: a finite number > 0")
 
 
 def _regression_problem(device: torch.device, batch: int, residual: float, seed: int):
@@ -231,7 +174,7 @@ def gradient_underflow(loss_scale: float = GRADSCALER_INIT_SCALE, residual: floa
     """The gradients fp16 flushes to zero, unscaled and scaled: a nearly fitted net's are ~ residual/batch."""
     _check_positive("gradient_underflow(loss_scale)", loss_scale)
     _check_positive("gradient_underflow(residual)", residual)
-    _check_positive("gradient_underflow(batch)", batch, integer=True)
+    positive_int("gradient_underflow(batch)", batch)
     dev = resolve_device(device) if isinstance(device, str) else device
     net, x, target = _regression_problem(dev, batch, residual, seed)
     ref_out, ref_par = _gradients(net, x, target, None, 1.0)
@@ -279,7 +222,7 @@ TRAP_GRAD_IMAGES = 8  # where fp16 is a known trap (slow: config.trap_reasons), 
 
 def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
     """C5 in a real run: `steps` fp32 Adam steps of the workbook net, then a batch's fp32, fp16 and scaled gradients."""
-    _check_positive("net_gradient_underflow(steps)", steps, integer=True)
+    positive_int("net_gradient_underflow(steps)", steps)
     dev = resolve_device(cfg.device)
     data, _ = load_data(cfg, None)
     torch.manual_seed(cfg.seed)
@@ -305,32 +248,6 @@ def net_gradient_underflow(cfg: TrainConfig, steps: int = 20) -> NetUnderflow:
                         int(((scaled == 0) & nonzero).sum()), str(dev), grad_images=min(few, len(y)))
 
 
-def plot_gradient_range(report: UnderflowReport):
-    """Histogram of the fp32 output gradients' magnitudes, unscaled and scaled, against fp16's range."""
-    from ..plots import ShownFigure as Figure
-
-    fig = Figure(figsize=(8, 3.6))
-    ax = fig.subplots()
-    shift = math.log2(report.loss_scale)
-    values = report.log2_reference
-    ax.hist(values, bins=60, alpha=0.6, label="gradient (fp32 reference)", color="tab:gray")
-    ax.hist([v + shift for v in values], bins=60, alpha=0.6, label=f"x loss scale {report.loss_scale:g}",
-            color="tab:blue")
-    for x, text, color in ((math.log2(FP16_SMALLEST_SUBNORMAL), "fp16 smallest subnormal", "tab:red"),
-                           (math.log2(FP16_SMALLEST_NORMAL), "fp16 smallest normal", "tab:orange"),
-                           (math.log2(FP16_MAX), "fp16 max", "black")):
-        ax.axvline(x, color=color, ls="--", lw=1, label=f"{text} (2^{x:.0f})")
-    ax.axvspan(min(values + [math.log2(FP16_SMALLEST_SUBNORMAL)]) - 2, math.log2(FP16_SMALLEST_SUBNORMAL) - 1,
-               color="tab:red", alpha=0.08, label="rounds to exactly 0 in fp16")
-    ax.set_xlabel("log2 |gradient w.r.t. the network output|")
-    ax.set_ylabel("elements")
-    ax.legend(fontsize=7)
-    ax.set_title(f"what fp16 can hold, and where the gradients are (random SYNTHETIC regression, {report.device})",
-                 fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
 def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval: int = 3,
                    device: torch.device | str = "cpu", seed: int = 0) -> list[tuple[int, float, bool]]:
     """(step, scale, skipped) per fp16 step of the small MLP, its GradScaler started too high."""
@@ -349,49 +266,6 @@ def scaler_history(steps: int = 30, init_scale: float = 2.0**30, growth_interval
         scaler.update()
         history.append((step, before, scaler.get_scale() < before))  # the scale drops only on a skipped step
     return history
-
-
-def plot_grad_scale(results: list[RunResult], history: list[tuple[int, float, bool]] | None = None):
-    """GradScaler's scale per logged step of each fp16 run, and (optionally) the scaler_history demo."""
-    from ..plots import ShownFigure as Figure
-
-    fp16 = [r for r in results if r.grad_scale]
-    fig = Figure(figsize=(10 if history else 5.5, 3.4))
-    axes = fig.subplots(1, 2 if history else 1, squeeze=False)[0]
-    ax = axes[0]
-    for r in fp16:
-        every = int(r.config.get("log_every", 1))
-        ax.plot([every * (i + 1) for i in range(len(r.grad_scale))], r.grad_scale, marker=".", label=r.label)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel("loss scale")
-    ax.set_title("GradScaler in the training runs\n" + (data_note(fp16) if fp16 else "no fp16 run"), fontsize=9)
-    if fp16:
-        ax.legend(fontsize=7)
-    if history:
-        ax2 = axes[1]
-        ax2.plot([s for s, _, _ in history], [v for _, v, _ in history], marker=".", color="tab:blue")
-        skipped = [(s, v) for s, v, k in history if k]
-        ax2.scatter([s for s, _ in skipped], [v for _, v in skipped], color="tab:red", zorder=3,
-                    label="inf gradients: step skipped, scale halved")
-        ax2.set_yscale("log", base=2)
-        ax2.set_xlabel("step")
-        ax2.set_title("a scale started too high finds its level\n(small MLP, random SYNTHETIC data)", fontsize=9)
-        ax2.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def deprecation_warnings() -> list[str]:
-    """What torch says when the old torch.cuda.amp names are used (each is a FutureWarning)."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.amp.GradScaler(enabled=False)
-        with torch.cuda.amp.autocast(enabled=False):
-            pass
-    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
 
 
 # ---------------------------------------------------------------- the verdicts on C3, C4 and C5
@@ -426,7 +300,7 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
         lost = quality_loss(base, runs) if base is fp32 else None
         findings[key] = Judgement(f"does not hold here (quality lost: {lost})", "") if lost else \
             claims.verdict_speedup(base, runs)
-        ratios[key] = _ratio(base, runs)
+        ratios[key] = verdict(claims.pooled_throughput(base), claims.pooled_throughput(runs)).ratio
     combined = claims.verdict_conditions(findings)
     best = max((ratios[c] for c, f in findings.items() if f.verdict.startswith("holds")), default=None)
     words = combined.verdict
@@ -437,10 +311,6 @@ def judge_speed_and_quality(precision: list[RunResult], by_batch: list[RunResult
 
 
 C3_CLAIMED_LOW = 2.0  # the low end of C3's "up to 2-3x faster"
-
-
-def _ratio(base: list[RunResult], other: list[RunResult]) -> float:
-    return verdict(claims.pooled_throughput(base), claims.pooled_throughput(other)).ratio
 
 
 def judge_memory(precision: list[RunResult], breakdown: Judgement | None = None) -> Judgement:
