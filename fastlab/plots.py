@@ -11,7 +11,8 @@ import itertools
 import math
 import statistics
 import textwrap
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -20,9 +21,6 @@ from matplotlib.patches import Patch
 from .measure import Spread
 from .results import RunResult, median_step_seconds, step_time
 from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, uncredited
-
-if TYPE_CHECKING:
-    from .lessons.memory import MemoryBreakdown
 
 
 class ShownFigure(Figure):
@@ -382,8 +380,8 @@ def plot_waterfall(results: list[RunResult], title: str = ""):
     return fig
 
 
-def plot_memory_breakdowns(rows: list[MemoryBreakdown], title: str = ""):
-    """Stacked bars, one per lessons.memory breakdown (notebooks 02 and 12): parameters, gradients, optimiser state,
+def plot_memory_breakdowns(rows: Sequence[Any], title: str = ""):
+    """Stacked bars, one per lessons.memory MemoryBreakdown (notebooks 02 and 12): parameters, gradients, optimiser state,
     activations, weight copies; what checkpointing recomputes in backward hatched on top."""
     fig = ShownFigure(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
     ax = fig.subplots()
