@@ -405,6 +405,29 @@ def plot_memory_breakdowns(rows: Sequence[Any], title: str = ""):
     return fig
 
 
+def plot_tta_curves(ttas: Sequence[Any], title: str = ""):
+    """Held-out accuracy against training seconds, one line per seed, one colour per group (fastlab.outcomes'
+    TimeToAccuracy: notebooks 04 and 06), the target dashed; a seed that diverged is marked."""
+    fig = ShownFigure(figsize=(7.5, 4.0), layout="constrained")
+    ax = fig.subplots()
+    runs = [r for t in ttas for r in t.runs]
+    for i, t in enumerate(ttas):
+        for j, r in enumerate(t.runs):
+            curve = r.extras["tta"]["curve"]
+            if curve:
+                ax.plot([c[0] for c in curve], [100 * c[2] for c in curve], color=f"C{i}", marker=".", lw=1.2,
+                        alpha=0.85, label=t.label if j == 0 else None)
+            if r.status == "diverged":
+                ax.annotate("diverged", (curve[-1][0] if curve else 0, 0), color=f"C{i}", fontsize=8)
+    ax.axhline(100 * ttas[0].target, color="black", ls="--", lw=0.8, label=f"target {ttas[0].target:.0%}")
+    ax.set_xlabel("training seconds (warm-up included, evaluation excluded)")
+    ax.set_ylabel("held-out accuracy, %")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title + ' - ' if title else ''}time to accuracy, one line per seed\n{data_note(runs)}",
+                 fontsize=10)
+    return fig
+
+
 def figure_png(fig, dpi: int = 90) -> bytes:
     """The figure as PNG bytes: what a widget shows from a background thread."""
     buf = io.BytesIO()

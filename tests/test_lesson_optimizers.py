@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 import fastlab
+from fastlab import plots
 from fastlab.lessons import optimizers as O
 from fastlab.outcomes import TimeToAccuracy, tta_groups, tta_verdict
 from fastlab.profiles import PROFILES
@@ -99,7 +100,7 @@ def test_judge_c12_and_each_change_against_the_one_before():
     runs = [r for t in ttas for r in t.runs]
     assert [t.label for t in tta_groups(runs)] == ["Adam", "AdamW"]
     assert O.judge_c12_results(runs).verdict == O.judge_c12(ttas).verdict  # the reference results' form
-    fig = O.plot_tta_curves(ttas)
+    fig = plots.plot_tta_curves(ttas)
     assert fig.axes[0].get_legend() is not None
 
 

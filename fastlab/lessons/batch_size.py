@@ -332,26 +332,3 @@ def judge_largest(results: list[RunResult]) -> Judgement:
     findings["counted in time to accuracy"] = tta
     combined = claims.verdict_conditions(findings)
     return combined._replace(evidence=combined.evidence + f"; {small.summary()}; {big.summary()}")
-
-
-def plot_tta(results: list[RunResult], title: str = ""):
-    """Held-out accuracy against training seconds for every seed of each batch size, the target dashed."""
-    from ..plots import ShownFigure as Figure
-    from ..plots import data_note
-
-    fig = Figure(figsize=(7, 3.8))
-    ax = fig.subplots()
-    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
-    for color, group in zip(colors, tta_groups(results)):
-        for i, r in enumerate(group.runs):
-            curve = r.extras["tta"]["curve"]
-            ax.plot([c[0] for c in curve], [c[2] for c in curve], marker=".", color=color, alpha=0.8,
-                    label=group.label if i == 0 else None)
-        ax.axhline(group.target, color="0.4", ls="--", lw=1)
-    ax.set_xlabel("training seconds (evaluation time excluded)")
-    ax.set_ylabel("held-out accuracy")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}time to accuracy, every seed (dashed: the target)\n"
-                 f"{data_note(results)}", fontsize=9)
-    fig.tight_layout()
-    return fig

@@ -14,7 +14,6 @@ from ..config import TrainConfig, as_run_here, positive_int
 from ..measure import Spread, now, resolve_device
 from ..models import build_model
 from ..outcomes import TimeToAccuracy, time_to_accuracy, tta_finding, tta_groups
-from ..plots import ShownFigure, data_note
 from ..profiles import profile_of
 from ..results import RunResult
 from ..train import sweep
@@ -139,28 +138,6 @@ def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
 def judge_c12_results(results: list[RunResult]) -> Judgement:
     """C12 on the runs of c12_time_to_accuracy (the bundled reference results' form)."""
     return judge_c12(tta_groups(results))
-
-
-def plot_tta_curves(ttas: list[TimeToAccuracy], title: str = ""):
-    """Held-out accuracy against training seconds, one line per seed, one colour per variant, the target dashed."""
-    fig = ShownFigure(figsize=(7.5, 4.0), layout="constrained")
-    ax = fig.subplots()
-    runs = [r for t in ttas for r in t.runs]
-    for i, t in enumerate(ttas):
-        for j, r in enumerate(t.runs):
-            curve = r.extras["tta"]["curve"]
-            if curve:
-                ax.plot([c[0] for c in curve], [100 * c[2] for c in curve], color=f"C{i}", marker=".", lw=1.2,
-                        alpha=0.85, label=t.label if j == 0 else None)
-            if r.status == "diverged":
-                ax.annotate("diverged", (curve[-1][0] if curve else 0, 0), color=f"C{i}", fontsize=8)
-    ax.axhline(100 * ttas[0].target, color="black", ls="--", lw=0.8, label=f"target {ttas[0].target:.0%}")
-    ax.set_xlabel("training seconds (warm-up included, evaluation excluded)")
-    ax.set_ylabel("held-out accuracy, %")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{title + ' - ' if title else ''}time to accuracy, one line per seed\n{data_note(runs)}",
-                 fontsize=10)
-    return fig
 
 
 def lr_schedules(base: TrainConfig, total_steps: int, names: tuple[str, ...] = SCHEDULES) -> dict[str, list[float]]:
