@@ -76,8 +76,9 @@ class RunLimits(OwnLoop):
     sample_parts: bool = False  # time the copy, forward, backward and optimiser of warm-up steps 2.. (step_parts)
     evaluate_after_trap: bool = True  # False: a diverged or time-limited run skips its held-out evaluation
     result: RunResult | None = None  # the result to fill (the harness's: its config, label and environment stay)
-    # a shared value (multiprocessing RawValue "d") the run's parent reads (fastlab.isolation.DataWait): the monotonic
-    # time the loop began waiting for a batch, negated inside a paused block, 0.0 otherwise
+    # a shared value (multiprocessing RawValue "d"; a ctypes.c_double for a run in this process) that
+    # fastlab.isolation.Watchdog reads: the monotonic time the loop began waiting for a batch, negated inside a
+    # paused block, 0.0 otherwise
     waiting: Any = None
     stopping: str | None = field(default=None, init=False)
     window_ends: dict[int, int] = field(default_factory=dict, init=False)  # step (1-based) -> steps in its window
