@@ -9,7 +9,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +96,20 @@ class MemoryMeter:
         if self.cuda:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         return max(self.peak_mb, self.current_mb())
+
+
+MiB = 2**20
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def record_saved(store: list[torch.Tensor]) -> torch.autograd.graph.saved_tensors_hooks:
+    """saved_tensors_hooks that record every tensor autograd saves for backward into `store` (the memory one
+    step's activations hold: notebooks 05 and 12)."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: store.append(t) or t, lambda t: t)
 
 
 @dataclass(frozen=True)

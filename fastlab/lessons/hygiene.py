@@ -17,13 +17,12 @@ from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, preferred_amp
 from ..harness import TrainingRun
 from ..isolation import exclusive_run
-from ..measure import Spread, resolve_device
+from ..measure import MiB, Spread, record_saved, resolve_device, storage_bytes
 from ..models import build_model
 from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run, sweep
 from ..verdicts import turns
-from . import memory
 
 EVAL_MODES = ("autograd", "no_grad", "inference_mode")
 LOG_EVERY = (1, 10)
@@ -247,9 +246,9 @@ def forward_saved_mb(mode: str, batch_size: int = 32, model: str = "tiny", seed:
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     saved: list[torch.Tensor] = []
     ctx = {"autograd": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
-    with ctx(), memory.record_saved(saved):
+    with ctx(), record_saved(saved):
         net(torch.randn(batch_size, 3, 32, 32))
-    return memory.storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in params) / memory.MiB
+    return storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in params) / MiB
 
 
 def judge_eval(evals: list[RunResult], batch_size: int | None = None, model: str | None = None) -> Judgement:

@@ -3,7 +3,6 @@ autocast's weight copies, computed from tensor sizes (the CUDA allocator measure
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -14,10 +13,9 @@ from torch.utils.checkpoint import checkpoint
 from .. import claims
 from ..claims import Judgement
 from ..config import positive_int
-from ..measure import Spread, now, resolve_device, synchronize
+from ..measure import MiB, Spread, now, record_saved, resolve_device, storage_bytes, synchronize
 from ..models import blocks_and_head, build_model
 
-MiB = 2**20
 AMP_DTYPES = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZERS = ("sgd", "adam", "adamw")
 COMPONENTS = ("parameters", "gradients", "optimiser state", "activations", "weight copies")
@@ -26,16 +24,6 @@ COMPONENTS = ("parameters", "gradients", "optimiser state", "activations", "weig
 def _check(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed: choose one of {', '.join(map(repr, allowed))}")
-
-
-def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind `tensors` (a view of another counts once)."""
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-
-
-def record_saved(store: list[torch.Tensor]) -> torch.autograd.graph.saved_tensors_hooks:
-    """saved_tensors_hooks that record every tensor autograd saves for backward into `store`."""
-    return torch.autograd.graph.saved_tensors_hooks(lambda t: store.append(t) or t, lambda t: t)
 
 
 class Segmented(nn.Module):
