@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import TrainConfig, positive_int
-from .measure import Spread, resolve_device, usable_cpu_count
+from .measure import Spread, resolve_device
 from .results import RunResult
 from .train import describe_changes, run
-from .verdicts import Comparison, runs_verdict, turns, verdict
+from .verdicts import CREDITED, Comparison, runs_verdict, turns, verdict
 
 # Removing a share s of a step gains at most 1 / (1 - s) (Amdahl): s >= 0.15 (1.18x) clears +-15% window noise.
 DATA_WAIT_SHARE = 0.15  # data wait / step time at or above which the loader sets the pace
@@ -120,7 +120,7 @@ class Advice(list):
         """The result's summary, its watch notes, then each finding (what `python -m fastlab advise` prints)."""
         r = self.result
         lines = [f"{r.summary()}; on {r.env.get('device_name', '?')}"]
-        lines += [f"  note: {n}" for n in (r.extras.get("watch") or {}).get("notes", [])]
+        lines += [f"  note: {n}" for n in _watch(r).get("notes", [])]
         done = f"failed after {r.steps_done} steps" if r.steps_done else "measured nothing"
         if not self:
             lines.append(f"  Nothing to advise: the run {done} (see above)." if r.status == "failed" else
@@ -155,6 +155,16 @@ def _step_seconds(r: RunResult) -> float:
 
 def _only_different(cfg: dict[str, Any], proposed: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in proposed.items() if cfg.get(k) != v}
+
+
+def _watch(r: RunResult) -> dict[str, Any]:
+    """What fastlab.watch recorded of the reader's loop (notes, syncs, earlier runs...); {} for fastlab.run's."""
+    return r.extras.get("watch") or {}
+
+
+def _cores(r: RunResult) -> int:
+    """The cores the run could use (its affinity, not the host's count), as recorded with it; never this machine's."""
+    return int(r.env.get("usable_cpus") or r.env.get("cpu_count") or 1)
 
 
 def _env_number(r: RunResult, key: str) -> float:
@@ -236,7 +246,7 @@ def _memory_leak(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None
     if not r.extras.get(WATCHED):
         return None  # fastlab.run's own loop leaks only through log_loss="tensor", named by its own rule
     warm = int(cfg.get("warmup_steps", 0))
-    sampled = (r.extras.get("watch") or {}).get("memory_steps")
+    sampled = _watch(r).get("memory_steps")
     if sampled and len(sampled) == len(r.memory_trace_mb):  # sampled on some steps only: keep their step numbers
         pairs = [(s, mb) for s, mb in zip(sampled, r.memory_trace_mb) if s >= warm]
         steps, trace = [s for s, _ in pairs], [mb for _, mb in pairs]
@@ -280,7 +290,7 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         fires = fires or (low_util >= GPU_UTIL_LOW_SHARE and wait >= DATA_WAIT_SHARE_WITH_UTIL)
     if not fires:
         return None
-    cpus = int(r.env.get("usable_cpus") or usable_cpu_count())  # the cores it may use, not the host's
+    cpus = _cores(r)
     workers = cfg.get("num_workers", 0)
     more_workers = min(max(2, cpus), LOADER_MAX_WORKERS) if workers == 0 else min(workers * 2, max(cpus, 2))
     pinned = {"pin_memory": True, "non_blocking": True} if gpu else {}
@@ -292,11 +302,12 @@ def _data_bound(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
         changes, alternatives, technique, confidence, weighed = _watched_data_remedy(r, cfg, gpu)
         evidence += weighed
     elif r.dataset.get("source") == CUSTOM_DATASETS:
-        # torch Datasets cannot go device-resident (that needs uint8 arrays): more workers is what is left.
-        if more_workers <= workers:
-            return None
-        changes, alternatives = worker_change, ()
-        technique = f"more DataLoader workers ({more_workers})" + (" with pin_memory" if gpu else "")
+        # torch Datasets cannot go device-resident (that needs uint8 arrays): more workers is what is left, and
+        # where the cores give no more, the Dataset's own work (a change outside the knobs)
+        changes, alternatives = (worker_change if more_workers > workers else {}), ()
+        technique = (f"more DataLoader workers ({more_workers})" + (" with pin_memory" if gpu else "")
+                     if changes else f"a cheaper Dataset __getitem__ (its decoding and augmentation): {workers} "
+                     f"workers already use the {cpus} cores")
     else:
         changes, alternatives = device_change, ((worker_change,) if more_workers > workers else ())
         technique = "the device-resident loader (whole set on the device, augmented per batch as tensor ops)"
@@ -314,9 +325,9 @@ def _watched_data_remedy(r: RunResult, cfg: dict[str, Any], gpu: bool
                          ) -> tuple[dict[str, Any], tuple[dict[str, Any], ...], str, str, list[Evidence]]:
     """(changes, alternatives, technique, confidence, evidence) for the reader's own loader, weighing what workers
     cost here; never a setting the loop has, nor one an earlier watched run found no faster."""
-    cores = int(r.env.get("cpu_count") or 1)
+    cores = _cores(r)
     batch = int(r.images_per_step or cfg.get("batch_size") or 1)
-    watch = r.extras.get("watch") or {}
+    watch = _watch(r)
     nbytes = int(watch.get("batch_bytes") or 0)
     small = batch <= LOADER_SMALL_BATCH or 0 < nbytes < LOADER_SMALL_BATCH_BYTES
     # CPU time over the wait tells a sleeping loader from a computing one only without workers
@@ -390,10 +401,10 @@ def _loader_candidates(cfg: dict[str, Any], cores: int, batch: int, small: bool,
 def _tried_earlier(r: RunResult, change: dict[str, Any], batch: int) -> str:
     """Words for an earlier watched run (same data, this session) that ran with `change` and was no faster."""
     want = {"batch_size": batch, "num_workers": r.config.get("num_workers"), **change}
-    for e in reversed((r.extras.get("watch") or {}).get("earlier", [])):
+    for e in reversed(_watch(r).get("earlier", [])):
         if any(e.get(k) != v for k, v in want.items() if k in ("batch_size", "num_workers")):
             continue
-        if e.get("status") != "ok" or not e.get("window_throughput"):
+        if e.get("status") not in CREDITED or not e.get("window_throughput"):
             return f"{e['label']}: {e.get('status')}, not credited"
         c = verdict(r.throughput, Spread.of(e["window_throughput"]))
         if c.direction in ("noise", "worse"):
@@ -486,7 +497,7 @@ def _layout_and_kernels(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding
 
 def _host_sync(r: RunResult, cfg: dict[str, Any], gpu: bool) -> Finding | None:
     """loss.item() every step on CUDA; in a watched loop run with sync_debug=True, the syncs torch itself caught."""
-    caught = (r.extras.get("watch") or {}).get("syncs") or {}
+    caught = _watch(r).get("syncs") or {}
     if not gpu:
         return None
     if r.extras.get(WATCHED):

@@ -1,6 +1,7 @@
 """fastlab.advise: each rule fires first on a run built to trigger it, none on a balanced run, and verify
 reports a measured effect (or honestly none)."""
 
+import dataclasses
 import os
 import time
 
@@ -69,6 +70,10 @@ def test_a_slow_loader_is_data_bound_first_and_more_workers_help(quick):
     assert f"{DATA_WAIT_SHARE:.0%}" in wait.rule and top.notebooks == ("01_data_loading",)
     # torch Datasets cannot go device-resident: more workers is the change
     assert top.changes["num_workers"] >= 2 and "loader" not in top.changes
+    # where the cores give no more workers, the wait is still named, with a remedy outside the knobs
+    busy = dataclasses.replace(r, config={**r.config, "num_workers": 4}, env={**r.env, "usable_cpus": 2})
+    named = {f.key: f for f in findings_for(busy)}["data_bound"]
+    assert named.changes == {} and "__getitem__" in named.technique and "2 cores" in named.technique
     with pytest.raises(ValueError, match="dataset="):
         verify(r)
     v = verify(r, dataset=data, model=linear_model)

@@ -22,12 +22,10 @@ from ..measure import bf16_supported, resolve_device, usable_cpu_count
 from ..profiles import profile_of
 from ..results import RunResult
 from ..train import run
-from ..verdicts import verdict
+from ..verdicts import CREDITED, runs_verdict
 
 NAME = "10_your_own_model:first_steps"
 IMAGE_SHAPE = (32, 32, 3)  # what fastlab's device loader crops and normalises (CIFAR-shaped, HxWxC)
-# A baseline waiting on data for at least this share of its step is data-bound: the advice puts the data path first.
-DATA_BOUND_SHARE = 0.25
 
 ModelArg = nn.Module | Callable[[], nn.Module]
 DatasetArg = ImageSet | tuple[Dataset, Dataset]
@@ -280,29 +278,28 @@ def first_steps_demo(base: TrainConfig, progress: bool = True) -> list[RunResult
 
 
 def advice(results: list[RunResult]) -> list[str]:
-    """first_steps' results as numbered advice: the data wall, gains (largest first), no difference, losses..."""
+    """first_steps' techniques as numbered advice, from their verdicts against your model as is: gains (largest
+    first), no difference, losses, then what was not measured or not tried. What the baseline run itself points at
+    (a data wall, per-op overhead) is fastlab.advise(results[0])'s to say: the notebook prints both."""
     if not results or not results[0].window_throughput:
         return ["The baseline did not finish a timed window: fix that first (see its status and error)."]
     base, out, ranked, unmeasured = results[0], [], [], []
-    wait = base.data_wait_fraction()
-    if not math.isnan(wait) and wait >= DATA_BOUND_SHARE:
-        out.append(f"Your step waits for data {wait:.0%} of the time (at least {DATA_BOUND_SHARE:.0%}): fix the data "
-                   "path before the model; faster kernels cannot help a step that is waiting.")
-    if not base.ok:
+    if not base.ok and base.status in CREDITED:
         out.append(f"The baseline ended {base.status} ({base.error}): its figures rest on {len(base.window_throughput)} "
                    "timed window(s), so read the verdicts below as rough; raise max_seconds for firmer ones.")
+    elsewhere = "" if base.env.get("device_type") == "cuda" else " (it may still pay on a GPU)"
+    said_as = {"better": (0, "try it first"), "noise": (1, f"no measurable difference here{elsewhere}"),
+               "worse": (2, "slower here: leave it off on this machine")}
     for r in results[1:]:
         name = r.extras.get("technique", r.label)
+        said = runs_verdict(base, r)
         if r.status == "failed":
             ranked.append((2, 0.0, f"{name}: failed here ({r.error}); leave it off"))
-        elif not r.window_throughput:
-            unmeasured.append(f"{name}: not measured, {r.status} before a timed window finished ({r.error}); "
-                              "rerun with a larger max_seconds")
+        elif not said.comparable:  # diverged, stopped, or no timed window: no speed is credited
+            longer = "" if r.window_throughput else "; rerun with a larger max_seconds"
+            unmeasured.append(f"{name}: no verdict: {said.reason}{longer}")
         else:
-            said = verdict(base.throughput, r.throughput)
-            group, words = ((1, "could not tell here") if said.single_pair else
-                            (1, "no measurable difference here (it may still pay on a GPU)") if said.noise else
-                            (0, "try it first") if said.better else (2, "slower here: leave it off on this machine"))
+            group, words = (1, "could not tell here") if said.single_pair else said_as[said.direction]
             ranked.append((group, said.ratio, f"{name}: {words} ({said})"))
     out += [text for _, _, text in sorted(ranked, key=lambda t: (t[0], -t[1]))] + unmeasured
     out += [f"{name}: not tried here: {why}" for name, why in base.extras.get("skipped_techniques", {}).items()]
