@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .calibration import sized
 from .config import TrainConfig, comparison_repeats, config_for, plan_arm, preferred_amp
@@ -23,30 +23,17 @@ from .outcomes import (
     DEFAULT_SEEDS,
     TimeToAccuracy,
     TrapLimits,
-    TtaVerdict,
+    built_on,
     seconds_per_image,
     stopped_by_harness_budget,
     time_to_accuracy,
     tta_groups,
-    tta_verdict,
 )
-from .plots import (
-    KINDS,
-    NO_OP_WORDS,
-    ShownFigure,
-    _short_label,
-    figure_png,
-    kind_hatch,
-    legend_handles,
-    own_knobs,
-    plot_waterfall,
-)
+from .plots import figure_png, own_knobs, plot_tta_ladder, plot_waterfall
 from .profiles import profile_of
 from .results import RunResult, load_document, merge_repeats, save_results
 from .train import run, skip_or_demonstrate
 from .verdicts import ratio_of, step_slowdown, turns, verdict
-
-_Row = TypeVar("_Row", RunResult, TimeToAccuracy)
 
 
 @dataclass(frozen=True)
@@ -149,16 +136,6 @@ def select_rungs(rungs: list[Rung], only: list[str] | None = None, skip: list[st
     return keep
 
 
-def built_on(rows: Sequence[_Row], index: int) -> _Row | None:
-    """The rung that rows[index] was built on: the last one below it neither dropped nor left untrained. rows: a
-    ladder's runs, or its times to accuracy (each read by its first seed's run)."""
-    for row in reversed(rows[:index]):
-        r = (row.runs[0] if row.runs else None) if isinstance(row, TimeToAccuracy) else row
-        if r is not None and not r.dropped and r.status != "no_op":
-            return row
-    return None
-
-
 def speedups(results: list[RunResult], ttas: Sequence[TimeToAccuracy] = ()) -> list[dict[str, Any]]:
     """Per rung, against the first (naive): "speed", images/s over naive's (a Spread, NaN where a side timed no
     window); "tta", naive's seconds to target over the rung's as (Spread, reached, seeds, dropped), or why there is
@@ -226,7 +203,6 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
     results: list[RunResult] = []
     configs: list[TrainConfig] = []
     kept: dict[str, Any] = {}
-    below: RunResult | None = None
     bar = _rung_bar(len(rungs), "bench ladder", progress)
     started = time.monotonic()
     for rung in rungs:
@@ -242,13 +218,13 @@ def run_ladder(base: TrainConfig, rungs: list[Rung], progress: bool = True,
         result = (skip_or_demonstrate(base.replace(**kept), cfg, rung.title, progress=progress)
                   or run(cfg, label=rung.title, progress=progress))  # no-op, a short trap run, or a full run
         result.rung = rung.name
+        below = built_on(results, len(results))  # a rung dropped or not trained is not built on
         reason = drop_reason(result, below) if result.status not in ("interrupted", "no_op") else None
         reason = reason or (f"a trap here: {result.trap}" if result.trap else None)
         if reason:
             result.dropped = reason
         else:
             kept.update(rung.changes)
-            below = below if result.status == "no_op" else result  # a rung not trained measured nothing to build on
         results.append(result)
         configs.append(cfg)
         if on_result is not None:
@@ -478,68 +454,6 @@ def tta_markdown_table(ttas: list[TimeToAccuracy], not_run: dict[str, str] | Non
               "is stopped while taking over twice as long per image, or spends its budget in warm-up, runs no more "
               "seeds. A compiled rung compiles from empty caches in every seed, as a first run does."]
     return "\n".join(lines) + "\n"
-
-
-def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
-    """A time-to-accuracy rung's kind (plots.KINDS) by tta_verdict against the rung it builds on (v None: first);
-    a gain the verdict does not credit, or a verdict that could not tell, is "noise"."""
-    if any(r.status == "diverged" for r in t.runs):
-        return "diverged"
-    if not t.reached:
-        return "not_comparable"
-    if v is None:
-        return "base"
-    if v.faster:
-        return "better"
-    return "worse" if v.told and (v.seconds is None or v.seconds.direction == "worse") else "noise"
-
-
-def plot_tta_ladder(ttas: list[TimeToAccuracy], title: str = "time to accuracy", not_run: dict[str, str] | None = None):
-    """Bars of seconds to target per rung, drawn as tta_verdict judges each against the rung it builds on."""
-    fig = ShownFigure(figsize=(8.0, 5.6), layout="constrained")
-    ax = fig.subplots()
-    names = [t.label for t in ttas] + list(not_run or {})
-    kinds, marks, markers = [], [], {"no-op"}  # markers: the kinds drawn as a marker (no bar)
-    for i, t in enumerate(ttas):
-        below = built_on(ttas, i)  # the last rung carried up
-        v = tta_verdict(below, t) if below is not None else None
-        kind = tta_kind(t, v)
-        kinds.append(kind)
-        dropped = ["dropped"] if t.runs and t.runs[0].dropped else []
-        marks += dropped
-        face = KINDS[kind][0]
-        if t.reached:
-            s = v.seconds.other if v is not None and v.seconds is not None else t.seconds
-            lo, hi = s.interval
-            ax.bar(i, s.median, color=face, hatch=kind_hatch(kind, dropped), edgecolor="black", linewidth=0.6)
-            ax.errorbar(i, s.median, yerr=[[s.median - lo], [hi - s.median]], color="black", capsize=4)
-            ratio = f"{v.seconds.gain:.2f}x" if v is not None and v.seconds is not None else ""
-            words = {"noise": "noise", "diverged": "DIVERGED"}.get(kind) or (
-                "fewer seeds reached" if kind == "worse" and not ratio else "")
-            text = "\n".join(x for x in (f"{t.reached}/{len(t.runs)}", ratio, words) if x)
-            ax.text(i, hi, text, ha="center", va="bottom", fontsize=8)
-        else:
-            why = "diverged" if kind == "diverged" else "not reached"
-            markers.add(kind)
-            ax.plot(i, 0, marker=KINDS[kind][2], color="black", markerfacecolor=face, ms=10, clip_on=False)
-            ax.annotate(why, (i, 0), textcoords="offset points", xytext=(0, 9), ha="center", va="bottom",
-                        rotation=90, color="tab:red", fontsize=9)
-    for j, why in enumerate((not_run or {}).values(), start=len(ttas)):
-        kinds.append("no-op")
-        ax.plot(j, 0, marker=KINDS["no-op"][2], color="black", markerfacecolor="white", ms=10, clip_on=False)
-        ax.annotate(f"{NO_OP_WORDS}:\n" + _short_label(why, 18, 4), (j, 0), textcoords="offset points",
-                    xytext=(0, 9), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set_xlim(-0.6, len(names) - 0.4)  # a last rung with no bar keeps its "not reached" inside the axes
-    ax.margins(y=0.2)
-    ax.set_ylabel("training seconds to target (lower is better)")
-    first = ttas[0].runs[0] if ttas and ttas[0].runs else None
-    if first is not None:
-        title = f"{title}: {ttas[0].target:.0%} held-out accuracy, {first.env.get('device_name')}, {first.data_name}"
-    ax.set_title(title, fontsize=9)
-    fig.legend(handles=legend_handles(kinds, marks, than="the rung it builds on", markers=markers), fontsize=7,
-               loc="outside lower center")
-    return fig
 
 
 def only_no_ops(r: RunResult, below: RunResult) -> bool:

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bench import built_on
-from .outcomes import TimeToAccuracy
+from .outcomes import TimeToAccuracy, built_on
 from .results import RunResult
 from .verdicts import verdict
 

@@ -10,14 +10,14 @@ import statistics
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .claims import COULD_NOT_TELL, MIN_GAIN, Judgement, unseen
 from .config import TrainConfig, target_accuracy, tta_settings
 from .data import Data, load_data
 from .measure import Spread
 from .models import ModelArg
-from .results import RunResult
+from .results import RunResult, TtaRecord
 from .train import Checkpoints, TrainingRun, _run
 from .verdicts import Comparison, pooled_throughput, verdict
 from .verdicts import median_step_seconds as median_step_seconds  # the lessons read a run's step time here
@@ -74,7 +74,7 @@ def outcome_verdict(base_runs: Sequence[RunResult], other_runs: Sequence[RunResu
 
 @dataclass
 class TimeToAccuracy:
-    """Time to accuracy of one configuration over seeds; each run's extras["tta"] holds its figures."""
+    """Time to accuracy of one configuration over seeds; each run's `tta` (a TtaRecord) holds its figures."""
 
     label: str
     target: float
@@ -83,33 +83,37 @@ class TimeToAccuracy:
 
     @property
     def reached(self) -> int:
-        return sum(1 for r in self.runs if r.extras["tta"]["reached"])
+        return len(self.reached_runs)
+
+    @property
+    def reached_runs(self) -> list[RunResult]:
+        """The seeds that reached the target."""
+        return [r for r in self.runs if r.tta is not None and r.tta.reached]
 
     @property
     def seconds(self) -> Spread:
         """Training seconds to target over the seeds that reached it."""
-        return Spread.of([r.extras["tta"]["seconds"] for r in self.runs if r.extras["tta"]["reached"]])
+        return Spread.of([r.tta.seconds for r in self.reached_runs])
 
     @property
     def steps(self) -> Spread:
-        return Spread.of([r.extras["tta"]["steps"] for r in self.runs if r.extras["tta"]["reached"]])
+        return Spread.of([r.tta.steps for r in self.reached_runs])
 
     @property
     def best_accuracy(self) -> Spread:
         """Best held-out accuracy over the seeds evaluated at all (a trap may stop before its first)."""
-        return Spread.of([b for r in self.runs if (b := r.extras["tta"]["best_accuracy"]) is not None])
+        return Spread.of([r.tta.best_accuracy for r in self.runs if r.tta and r.tta.best_accuracy is not None])
 
     @property
     def why_not(self) -> str:
         """Why seeds did not reach the target ("step budget spent; diverged"), each reason once."""
-        return "; ".join(sorted({w for r in self.runs if (w := r.extras["tta"]["why_not"])}))
+        return "; ".join(sorted({r.tta.why_not for r in self.runs if r.tta and r.tta.why_not}))
 
     @property
     def first_check_steps(self) -> list[int]:
         """The steps of the first checkpoint, when every seed that reached the target reached it there (nothing is
         known of when it got there: any time up to that check); [] when one needed a later check, or none reached."""
-        firsts = [r.extras["tta"]["curve"][0][1] for r in self.runs if r.extras["tta"]["reached"]
-                  and r.extras["tta"].get("curve") and r.extras["tta"]["steps"] == r.extras["tta"]["curve"][0][1]]
+        firsts = [r.tta_curve[0][1] for r in self.reached_runs if r.tta_curve and r.tta.steps == r.tta_curve[0][1]]
         return sorted({int(s) for s in firsts}) if firsts and len(firsts) == self.reached else []
 
     def summary(self) -> str:
@@ -150,7 +154,7 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
         r = _run(training, cold_compile_caches=True)  # every compiled seed pays a first run's compilation
         r.dataset = info
         r.extras["variant"] = out.label
-        r.extras["tta"] = tta_record(r, target)
+        r.tta = tta_record(r, target)
         out.runs.append(r)
         if r.status == "interrupted":
             break
@@ -160,7 +164,7 @@ def time_to_accuracy(config: TrainConfig, target: float | None = None, *, seeds:
             if rest:
                 out.seeds_not_run = (f"seed{'s' if len(rest) > 1 else ''} {', '.join(rest)} not run: seed {seed} "
                                      f"{trap}")
-                r.extras["tta"]["seeds_not_run"] = out.seeds_not_run  # kept in the results file
+                r.tta.seeds_not_run = out.seeds_not_run  # kept in the results file
             break
     return out
 
@@ -171,10 +175,23 @@ def tta_groups(results: list[RunResult]) -> list[TimeToAccuracy]:
     for r in results:
         key = r.rung or r.extras.get("variant") or r.label
         if key not in groups:
-            groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.extras["tta"]["target"])
+            groups[key] = TimeToAccuracy(r.extras.get("variant", r.label), r.tta.target)
         groups[key].runs.append(r)
-        groups[key].seeds_not_run = groups[key].seeds_not_run or r.extras["tta"].get("seeds_not_run", "")
+        groups[key].seeds_not_run = groups[key].seeds_not_run or r.tta.seeds_not_run
     return list(groups.values())
+
+
+_Row = TypeVar("_Row", RunResult, TimeToAccuracy)
+
+
+def built_on(rows: Sequence[_Row], index: int) -> _Row | None:
+    """The rung that rows[index] was built on: the last one below it neither dropped nor left untrained. rows: a
+    ladder's runs, or its times to accuracy (each read by its first seed's run)."""
+    for row in reversed(rows[:index]):
+        r = (row.runs[0] if row.runs else None) if isinstance(row, TimeToAccuracy) else row
+        if r is not None and not r.dropped and r.status != "no_op":
+            return row
+    return None
 
 
 @dataclass(frozen=True)
@@ -188,10 +205,10 @@ class TrapLimits:
 
     def trap(self, r: RunResult) -> str | None:
         """Why this first seed ends its rung, or None."""
-        if r.extras["tta"]["reached"]:
+        if r.tta.reached:
             return None
         if r.status in ("diverged", "failed"):
-            return f"{r.extras['tta']['why_not']} before reaching the target"
+            return f"{r.tta.why_not} before reaching the target"
         if r.status != "time_limited" or stopped_by_harness_budget(r):
             return None
         per_image = seconds_per_image(r)
@@ -218,20 +235,17 @@ def seconds_per_image(r: RunResult) -> float | None:
     return statistics.median(per_window) if per_window else None
 
 
-def tta_record(r: RunResult, target: float) -> dict[str, Any]:
+def tta_record(r: RunResult, target: float) -> TtaRecord:
     """A run's time-to-accuracy figures, from its checkpoint curve."""
     curve = r.tta_curve
+    best = max((c[2] for c in curve), default=r.eval_accuracy)
     hit = next((c for c in curve if c[2] >= target), None)
-    record: dict[str, Any] = {"target": target, "reached": hit is not None, "curve": curve,
-                              "best_accuracy": max((c[2] for c in curve), default=r.eval_accuracy),
-                              "seconds": None, "steps": None, "images": None, "why_not": None}
     if hit is not None:
-        record.update(seconds=hit[0], steps=hit[1], images=hit[1] * r.images_per_step)
-    else:
-        record["why_not"] = ("not started: the notebook's budget was spent" if r.not_started
-                             else {"ok": "step budget spent", "time_limited": "time budget spent",
-                                   "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status])
-    return record
+        return TtaRecord(target, True, seconds=hit[0], steps=int(hit[1]), best_accuracy=best)
+    why_not = ("not started: the notebook's budget was spent" if r.not_started
+               else {"ok": "step budget spent", "time_limited": "time budget spent",
+                     "diverged": "diverged", "failed": "failed", "interrupted": "interrupted"}[r.status])
+    return TtaRecord(target, False, best_accuracy=best, why_not=why_not)
 
 
 # ---------------------------------------------------------------- judging two times to accuracy

@@ -1,4 +1,4 @@
-"""Plots of results: before/after bars with spread, step-time split, timelines, losses, waterfall.
+"""Plots of results: before/after bars with spread, step-time split, timelines, losses, waterfall, time to accuracy.
 
 Every figure says in its title when the data was synthetic. Comparison figures draw each bar as the one
 comparison (fastlab.verdicts) judges it (KINDS, MARKS); whiskers are the interval of the median it compares.
@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from .measure import Spread
+from .outcomes import TimeToAccuracy, TtaVerdict, built_on, tta_verdict
 from .results import RunResult, median_step_seconds, step_time
 from .verdicts import Comparison, pooled_throughput, ratio_of, runs_verdict, uncredited
 
@@ -405,7 +406,7 @@ def plot_memory_breakdowns(rows: Sequence[Any], title: str = ""):
     return fig
 
 
-def plot_tta_curves(ttas: Sequence[Any], title: str = ""):
+def plot_tta_curves(ttas: Sequence[TimeToAccuracy], title: str = "") -> ShownFigure:
     """Held-out accuracy against training seconds, one line per seed, one colour per group (fastlab.outcomes'
     TimeToAccuracy: notebooks 04 and 06), the target dashed; a seed that diverged is marked."""
     fig = ShownFigure(figsize=(7.5, 4.0), layout="constrained")
@@ -413,7 +414,7 @@ def plot_tta_curves(ttas: Sequence[Any], title: str = ""):
     runs = [r for t in ttas for r in t.runs]
     for i, t in enumerate(ttas):
         for j, r in enumerate(t.runs):
-            curve = r.extras["tta"]["curve"]
+            curve = r.tta_curve
             if curve:
                 ax.plot([c[0] for c in curve], [100 * c[2] for c in curve], color=f"C{i}", marker=".", lw=1.2,
                         alpha=0.85, label=t.label if j == 0 else None)
@@ -425,6 +426,70 @@ def plot_tta_curves(ttas: Sequence[Any], title: str = ""):
     ax.legend(fontsize=8)
     ax.set_title(f"{title + ' - ' if title else ''}time to accuracy, one line per seed\n{data_note(runs)}",
                  fontsize=10)
+    return fig
+
+
+def tta_kind(t: TimeToAccuracy, v: TtaVerdict | None) -> str:
+    """A time-to-accuracy rung's kind (plots.KINDS) by tta_verdict against the rung it builds on (v None: first);
+    a gain the verdict does not credit, or a verdict that could not tell, is "noise"."""
+    if any(r.status == "diverged" for r in t.runs):
+        return "diverged"
+    if not t.reached:
+        return "not_comparable"
+    if v is None:
+        return "base"
+    if v.faster:
+        return "better"
+    return "worse" if v.told and (v.seconds is None or v.seconds.direction == "worse") else "noise"
+
+
+def plot_tta_ladder(ttas: Sequence[TimeToAccuracy], title: str = "time to accuracy",
+                    not_run: dict[str, str] | None = None) -> ShownFigure:
+    """Bars of seconds to target per rung (`fastlab bench --metric time-to-accuracy`, notebook 06), drawn as
+    tta_verdict judges each against the rung it builds on; not_run: rung -> why it was not run (a marker)."""
+    fig = ShownFigure(figsize=(8.0, 5.6), layout="constrained")
+    ax = fig.subplots()
+    names = [t.label for t in ttas] + list(not_run or {})
+    kinds, marks, markers = [], [], {"no-op"}  # markers: the kinds drawn as a marker (no bar)
+    for i, t in enumerate(ttas):
+        below = built_on(ttas, i)  # the last rung carried up
+        v = tta_verdict(below, t) if below is not None else None
+        kind = tta_kind(t, v)
+        kinds.append(kind)
+        dropped = ["dropped"] if t.runs and t.runs[0].dropped else []
+        marks += dropped
+        face = KINDS[kind][0]
+        if t.reached:
+            s = v.seconds.other if v is not None and v.seconds is not None else t.seconds
+            lo, hi = s.interval
+            ax.bar(i, s.median, color=face, hatch=kind_hatch(kind, dropped), edgecolor="black", linewidth=0.6)
+            ax.errorbar(i, s.median, yerr=[[s.median - lo], [hi - s.median]], color="black", capsize=4)
+            ratio = f"{v.seconds.gain:.2f}x" if v is not None and v.seconds is not None else ""
+            words = {"noise": "noise", "diverged": "DIVERGED"}.get(kind) or (
+                "fewer seeds reached" if kind == "worse" and not ratio else "")
+            text = "\n".join(x for x in (f"{t.reached}/{len(t.runs)}", ratio, words) if x)
+            ax.text(i, hi, text, ha="center", va="bottom", fontsize=8)
+        else:
+            why = "diverged" if kind == "diverged" else "not reached"
+            markers.add(kind)
+            ax.plot(i, 0, marker=KINDS[kind][2], color="black", markerfacecolor=face, ms=10, clip_on=False)
+            ax.annotate(why, (i, 0), textcoords="offset points", xytext=(0, 9), ha="center", va="bottom",
+                        rotation=90, color="tab:red", fontsize=9)
+    for j, why in enumerate((not_run or {}).values(), start=len(ttas)):
+        kinds.append("no-op")
+        ax.plot(j, 0, marker=KINDS["no-op"][2], color="black", markerfacecolor="white", ms=10, clip_on=False)
+        ax.annotate(f"{NO_OP_WORDS}:\n" + _short_label(why, 18, 4), (j, 0), textcoords="offset points",
+                    xytext=(0, 9), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(names) - 0.4)  # a last rung with no bar keeps its "not reached" inside the axes
+    ax.margins(y=0.2)
+    ax.set_ylabel("training seconds to target (lower is better)")
+    first = ttas[0].runs[0] if ttas and ttas[0].runs else None
+    if first is not None:
+        title = f"{title}: {ttas[0].target:.0%} held-out accuracy, {first.env.get('device_name')}, {first.data_name}"
+    ax.set_title(title, fontsize=9)
+    fig.legend(handles=legend_handles(kinds, marks, than="the rung it builds on", markers=markers), fontsize=7,
+               loc="outside lower center")
     return fig
 
 

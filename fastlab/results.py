@@ -21,7 +21,27 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 
 
 MOVED_FROM_EXTRAS = ("repeats", "repeat_windows", "window_seconds", "tta_curve", "stopped_by", "kept_loss_tensors",
-                     "rung", "dropped", "trap", "comparison")
+                     "rung", "dropped", "trap", "comparison", "tta")
+
+
+@dataclass
+class TtaRecord:
+    """A run's time to accuracy (fastlab.outcomes.time_to_accuracy), read from its checkpoints (RunResult.tta_curve):
+    the first that reached the target, or why none did."""
+
+    target: float
+    reached: bool = False
+    seconds: float | None = None  # training seconds up to the checkpoint that reached the target
+    steps: int | None = None
+    best_accuracy: float | None = None  # None: stopped before its first evaluation
+    why_not: str | None = None  # why it did not reach the target ("step budget spent", "diverged" ...)
+    seeds_not_run: str = ""  # on a rung's first seed: why the seeds after it were not run
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TtaRecord:
+        """From a results file; keys that are no longer fields (the curve, images) are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
@@ -69,6 +89,7 @@ class RunResult:
     window_seconds: list[float] = field(default_factory=list)  # wall seconds of each timed window
     # time to accuracy: [training seconds (warm-up included), steps, held-out accuracy] at each checkpoint
     tta_curve: list[list[float]] = field(default_factory=list)
+    tta: TtaRecord | None = None  # what the curve says of the target (time_to_accuracy's runs only)
     stopped_by: str = ""  # a time_limited run's limit: "max_seconds" (the harness's budget) or "max_training_seconds"
     kept_loss_tensors: int | None = None  # log_loss="tensor": how many loss tensors (and their graphs) were kept
     extras: dict[str, Any] = field(default_factory=dict)
@@ -199,6 +220,11 @@ class RunResult:
         for key, name in [*((k, k) for k in MOVED_FROM_EXTRAS), ("budget", "budget_cut")]:
             if key in extras and name not in data:  # files written before these were fields kept them in extras
                 kept[name] = extras.pop(key)
+        if isinstance(kept.get("tta"), dict):
+            curve = kept["tta"].get("curve")  # files written before tta was a field held the curve twice
+            if curve and not kept.get("tta_curve"):
+                kept["tta_curve"] = curve
+            kept["tta"] = TtaRecord.from_dict(kept["tta"])
         return cls(**{**kept, "extras": extras})
 
 

@@ -114,14 +114,14 @@ def test_the_readme_tables_are_what_report_prints_from_their_results_files():
 
 
 def test_the_tta_figure_keeps_a_last_rung_that_did_not_reach_the_target_inside_its_axes():
-    from fastlab.bench import plot_tta_ladder
-    from fastlab.results import RunResult
+    from fastlab.plots import plot_tta_ladder
+    from fastlab.results import RunResult, TtaRecord
 
     def rung(label: str, reached: bool) -> fastlab.TimeToAccuracy:
         tta = fastlab.TimeToAccuracy(label, 0.5)
-        tta.runs.append(RunResult(config={}, label=label, extras={"tta": {
-            "reached": reached, "seconds": 10.0 if reached else None, "steps": 5 if reached else None,
-            "best_accuracy": 0.6 if reached else 0.3, "why_not": None if reached else "time budget spent"}}))
+        tta.runs.append(RunResult(config={}, label=label, tta=TtaRecord(
+            0.5, reached, 10.0 if reached else None, 5 if reached else None, 0.6 if reached else 0.3,
+            None if reached else "time budget spent")))
         return tta
 
     fig = plot_tta_ladder([rung("naive", True), rung("+compile", False)])

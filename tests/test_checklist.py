@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 
 import fastlab
-from fastlab.bench import built_on, ladder, rungs_for, select_rungs, skipped_rungs
+from fastlab.bench import ladder, rungs_for, select_rungs, skipped_rungs
 from fastlab.checklist import TECHNIQUES, build_checklist, checklist_markdown
 from fastlab.environment_report import techniques_here
 from fastlab.lessons import all_together as at
+from fastlab.outcomes import built_on
+from fastlab.results import TtaRecord
 
 APPLIES_ALL = [(t.name, True, "here") for t in TECHNIQUES]
 
@@ -127,9 +129,8 @@ def _tta_group(name, seconds, status="ok", dropped=None, target=0.5, **config):
         r = rung(name, [100.0], **config)
         r.status = status
         reached = s is not None and status == "ok"
-        r.extras["tta"] = {"target": target, "reached": reached, "seconds": s if reached else None,
-                           "steps": 10 if reached else None, "images": None, "best_accuracy": 0.6, "curve": [],
-                           "why_not": None if reached else "diverged"}
+        r.tta = TtaRecord(target, reached, s if reached else None, 10 if reached else None, 0.6,
+                          None if reached else "diverged")
         if dropped:
             r.dropped = dropped
         runs.append(r)

@@ -19,7 +19,7 @@ import fastlab
 from fastlab import bench, measure, outcomes, train
 from fastlab.config import config_for
 from fastlab.lessons.data_loading import describe_data_wait
-from fastlab.results import RunResult, load_results, save_results
+from fastlab.results import RunResult, TtaRecord, load_results, save_results
 from fastlab.tools import gpu_check
 
 advise = importlib.import_module("fastlab.advisor")
@@ -148,9 +148,9 @@ def test_a_stop_by_the_harness_budget_is_not_a_trap():
     said = bench.drop_reason(unmeasured, below)  # no step time either: nothing known, so no word on a trap
     assert said.startswith("not measured:") and "trap" not in said
     # time to accuracy: a first seed stopped by max_seconds ends nothing, whatever its speed
-    tta = {"tta": {"reached": False, "why_not": "time budget spent"}}
+    tta = TtaRecord(0.5, False, why_not="time budget spent")
     seed = RunResult(config={"warmup_steps": 0}, status="time_limited", window_throughput=[1.0], steps_done=9,
-                     step_seconds=[1.0] * 9, images_per_step=1, extras=tta, stopped_by="max_seconds")
+                     step_seconds=[1.0] * 9, images_per_step=1, tta=tta, stopped_by="max_seconds")
     assert outcomes.TrapLimits(max_training_seconds=5, max_seconds_per_image=1e-6).trap(seed) is None
 
 
@@ -255,8 +255,7 @@ def test_make_gpu_check_prints_one_line_and_exits_0_without_cuda():
 def _stopped(window_throughput: list[float], step: float, batch: int = 64) -> RunResult:
     return RunResult(config={"warmup_steps": 1}, label="x", status="time_limited", images_per_step=batch,
                      step_seconds=[9.0] + [step] * 10, steps_done=11, window_throughput=window_throughput,
-                     extras={"tta": {"reached": False, "why_not": "time budget spent"}},
-                     stopped_by="max_training_seconds")
+                     tta=TtaRecord(0.5, False, why_not="time budget spent"), stopped_by="max_training_seconds")
 
 
 def test_time_to_accuracy_traps_are_judged_from_synchronised_windows_not_step_times():
@@ -278,8 +277,7 @@ def test_the_per_image_limit_comes_from_the_rung_below_s_windows():
     for seconds, speed in ((10.0, 50.0), (14.0, 25.0)):  # 20 ms and 40 ms an image; step times say nothing
         below.runs.append(RunResult(config={"warmup_steps": 1}, label="x", step_seconds=[3.0, 1e-3, 1e-3],
                                     images_per_step=10, window_throughput=[speed, speed],
-                                    extras={"tta": {"reached": True, "seconds": seconds, "steps": 5,
-                                                    "best_accuracy": 0.6}}))
+                                    tta=TtaRecord(0.5, True, seconds, 5, 0.6)))
     limits = bench.tta_limits(below)
     assert limits.max_training_seconds == 28.0 and limits.max_seconds_per_image == pytest.approx(0.06)
 

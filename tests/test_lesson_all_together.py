@@ -11,7 +11,9 @@ import fastlab
 from fastlab import bench, measure
 from fastlab.claims import check_verdict
 from fastlab.lessons import all_together as at
-from fastlab.profiles import PROFILES, Profile
+from fastlab.outcomes import built_on
+from fastlab.profiles import PROFILES, Profile, profile_of
+from fastlab.results import TtaRecord
 
 
 def rung(name, speeds, status="ok", dropped=None, **config):
@@ -30,11 +32,9 @@ def tta(name, seconds, steps=None, status="ok", dropped=None, target=0.5, speed=
         r = rung(name, [speed], status=status, dropped=dropped)
         reached = s is not None and status == "ok"
         st = (steps or [10] * len(seconds))[i]
-        r.extras["tta"] = {"target": target, "reached": reached, "seconds": s if reached else None,
-                           "steps": st if reached else None, "images": 32 * st if reached else None,
-                           "best_accuracy": 0.6 if reached else 0.2,
-                           "curve": [[(s or 1.0) / 2, st // 2, 0.3], [s or 1.0, st, 0.6]],  # not at the first check
-                           "why_not": None if reached else ("diverged" if status == "diverged" else "step budget spent")}
+        r.tta_curve = [[(s or 1.0) / 2, st // 2, 0.3], [s or 1.0, st, 0.6]]  # not at the first check
+        r.tta = TtaRecord(target, reached, s if reached else None, st if reached else None, 0.6 if reached else 0.2,
+                          None if reached else ("diverged" if status == "diverged" else "step budget spent"))
         runs.append(r)
     return fastlab.TimeToAccuracy(f"+{name}", target, runs)
 
@@ -54,13 +54,13 @@ def ttas():
 
 def test_profiles_choose_rungs_and_seeds(smoke, monkeypatch):
     assert at.tta_rung_names(smoke) == ["naive", "fused_adamw", "large_batch"]
-    assert len(at.tta_seeds(smoke)) >= 2
+    assert len(profile_of(smoke).tta_seeds) >= 2
     cpu = fastlab.config_for("cpu", device="cpu")
     # the cpu profile measures the checklist's stack and the larger batch against naive, over three seeds...
-    assert at.tta_rung_names(cpu) == ["naive", "fused_adamw", "large_batch"] and len(at.tta_seeds(cpu)) >= 3
+    assert at.tta_rung_names(cpu) == ["naive", "fused_adamw", "large_batch"] and len(profile_of(cpu).tta_seeds) >= 3
     skipped = at.tta_skipped(smoke)
     assert "workers" in skipped and "smoke" in skipped["all_on"] and "fused_adamw" not in skipped
-    assert at.EVERY_RUNG in skipped["workers"] and len(at.tta_seeds(smoke)) < len(Profile.tta_seeds)
+    assert at.EVERY_RUNG in skipped["workers"] and len(profile_of(smoke).tta_seeds) < len(Profile.tta_seeds)
     assert "cpu" in at.tta_skipped(cpu)["workers"] and at.EVERY_RUNG in at.tta_skipped(cpu)["workers"]
     # ...and every rung when asked for the thorough version (smoke stays short)
     monkeypatch.setenv("FASTLAB_THOROUGH", "1")
@@ -85,7 +85,7 @@ def test_time_to_accuracy_runs_the_rungs_exact_configs(quick, monkeypatch):
     out = at.run_tta(results, quick, progress=False)
     assert [label for _, _, label in seen] == ["+naive", "+fused_adamw"]  # workers is not in the smoke subset
     assert seen[1][0] == fastlab.TrainConfig.from_dict(results[2].config)
-    assert seen[0][1] == at.tta_seeds(quick)
+    assert seen[0][1] == profile_of(quick).tta_seeds
     assert limited[0] is None and limited[1] == fastlab.bench.tta_limits(out[0])  # naive has none; above, naive's
     assert all(r.rung == "fused_adamw" and r.dropped == "a trap" for r in out[1].runs)
     assert all(r.comparison == f"{at.NAME}:time_to_accuracy" for t in out for r in t.runs)
@@ -97,8 +97,8 @@ def test_a_rung_faster_per_image_but_slower_to_a_result_stands_out():
     assert list(found) == ["+amp", "+large_batch"]
     assert "but to the target: not faster (+amp diverged in 3 of 3 seeds)" in found["+amp"]
     assert found["+large_batch"].startswith("2.00x images/s over the rung it built on, but to the target: not faster")
-    assert bench.built_on(ttas(), 3).label == "+workers"  # fused_adamw is against workers: amp was dropped
-    assert bench.built_on(ttas(), 0) is None
+    assert built_on(ttas(), 3).label == "+workers"  # fused_adamw is against workers: amp was dropped
+    assert built_on(ttas(), 0) is None
     # what notebook 09's side-by-side figure draws: each rung over naive, per image and to the target
     rows = bench.speedups(ladder(), ttas())
     assert [row["speed"].median for row in rows] == pytest.approx([1.0, 1.5, 3.0, 1.6, 3.2])

@@ -4,7 +4,7 @@ import pytest
 
 from fastlab.lessons import batch_size as B
 from fastlab.profiles import PROFILES
-from fastlab.results import RunResult
+from fastlab.results import RunResult, TtaRecord
 
 
 class FakeRunner:
@@ -122,9 +122,9 @@ def test_a_power_of_two_is_judged_against_its_neighbours_line():
 
 def _tta(label, batch, windows, seconds):
     return RunResult(config={"batch_size": batch}, label=label, images_per_step=batch, window_throughput=windows,
-                     extras={"variant": label, "tta": {"target": 0.5, "reached": seconds is not None,
-                                                       "seconds": seconds, "steps": 10, "curve": [[1.0, 5, 0.6]],
-                                                       "best_accuracy": 0.6, "why_not": None if seconds else "step budget spent"}})
+                     extras={"variant": label}, tta_curve=[[1.0, 5, 0.6]],
+                     tta=TtaRecord(0.5, seconds is not None, seconds, 10, 0.6,
+                                   None if seconds else "step budget spent"))
 
 
 def test_c8_counts_time_to_accuracy_as_well_as_images_per_second(smoke):

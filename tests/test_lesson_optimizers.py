@@ -6,8 +6,8 @@ import fastlab
 from fastlab import plots
 from fastlab.lessons import optimizers as O
 from fastlab.outcomes import TimeToAccuracy, tta_groups, tta_verdict
-from fastlab.profiles import PROFILES
-from fastlab.results import RunResult
+from fastlab.profiles import PROFILES, profile_of
+from fastlab.results import RunResult, TtaRecord
 
 
 def test_presets_apply_and_reject_unknown(smoke):
@@ -16,8 +16,8 @@ def test_presets_apply_and_reject_unknown(smoke):
     assert O.preset(smoke, "sgd").lr > O.preset(smoke, "adam").lr  # SGD needs the larger lr
     with pytest.raises(ValueError, match="name='lion' is not allowed: choose one of 'adam', 'adamw', 'sgd'"):
         O.preset(smoke, "lion")
-    assert len(O.tta_seeds(smoke)) >= 2 and len(O.tta_seeds(smoke.replace(profile="cpu"))) >= 3
-    assert len(O.tta_seeds(smoke.replace(profile="gpu"))) >= 3
+    assert len(profile_of(smoke).tta_seeds) >= 2 and len(profile_of(smoke.replace(profile="cpu")).tta_seeds) >= 3
+    assert len(profile_of(smoke.replace(profile="gpu")).tta_seeds) >= 3
 
 
 def test_c12_changes_one_thing_at_a_time(smoke):
@@ -39,11 +39,10 @@ def _tta(label, seconds, steps=None, statuses=None, target=0.5, windows=()):
         reached = s is not None and status == "ok"
         st = (steps or [10 * (i + 1)] * len(seconds))[i]
         r = RunResult(config={}, label=f"{label} (seed {i})", status=status, window_throughput=list(windows),
-                      extras={"variant": label, "tta": {
-                          "target": target, "reached": reached, "seconds": s if reached else None,
-                          "steps": st if reached else None, "images": None, "best_accuracy": 0.6 if reached else 0.3,
-                          "curve": [[1.0, 5, 0.3], [s or 2.0, st, 0.6 if reached else 0.3]],
-                          "why_not": None if reached else ("diverged" if status == "diverged" else "step budget spent")}})
+                      extras={"variant": label}, tta_curve=[[1.0, 5, 0.3], [s or 2.0, st, 0.6 if reached else 0.3]],
+                      tta=TtaRecord(target, reached, s if reached else None, st if reached else None,
+                                    0.6 if reached else 0.3,
+                                    None if reached else ("diverged" if status == "diverged" else "step budget spent")))
         runs.append(r)
     return TimeToAccuracy(label, target, runs)
 
@@ -144,7 +143,7 @@ def test_c12_comparison_runs_seed_major(quick, monkeypatch):
     assert order == [(label, (seed,)) for seed in (0, 1) for label in labels]
     ttas = tta_groups(runs)
     assert [t.label for t in ttas] == labels and all(len(t.runs) == 2 for t in ttas)
-    assert all("tta" in r.extras and r.extras["change"] for r in runs)
+    assert all(r.tta is not None and r.extras["change"] for r in runs)
 
 
 def test_optimizer_step_micro_benchmark(quick):
@@ -182,7 +181,7 @@ def test_c12_reached_before_the_schedule_acts_is_not_tested():
     assert f.verdict.startswith("not testable here (the target was reached by step 10 of the 150")
     assert "99% of its peak" in f.verdict and "does not hold" in f.evidence
     for r in cosine.runs:  # reached late in the schedule: judged as before
-        r.extras["tta"]["steps"] = 120
+        r.tta.steps = 120
     assert O.judge_c12([_tta("Adam", [10.0, 11.0, 12.0], steps=[120] * 3), cosine]).verdict.startswith("does not")
 
 

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import fastlab
-from fastlab import bench, outcomes
+from fastlab import bench, outcomes, plots
 from fastlab.config import config_for
 from fastlab.measure import Spread
-from fastlab.results import RunResult
+from fastlab.results import RunResult, TtaRecord
 
 
 @pytest.fixture
@@ -123,9 +123,9 @@ def test_time_to_accuracy_reaches_an_easy_target_and_keeps_evaluation_apart(quic
     tta = fastlab.time_to_accuracy(quick, target=0.0, seeds=(0, 1), eval_every=2, progress=False)
     assert tta.reached == 2
     for r in tta.runs:
-        rec = r.extras["tta"]
-        assert rec["reached"] and rec["steps"] == 2 and rec["images"] == 2 * r.images_per_step
-        assert rec["seconds"] > 0 and rec["curve"][0][1] == 2
+        rec = r.tta
+        assert rec.reached and rec.steps == 2 and rec.target == 0.0
+        assert rec.seconds > 0 and r.tta_curve[0][1] == 2
         assert r.steps_done == 2  # stopped at the checkpoint that reached it
     assert tta.seconds.n == 2 and "reached in 2 of 2 seeds" in tta.summary()
 
@@ -133,16 +133,16 @@ def test_time_to_accuracy_reaches_an_easy_target_and_keeps_evaluation_apart(quic
 def test_time_to_accuracy_says_not_reached_with_the_best_accuracy(quick):
     tta = fastlab.time_to_accuracy(quick, target=1.01, seeds=(0,), eval_every=3, max_steps=7, progress=False)
     assert tta.reached == 0
-    rec = tta.runs[0].extras["tta"]
-    assert not rec["reached"] and rec["why_not"] == "step budget spent"
-    assert [c[1] for c in rec["curve"]] == [3, 6]
+    rec, curve = tta.runs[0].tta, tta.runs[0].tta_curve
+    assert not rec.reached and rec.why_not == "step budget spent" and rec.seconds is rec.steps is None
+    assert [c[1] for c in curve] == [3, 6] and rec.best_accuracy == max(c[2] for c in curve)
     assert "not reached" in tta.summary() and "best accuracy" in tta.summary()
 
 
 def test_time_to_accuracy_of_a_diverging_run_is_not_reached(quick):
     tta = fastlab.time_to_accuracy(quick, target=0.99, seeds=(0,), eval_every=2, model=lambda: TurnsNaN(at=3),
                                    progress=False)
-    assert tta.reached == 0 and tta.runs[0].extras["tta"]["why_not"] == "diverged"
+    assert tta.reached == 0 and tta.runs[0].tta.why_not == "diverged"
     assert bench.tta_drop_reason(tta).startswith("diverged")
 
 
@@ -197,7 +197,7 @@ def test_a_reached_run_keeps_the_checkpoint_as_its_accuracy_and_has_windows(quic
     tta = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=0.0, seeds=(0,), eval_every=3,
                                    max_steps=30, progress=False)
     r = tta.runs[0]
-    assert len(calls) == 1 and r.eval_accuracy == r.extras["tta"]["curve"][0][2]
+    assert len(calls) == 1 and r.eval_accuracy == r.tta_curve[0][2]
     assert r.config["windows"] == (30 - 1) // 3  # windows about eval_every steps long
     long = fastlab.time_to_accuracy(quick.replace(warmup_steps=1), target=1.01, seeds=(0,), eval_every=3,
                                     max_steps=10, progress=False).runs[0]
@@ -226,7 +226,7 @@ def test_a_rung_whose_first_seed_is_a_trap_runs_no_more_seeds(quick):
     tta = fastlab.time_to_accuracy(quick, target=0.99, seeds=(0, 1, 2), eval_every=2, model=lambda: TurnsNaN(at=3),
                                    progress=False, limits=TrapLimits())
     assert len(tta.runs) == 1 and tta.seeds_not_run.startswith("seeds 1, 2 not run: seed 0 diverged")
-    assert tta.runs[0].extras["tta"]["seeds_not_run"] == tta.seeds_not_run
+    assert tta.runs[0].tta.seeds_not_run == tta.seeds_not_run
     assert "not run" in tta.summary()
     regrouped = outcomes.tta_groups(tta.runs)  # read back from a results file, the note stays
     assert regrouped[0].seeds_not_run == tta.seeds_not_run
@@ -260,7 +260,7 @@ def test_a_seed_stopped_by_its_budget_ends_the_rung_only_when_it_stepped_slowly(
                                                                      max_seconds_per_image=1e-9))
     r = slow.runs[0]
     assert r.status == "time_limited" and r.window_throughput and "without reaching the target" in r.error
-    assert r.extras["tta"]["why_not"] == "time budget spent" and r.eval_accuracy is None  # no pass on a trap
+    assert r.tta.why_not == "time budget spent" and r.eval_accuracy is None  # no pass on a trap
     assert len(slow.runs) == 1 and "ms an image" in slow.seeds_not_run and "a speed trap" in slow.seeds_not_run
     # stopped by the budget but stepping at an ordinary speed: slow to learn, not a trap; the other seeds run
     learner = fastlab.time_to_accuracy(timed, target=1.01, seeds=(0, 1), eval_every=2, max_steps=400,
@@ -289,7 +289,7 @@ def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
     def stopped(batch: int, step: float) -> RunResult:  # synchronised windows of `step` seconds a step
         return RunResult(config={"warmup_steps": 1}, label="x", status="time_limited", images_per_step=batch,
                          step_seconds=[9.0, step, step], steps_done=3, window_throughput=[batch / step],
-                         extras={"tta": {"reached": False, "why_not": "time"}}, stopped_by="max_training_seconds")
+                         tta=TtaRecord(0.5, False, why_not="time"), stopped_by="max_training_seconds")
 
     limits = TrapLimits(max_training_seconds=10.0, max_seconds_per_image=2 * 0.5 / 64)  # below: 0.5 s a 64-batch
     assert limits.trap(stopped(128, 1.2)) is None  # twice the batch, 1.2x the step: faster per image
@@ -297,7 +297,7 @@ def test_the_speed_trap_is_per_image_so_a_larger_batch_is_not_one():
     # stopped in warm-up: warm-up's cost, which every seed repeats from fresh caches
     in_warm_up = RunResult(config={"warmup_steps": 3}, label="x", status="time_limited", images_per_step=64,
                            step_seconds=[50.0], steps_done=1,
-                           extras={"tta": {"reached": False}}, stopped_by="max_training_seconds")
+                           tta=TtaRecord(0.5, False), stopped_by="max_training_seconds")
     assert "spent 50.0 s, over its budget, in 1 warm-up step (compilation" in limits.trap(in_warm_up)
 
 
@@ -306,8 +306,7 @@ def test_the_limits_come_from_the_rung_below():
     for seconds, step in ((10.0, 0.2), (14.0, 0.4)):
         below.runs.append(RunResult(config={"warmup_steps": 1}, label="x", step_seconds=[3.0, step, step],
                                     images_per_step=10, window_throughput=[10 / step, 10 / step],
-                                    extras={"tta": {"reached": True, "seconds": seconds, "steps": 5,
-                                                    "best_accuracy": 0.6}}))
+                                    tta=TtaRecord(0.5, True, seconds, 5, 0.6)))
     limits = bench.tta_limits(below)
     assert limits.max_training_seconds == 28.0 and limits.max_seconds_per_image == pytest.approx(0.06)
     assert bench.tta_limits(None) is None and bench.tta_limits(fastlab.TimeToAccuracy("none", 0.5)) is None
@@ -319,9 +318,8 @@ def _seeds(label: str, seconds: list[float], speed: float, checks: list[list[flo
     for i, s in enumerate(seconds):
         curve = [[s * steps / checks[-1][0], steps, acc] for steps, acc in checks]
         r = RunResult(config={"warmup_steps": 0}, label=f"{label} (seed {i})",
-                      window_throughput=[speed * k for k in (0.99, 1.0, 1.01)], images_per_step=32)
-        r.extras["tta"] = {"target": 0.5, "reached": True, "seconds": s, "steps": checks[-1][0], "images": None,
-                           "best_accuracy": checks[-1][1], "curve": curve, "why_not": None}
+                      window_throughput=[speed * k for k in (0.99, 1.0, 1.01)], images_per_step=32, tta_curve=curve,
+                      tta=TtaRecord(0.5, True, s, checks[-1][0], checks[-1][1]))
         runs.append(r)
     return fastlab.TimeToAccuracy(label, 0.5, runs)
 
@@ -336,9 +334,9 @@ def test_time_to_accuracy_reached_at_the_first_check_measures_the_checkpoint_int
     assert v.finding.verdict == ("could not tell here (2.00x in seconds to 50%, but both reached 50% at the first check, "
                                  "after 10 steps: the ratio measures the checkpoint interval, not the change; evaluate "
                                  "more often or set a higher target)"), v.finding.verdict
-    assert bench.tta_kind(other, v) == "noise"
+    assert plots.tta_kind(other, v) == "noise"
     slower = outcomes.tta_verdict(base, _seeds("+compile", [20.0, 21.0, 22.0], 50.0, first))
-    assert not slower.told and bench.tta_kind(other, slower) == "noise"  # not "worse" either: it cannot tell
+    assert not slower.told and plots.tta_kind(other, slower) == "noise"  # not "worse" either: it cannot tell
     # the same runs with a check before the target (not reached there): the seconds are the change's, credited
     later = [[5, 0.3], [10, 0.6]]
     told = outcomes.tta_verdict(_seeds("naive", [10.0, 11.0, 12.0], 100.0, later),
@@ -355,7 +353,7 @@ def test_a_time_to_accuracy_the_budget_did_not_start_could_not_tell():
 
     def refused(label):
         r = train.not_started(cfg, label, "not started: the budget was spent")
-        r.extras["tta"] = outcomes.tta_record(r, 0.5)
+        r.tta = outcomes.tta_record(r, 0.5)
         return r
 
     base = outcomes.TimeToAccuracy(label="adam", target=0.5, runs=[refused("adam (seed 0)")])

@@ -10,10 +10,9 @@ from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 import fastlab  # noqa: E402
-from fastlab.bench import plot_tta_ladder  # noqa: E402
 from fastlab.outcomes import tta_verdict  # noqa: E402
-from fastlab.plots import KINDS, plot_comparison, plot_waterfall  # noqa: E402
-from fastlab.results import RunResult  # noqa: E402
+from fastlab.plots import KINDS, plot_comparison, plot_tta_ladder, plot_waterfall  # noqa: E402
+from fastlab.results import RunResult, TtaRecord  # noqa: E402
 from fastlab.verdicts import pooled_throughput, runs_verdict  # noqa: E402
 from fastlab.widgets import pair_summary  # noqa: E402
 
@@ -169,8 +168,7 @@ def tta(label, seconds):
     t = fastlab.TimeToAccuracy(label, 0.5)
     # each seed's step as fast as its seconds say: tta_verdict credits seconds only where steps or speed show them
     t.runs = [RunResult(config={}, label=label, window_throughput=[1000 / s * k for k in (0.98, 1.0, 1.02)],
-                        images_per_step=32, extras={"tta": {"reached": True, "seconds": s, "steps": 5,
-                                                            "best_accuracy": 0.6, "why_not": None}})
+                        images_per_step=32, tta=TtaRecord(0.5, True, s, 5, 0.6))
               for s in seconds]
     return t
 

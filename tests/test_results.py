@@ -6,7 +6,7 @@ import pytest
 import fastlab
 from fastlab import files
 from fastlab.measure import Spread
-from fastlab.results import SCHEMA_VERSION, RunResult, load_document, load_results, save_results
+from fastlab.results import SCHEMA_VERSION, RunResult, TtaRecord, load_document, load_results, save_results
 from fastlab.verdicts import is_noise
 
 
@@ -128,6 +128,19 @@ def test_what_a_figure_reads_is_a_field_and_older_files_still_load():
                                                                        "not started") and r.not_started
     assert r.extras == {"metric": "tta"}  # what several modules do not read stays where it was
     assert RunResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_time_to_accuracy_is_a_field_and_older_files_still_load():
+    """extras["tta"] (a dict that held the checkpoint curve a second time) loads as RunResult.tta, the curve as
+    tta_curve; a record round-trips through a results file."""
+    old = {"config": {}, "extras": {"variant": "naive", "tta": {
+        "target": 0.5, "reached": True, "curve": [[1.0, 5, 0.3], [2.0, 10, 0.6]], "best_accuracy": 0.6,
+        "seconds": 2.0, "steps": 10, "images": 320, "why_not": None, "seeds_not_run": "seed 1 not run: a trap"}}}
+    r = RunResult.from_dict(old)
+    assert r.tta == TtaRecord(0.5, True, 2.0, 10, 0.6, None, "seed 1 not run: a trap")
+    assert r.tta_curve == [[1.0, 5, 0.3], [2.0, 10, 0.6]] and r.extras == {"variant": "naive"}
+    assert RunResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert RunResult.from_dict(json.loads(json.dumps(make("a").to_dict()))).tta is None
 
 
 def test_a_run_that_did_not_run_has_no_warm_up_or_timed_figure():

@@ -364,8 +364,8 @@ def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path
 
 
 def test_a_rung_above_an_untrained_one_is_judged_against_the_rung_that_ran(smoke):
-    from fastlab.checklist import built_on
     from fastlab.lessons import all_together
+    from fastlab.outcomes import built_on
     from fastlab.train import not_trained
 
     cfg = smoke.replace(device="cpu")

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import budget
-from ..bench import Rung, built_on, ladder, only_no_ops, run_ladder, rung_tta, rungs_for, skipped_rungs, speedups
+from ..bench import Rung, ladder, only_no_ops, run_ladder, rung_tta, rungs_for, skipped_rungs, speedups
 from ..claims import Judgement, verdict_conditions, verdict_speedup
 from ..comparisons import comparison
 from ..config import TrainConfig, positive_int, thorough
 from ..measure import bf16_supported, resolve_device
-from ..outcomes import TimeToAccuracy, tta_finding, tta_verdict
+from ..outcomes import TimeToAccuracy, built_on, tta_finding, tta_verdict
 from ..profiles import profile_of
 from ..results import RunResult, load_reference, reference_for
 from ..train import interleave, run
@@ -104,11 +104,6 @@ C15_RUNGS = ("workers", "amp", "cudnn", "fused_adamw")  # the techniques C15 nam
 EVERY_RUNG = "the gpu profile, and the cpu profile with FASTLAB_THOROUGH=1, measure every rung"
 
 
-def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
-    """The seeds time to accuracy runs over on base's profile (Profile.tta_seeds)."""
-    return profile_of(base).tta_seeds
-
-
 def tta_skipped(base: TrainConfig, results: Sequence[RunResult] = ()) -> dict[str, str]:
     """Rung name -> why its time to accuracy is not measured under base's profile: the rungs it skips, those
     outside Profile.tta_only (where C15's stack ends, and the larger batch) unless FASTLAB_THOROUGH=1 lifts it,
@@ -139,7 +134,8 @@ def noop_rung(results: list[RunResult], index: int) -> str | None:
 
 
 def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) -> list[TimeToAccuracy]:
-    """Time to accuracy of tta_rung_names over tta_seeds(base), with each rung's config; all-no-op rungs skipped."""
+    """Time to accuracy of tta_rung_names over the profile's tta_seeds, with each rung's config; all-no-op rungs
+    skipped."""
     wanted = set(tta_rung_names(base))
     out: list[TimeToAccuracy] = []
     below: TimeToAccuracy | None = None
@@ -152,8 +148,8 @@ def run_tta(results: list[RunResult], base: TrainConfig, progress: bool = True) 
                 r.extras["tta_skipped"] = same
                 continue
             # the limits of `bench --metric time-to-accuracy`, from the rung below (none for naive)
-            t = rung_tta(TrainConfig.from_dict(r.config), r.rung, r.label, below, tta_seeds(base), progress,
-                         dropped=r.dropped)
+            t = rung_tta(TrainConfig.from_dict(r.config), r.rung, r.label, below, profile_of(base).tta_seeds,
+                         progress, dropped=r.dropped)
             for x in t.runs:
                 x.comparison = TTA_PART
             out.append(t)

@@ -42,11 +42,6 @@ def preset(base: TrainConfig, name: str) -> TrainConfig:
     return base.replace(**OPTIMIZER_PRESETS[name])
 
 
-def tta_seeds(base: TrainConfig) -> tuple[int, ...]:
-    """The seeds time to accuracy runs over on base's profile (Profile.tta_seeds)."""
-    return profile_of(base).tta_seeds
-
-
 @dataclass(frozen=True)
 class Change:
     """One variant of the C12 comparison: what it changed against the variant before it."""
@@ -73,10 +68,10 @@ def c12_changes(base: TrainConfig) -> list[Change]:
 
 @comparison(C12_COMPARISON)
 def c12_time_to_accuracy(base: TrainConfig, progress: bool = True) -> list[RunResult]:
-    """C12's variants (c12_changes), each trained to the profile's target accuracy over tta_seeds(base), seed-major
+    """C12's variants (c12_changes), each trained to the profile's target accuracy over its tta_seeds, seed-major
     (a slow spell hits every variant alike); stops if interrupted."""
     runs: list[RunResult] = []
-    for seed in tta_seeds(base):
+    for seed in profile_of(base).tta_seeds:
         for c in c12_changes(base):
             one = time_to_accuracy(c.config, seeds=(seed,), label=c.label, progress=progress)
             for r in one.runs:
@@ -117,7 +112,7 @@ SCHEDULE_ACTED = 0.9  # a schedule has acted once its learning rate has fallen b
 def schedule_not_acted(t: TimeToAccuracy, base: TimeToAccuracy) -> str | None:
     """Why `t`'s schedule had not acted by the step its seeds reached the target (the later of t's and base's
     median steps), or None. The schedule spans warm-up + timed steps: the run's step budget."""
-    runs = [r for r in t.runs if r.extras["tta"]["reached"]]
+    runs = t.reached_runs
     if not runs or runs[0].config.get("scheduler", "none") == "none" or not base.steps.n:
         return None
     cfg = runs[0].config
