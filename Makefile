@@ -57,7 +57,7 @@ overhead: $(STAMP)  ## the harness against a bare hand-written loop
 GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	@$(GPU_PY) -c "import torch" 2>/dev/null || { echo "fastlab gpu-check: missing torch (2.11 or newer, with the torchvision of the same release) for $(GPU_PY) (exit 1)."; exit 1; }
-	@PYTHONPATH=. $(GPU_PY) -m fastlab.tools.gpu_check
+	@PYTHONPATH=. $(GPU_PY) tests/gpu_check.py
 
 # Before lending a GPU machine (Python 3.12, torch 2.11, no Jupyter, no network): the wheels that `make gpu-notebooks`
 # installs there, for Python 3.12 on x86-64 Linux, into gpu-wheels/ (ignored). What that machine already has (torch
@@ -78,10 +78,10 @@ gpu-wheels:
 
 # On a lent CUDA machine: every notebook's fast version executed (saved with its time under $$OUT as it goes), both
 # ladders (2 interleaved repeats), then each registered comparison's reference run, each part capped, all within
-# 9 minutes (fastlab/tools/gpu_notebooks.py). Prints one line and exits 0 without CUDA; GPU_NOTEBOOKS_ARGS="--rehearse
+# 9 minutes (tests/gpu_notebooks.py). Prints one line and exits 0 without CUDA; GPU_NOTEBOOKS_ARGS="--rehearse
 # smoke" runs the same parts on this CPU.
 gpu-notebooks:
-	@PYTHONPATH=. $(GPU_PY) -m fastlab.tools.gpu_notebooks $(GPU_NOTEBOOKS_ARGS)
+	@PYTHONPATH=. $(GPU_PY) tests/gpu_notebooks.py $(GPU_NOTEBOOKS_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-results

@@ -283,7 +283,7 @@ _ASSUMED_CORES: int | None = None  # set by assumed_cores: another machine's cou
 @contextlib.contextmanager
 def assumed_cores(count: int) -> Iterator[None]:
     """While the block runs, usable_cpu_count() is `count`: what is sized by the cores (01's worker sweep, 10's
-    loader) is sized as on a machine with that many (fastlab.estimate: the reference machine's)."""
+    loader) is sized as on a machine with that many (tests/gpu_estimate.py: the reference machine's)."""
     global _ASSUMED_CORES
     saved, _ASSUMED_CORES = _ASSUMED_CORES, count
     try:

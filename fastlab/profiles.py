@@ -124,7 +124,7 @@ GPU = Profile(
     time_to_accuracy=dict(synthetic=0.90, cifar10=0.90, eval_every=50, max_steps=5_000),
     # sweep_seconds: notebook 01's worker sweep past the cores only while it fits (lessons.data_loading.sweep_counts);
     # max_autotune_in_fast 0: 07 compiles with max-autotune only in the thorough version (minutes of autotuning);
-    # notebook_seconds 100: the workbook's fast version within 25 minutes on an H200 (fastlab.estimate)
+    # notebook_seconds 100: the workbook's fast version within 25 minutes on an H200 (tests/gpu_estimate.py)
     time_sizing=dict(run_seconds=4.0, comparison_seconds=30.0, min_steps=50, max_steps=400, notebook_seconds=100.0,
                      sweep_seconds=60.0, max_autotune_in_fast=0),
     comparison_repeats=3, cuda_sized=True, slow_run_minutes=10.0, precision_seeds=(0, 1, 2), batch_grid=(96, 128, 160, 250, 256),

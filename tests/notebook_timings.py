@@ -5,19 +5,24 @@
 
 Each notebook runs in a fresh kernel (as a reader's would) with FASTLAB_PROFILE set, its claim verdicts kept in a
 temporary folder (never the reader's store), and nothing written back into the notebook. The wall seconds, the
-date, the machine, the machine's load average and how the run ended go into the timings file (fastlab.tools.timings),
-which the notebooks' first cells and docs/workshop.md print from. A timeout or an error is recorded as such.
+date, the machine, the machine's load average and how the run ended go into the timings file (record_timing), which
+the notebooks' first cells (fastlab.tools.timings) and docs/workshop.md (timings_table) print from. A timeout or an
+error is recorded as such.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from fastlab import budget
+from fastlab.files import write_json
+from fastlab.tools.timings import TIMINGS_VERSION, estimate_here, load_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -93,6 +98,77 @@ def time_notebook(path: Path, profile: str, timeout: float, keep: Path | None = 
     return seconds, status, (load0 + os.getloadavg()[0]) / 2, first_result_seconds(nb), core_path_seconds(nb)
 
 
+def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
+                  machine: str, date: str | None = None, load: float | None = None,
+                  first_result: float | None = None, core_path: float | None = None,
+                  step_seconds: float | None = None, budget_seconds: float | None = None,
+                  estimate: float | None = None) -> None:
+    """Set one notebook's time on one profile, atomically, keeping the other entries. load: the 1-minute load
+    average while it ran; first_result: seconds to its tagged first result; core_path: seconds to "## Going further";
+    step_seconds: the calibrated step of the profile's config on that machine (scales the time to another);
+    budget_seconds and estimate: the notebook's budget there and the time its first line estimated before it ran."""
+    path = Path(path)
+    notebooks = load_timings(path)
+    entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
+             "date": date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    optional = {"load": load, "first_result": first_result, "core_path": core_path, "budget": budget_seconds,
+                "estimate": estimate}
+    entry.update({k: round(float(v), 1) for k, v in optional.items() if v is not None})
+    if step_seconds is not None:
+        entry["step_seconds"] = float(f"{step_seconds:.4g}")
+    notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
+    doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
+    write_json(path, doc, sort_keys=True)
+
+
+def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.PathLike | None = None) -> str:
+    """A markdown table of each notebook's time per profile, with the machines and dates behind them."""
+    data = load_timings(path)
+    if not data:
+        return "No notebook has been timed yet: run `python tests/notebook_timings.py`."
+    rows = ["| notebook | " + " | ".join(f"{p} profile" for p in profiles) + " |",
+            "| --- | " + " | ".join("---" for _ in profiles) + " |"]
+    entries = [e for by_profile in data.values() for p, e in by_profile.items() if p in profiles and e]
+    for name, by_profile in sorted(data.items()):
+        cells = []
+        for e in map(by_profile.get, profiles):
+            if not e:
+                cells.append("not measured yet")
+                continue
+            planned = [f"budget {budget.duration(e['budget'])}"] if e.get("budget") else []
+            planned += [f"estimated {budget.duration(e['estimate'])}"] if e.get("estimate") else []
+            first = f" ({', '.join(planned)} before it ran)" if planned else ""
+            first += f"; first result after {budget.duration(e['first_result'])}" if e.get("first_result") else ""
+            first += f"; core path {budget.duration(e['core_path'])}" if e.get("core_path") else ""
+            cells.append(budget.duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})") + first)
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    totals = [sum(by_profile[p]["seconds"] if by_profile.get(p) else math.nan for by_profile in data.values())
+              for p in profiles]
+    rows.append("| the whole workbook | " + " | ".join(
+        "not all measured" if math.isnan(t) else budget.duration(t) for t in totals) + " |")
+    machines = sorted({(e["machine"], e["date"][:10]) for e in entries})
+    loads = [e["load"] for e in entries if e.get("load") is not None]
+    rows += ["", "Measured on: " + "; ".join(f"{m} ({d})" for m, d in machines) + "."]
+    if loads:
+        rows.append(f"The machine's 1-minute load average during these runs: {min(loads):g} to {max(loads):g} "
+                    "(other work on it slows a notebook down).")
+    return "\n".join(rows)
+
+
+TABLE_START = "<!-- timings table:"
+TABLE_END = "<!-- end of timings table -->"
+
+
+def with_timings_table(text: str, table: str) -> str:
+    """`text` (docs/workshop.md) with the block between the table markers replaced by `table`."""
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no timings table block ({TABLE_START!r} ... {TABLE_END!r}) in the text")
+    head_end = text.index("\n", start) + 1
+    return text[:head_end] + "\n" + table + "\n" + text[end:]
+
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*", help="names (with or without .ipynb); default: all")
@@ -106,9 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.thorough:
         os.environ["FASTLAB_THOROUGH"] = "1"
-    sys.path.insert(0, str(ROOT))
-    from fastlab.tools.timings import estimate_here, record_timing
-
     names = [n.removesuffix(".ipynb") for n in args.notebooks] or sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
     for profile in profiles:
@@ -142,8 +215,6 @@ def step_seconds(profile: str) -> float | None:
 
 def write_workshop_table(timings_file: Path) -> None:
     """The instructor's guide prints the table from the same file (tests/test_claims.py checks they agree)."""
-    from fastlab.tools.timings import timings_table, with_timings_table
-
     guide = ROOT / "docs" / "workshop.md"
     guide.write_text(with_timings_table(guide.read_text(), timings_table(path=timings_file)))
 

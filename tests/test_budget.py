@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+from notebook_timings import record_timing, timings_table
+
 import fastlab
 from fastlab import budget, comparisons, train
 from fastlab.calibration import Calibration
@@ -117,7 +119,7 @@ def test_a_registered_comparison_gets_its_share_and_its_repeats_cut(monkeypatch,
 def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, monkeypatch):
     path = tmp_path / "timings.json"
     monkeypatch.setenv("FASTLAB_TIMINGS", str(path))
-    timings.record_timing(path, "01_data_loading", "cpu", 120.0, "ok", "CPU (x, AVX512, 2 cores usable), no GPU",
+    record_timing(path, "01_data_loading", "cpu", 120.0, "ok", "CPU (x, AVX512, 2 cores usable), no GPU",
                           "2026-12-01T00:00", step_seconds=0.2)
     cal = Calibration(step_seconds=0.5, workload={}, fingerprint={}, steps_measured=4, measured_at="now")
     monkeypatch.setattr("fastlab.calibration.calibrate", lambda cfg, measure=None: cal)
@@ -126,7 +128,7 @@ def test_the_first_line_estimates_this_machine_from_the_calibrations(tmp_path, m
                            "measured elsewhere, scaled by this machine's calibrated step against that machine's); "
                            "01_data_loading took 2.0 min")  # 120 s x 0.5 / 0.2 = 5.0 min, held to the budget
     assert budget.active().notebook == "01_data_loading" and budget.active().seconds == 240.0
-    timings.record_timing(path, "01_data_loading", "cpu", 120.0, "ok", "CPU (x)", "2026-12-01T00:00")
+    record_timing(path, "01_data_loading", "cpu", 120.0, "ok", "CPU (x)", "2026-12-01T00:00")
     assert "not estimated here" in timings.begin_notebook("01_data_loading", "cpu")
     assert timings.begin_notebook("01_data_loading", "smoke").startswith("01_data_loading: not measured yet")
     assert budget.active() is None  # smoke's steps are fixed: no budget
@@ -271,11 +273,11 @@ def test_the_ddp_demo_fits_its_runs_to_its_share(capsys):
 
 def test_the_timings_table_says_each_notebooks_budget_and_estimate_beside_its_time(tmp_path):
     path = tmp_path / "timings.json"
-    timings.record_timing(path, "05_no_grad_detach_item", "cpu", 300.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+    record_timing(path, "05_no_grad_detach_item", "cpu", 300.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
                           "2026-12-06T00:00", load=6.1, step_seconds=0.3, budget_seconds=240.0, estimate=200.0)
-    timings.record_timing(path, "05_no_grad_detach_item", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+    record_timing(path, "05_no_grad_detach_item", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
                           "2026-12-06T00:00")
-    table = timings.timings_table(path=path)
+    table = timings_table(path=path)
     assert "| 5.0 min (budget 4.0 min, estimated 3.3 min before it ran) |" in table
     assert "| 20 s |" in table  # fixed steps: no budget, no estimate
 

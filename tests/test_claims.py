@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from notebook_timings import record_timing, timings_table, with_timings_table
 
 from fastlab import claim_map, claims
 from fastlab.measure import Spread
@@ -190,7 +191,7 @@ def test_a_single_pair_is_printed_never_recorded(store):
 
 
 def test_the_explicit_judges_name_real_claims_and_their_comparisons():
-    from fastlab.tools.reference_run import REPEATED_ON_A_GPU
+    from reference_run import REPEATED_ON_A_GPU
 
     ids = {c.id for c in claims.CLAIMS}
     assert {j.claim for j in claim_map.JUDGES} <= ids
@@ -202,25 +203,25 @@ def test_notebook_time_reads_the_timings_file(tmp_path, monkeypatch):
     path = tmp_path / "timings.json"
     monkeypatch.setenv("FASTLAB_TIMINGS", str(path))
     assert "not measured yet on profile smoke" in timings.notebook_time("01_data_loading", "smoke")
-    timings.record_timing(path, "01_data_loading.ipynb", "smoke", 47.26, "ok", "CPU (2 cores)", "2026-01-02T00:00")
+    record_timing(path, "01_data_loading.ipynb", "smoke", 47.26, "ok", "CPU (2 cores)", "2026-01-02T00:00")
     assert timings.notebook_time("01_data_loading", "smoke").startswith("01_data_loading took 47 s")
     assert "not measured yet on profile cpu" in timings.notebook_time("01_data_loading", "cpu")
-    table = timings.timings_table()
+    table = timings_table()
     assert "| `01_data_loading` | 47 s | not measured yet |" in table and "CPU (2 cores) (2026-01-02)" in table
     assert "| the whole workbook | 47 s | not all measured |" in table
-    timings.record_timing(path, "dashboard", "smoke", 30.0, "ok", "CPU (2 cores)", "2026-01-02T00:00", first_result=12.4)
-    timings.record_timing(path, "dashboard", "cpu", 50.0, "ok", "CPU (2 cores)", "2026-01-02T00:00")
-    timings.record_timing(path, "01_data_loading", "cpu", 150.0, "ok", "CPU (2 cores)", "2026-01-02T00:00",
+    record_timing(path, "dashboard", "smoke", 30.0, "ok", "CPU (2 cores)", "2026-01-02T00:00", first_result=12.4)
+    record_timing(path, "dashboard", "cpu", 50.0, "ok", "CPU (2 cores)", "2026-01-02T00:00")
+    record_timing(path, "01_data_loading", "cpu", 150.0, "ok", "CPU (2 cores)", "2026-01-02T00:00",
                           core_path=61.0)
-    table = timings.timings_table()
+    table = timings_table()
     assert "| `dashboard` | 30 s; first result after 12 s | 50 s |" in table
     assert "| `01_data_loading` | 47 s | 2.5 min; core path 61 s |" in table
     assert "| the whole workbook | 77 s | 3.3 min |" in table
     # a notebook's own training keeps the cores busy: only a load above them is called other work
-    timings.record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+    record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
                           "2026-01-02T00:00", load=2.1)
     assert "busy" not in timings.notebook_time("02_mixed_precision", "smoke")
-    timings.record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
+    record_timing(path, "02_mixed_precision", "smoke", 20.0, "ok", "CPU (x, AVX2, 2 cores usable), no GPU",
                           "2026-01-02T00:00", load=4.0)
     assert "while other work kept it busy (load average 4)" in timings.notebook_time("02_mixed_precision", "smoke")
     # the thorough version is offered where FASTLAB_THOROUGH changes something, never on the dashboard
@@ -329,9 +330,9 @@ def test_the_guides_plans_give_each_notebook_at_least_its_measured_time():
 def test_the_workshop_guide_prints_the_timings_file():
     """docs/workshop.md's table is the timings file's (tests/notebook_timings.py rewrites it), never typed."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "workshop.md").read_text()
-    assert timings.with_timings_table(guide, timings.timings_table()) == guide
+    assert with_timings_table(guide, timings_table()) == guide
     with pytest.raises(ValueError, match="no timings table block"):
-        timings.with_timings_table("no markers", "x")
+        with_timings_table("no markers", "x")
 
 
 @pytest.mark.parametrize("unreadable", ["{not json", '{"schema_version": 99, "verdicts": [{"claim": "C1"}]}', "\xff"])

@@ -67,8 +67,8 @@ def test_bench_rejects_unknown_rungs(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_reference_run_refuses_without_a_gpu():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "fastlab.tools.reference_run", "--out", "/tmp/none"], capture_output=True,
-                         text=True, cwd=ROOT, env=env, timeout=300)
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "reference_run.py"), "--out", "/tmp/none"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert out.returncode == 2 and "no CUDA GPU" in out.stderr
 
 

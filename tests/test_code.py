@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from reference_run import REPEATED_ON_A_GPU
 
 import fastlab
 from fastlab import train
@@ -21,7 +22,6 @@ from fastlab.bench import ladder
 from fastlab.code import CodeDiff, code, code_diff
 from fastlab.config import TrainConfig, config_for
 from fastlab.data import load_data
-from fastlab.tools.reference_run import REPEATED_ON_A_GPU
 
 # The sizes every script runs at here: a few hundred images in all (the render covers the real sizes). Enough steps
 # for the loss to fall: about 192 images (at least 4 steps), and two loss reads when it is read every few steps.

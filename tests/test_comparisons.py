@@ -68,7 +68,7 @@ def test_arms_given_as_a_function_of_the_base_are_counted_from_it(tmp_path, monk
 def test_the_notebooks_training_comparisons_are_sized_by_time():
     """Issue 27: every comparison a notebook runs that trains for throughput declares its arms; the ones left
     unsized are the ones with their own rules (time to accuracy, simulated storage, evaluation, equal images)."""
-    from fastlab.tools.reference_run import REPEATED_ON_A_GPU
+    from reference_run import REPEATED_ON_A_GPU
 
     unsized = sorted(name for name, fn in REPEATED_ON_A_GPU.items() if fn.arms is None)
     assert unsized == sorted([

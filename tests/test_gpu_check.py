@@ -12,6 +12,7 @@ import time
 import types
 import weakref
 
+import gpu_check
 import pytest
 import torch
 
@@ -20,7 +21,6 @@ from fastlab import bench, measure, outcomes, train
 from fastlab.config import config_for
 from fastlab.lessons.data_loading import describe_data_wait
 from fastlab.results import RunResult, TtaRecord, load_results, save_results
-from fastlab.tools import gpu_check
 
 advise = importlib.import_module("fastlab.advisor")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -352,7 +352,6 @@ def test_nvml_matches_the_gpu_by_uuid_without_cuda_visible_devices(monkeypatch):
 def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_hog_here(monkeypatch, tmp_path,
                                                                                           capsys):
     import runpy
-    import warnings
 
     from fastlab import isolation
 
@@ -364,7 +363,7 @@ def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_
             isolation_of[model.__name__] = why or "process"
         return RunResult(config=cfg.to_dict(), label=label, window_throughput=[1.0], extras={"isolation": why or "process"})
 
-    # `make gpu-check` is `python -m fastlab.tools.gpu_check`: the module runs as __main__, on a pretend GPU
+    # `make gpu-check` is `python tests/gpu_check.py`: the script runs as __main__, on a pretend GPU
     monkeypatch.setattr(sys, "argv", ["gpu_check", "--out", str(tmp_path), "--no-ladder"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fastlab, "run", fake_run)
@@ -373,9 +372,8 @@ def test_gpu_check_run_as_main_sends_its_compared_runs_to_a_child_and_keeps_the_
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**30))
     monkeypatch.setattr(importlib.import_module("fastlab.lessons.ddp"), "torchrun", lambda *a, **k: 1 / 0)
-    with warnings.catch_warnings(), pytest.raises(SystemExit):
-        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already (by this test)
-        runpy.run_module("fastlab.tools.gpu_check", run_name="__main__", alter_sys=True)
+    with pytest.raises(SystemExit):
+        runpy.run_path(gpu_check.__file__, run_name="__main__")
     assert "PASS" in capsys.readouterr().out  # the compared runs' checks ran (the fake runs pass some)
     assert isolation_of["UntunedForward"] == "process"  # cuDNN's plans of the off run cannot reach the on run
     assert isolation_of["_Hog"].startswith("FASTLAB_ISOLATION=thread")  # the OOM check reads this process's allocator
@@ -424,7 +422,7 @@ def test_a_gpu_check_stuck_past_its_deadline_and_the_grace_ends_with_every_threa
     stuck = textwrap.dedent(f"""
         import signal, sys, time, torch
         from fastlab import isolation, measure
-        from fastlab.tools import gpu_check
+        import gpu_check
         torch.cuda.is_available = lambda: True
         gpu_check.missing_packages = lambda: []
         measure.device_name = lambda device: "a pretend GPU"
@@ -436,7 +434,7 @@ def test_a_gpu_check_stuck_past_its_deadline_and_the_grace_ends_with_every_threa
         sys.exit(gpu_check.main(["--out", {str(tmp_path)!r}, "--no-ladder"]))
     """)
     p = subprocess.run([sys.executable, "-c", stuck], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       env={**os.environ, "PYTHONPATH": ROOT})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
     assert p.returncode == 1 and "Timeout" in p.stderr and "in deaf" in p.stderr, p.stderr
 
 

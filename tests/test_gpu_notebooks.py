@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 
+import gpu_estimate
+import gpu_notebooks
+import notebook_timings
 import pytest
 import torch
 
-from fastlab import budget, estimate
+from fastlab import budget
 from fastlab.calibration import Calibration
 from fastlab.config import config_for, time_sizing
 from fastlab.lessons import compile_export, data_loading
-from fastlab.tools import gpu_notebooks, timings
+from fastlab.tools import timings
 
 FAST_NOTEBOOK_S, FAST_WORKBOOK_S = 180.0, 25 * 60.0  # issue 53: a notebook, and the workbook, on an H200
 
@@ -25,16 +28,16 @@ def _fast(monkeypatch):
     budget.stop()
 
 
-def constructed(step: float) -> estimate.StepTimes:
+def constructed(step: float) -> gpu_estimate.StepTimes:
     """A GPU whose every step takes `step` seconds in a window and three times that a timed step (as the H200's)."""
-    return estimate.StepTimes("constructed GPU", 16, {}, {"any": (step, 3 * step)}, {}, 15.0)
+    return gpu_estimate.StepTimes("constructed GPU", 16, {}, {"any": (step, 3 * step)}, {}, 15.0)
 
 
 # ---------------------------------------------------------------- the estimate (bundled H200 step times)
 
 
 def test_each_notebook_fast_version_fits_three_minutes_and_the_workbook_25_on_the_h200():
-    rows = estimate.estimate_notebooks("gpu")
+    rows = gpu_estimate.estimate_notebooks("gpu")
     assert {r.notebook for r in rows} >= {"01_data_loading", "07_compile_and_export", "09_all_together"}
     assert all(r.seconds <= FAST_NOTEBOOK_S for r in rows), [(r.notebook, round(r.seconds)) for r in rows]
     assert sum(r.seconds for r in rows) <= FAST_WORKBOOK_S
@@ -43,11 +46,11 @@ def test_each_notebook_fast_version_fits_three_minutes_and_the_workbook_25_on_th
 
 
 def test_the_estimate_command_prints_each_notebook_and_its_source(capsys):
-    assert timings.main(["--estimate", "gpu"]) == 0
+    assert gpu_estimate.main(["gpu"]) == 0
     out = capsys.readouterr().out
     assert "fastlab/reference/nvidia-h200.json" in out and "the whole workbook" in out
     assert "09_all_together: " in out
-    assert timings.main(["--estimate", "smoke"]) == 0
+    assert gpu_estimate.main(["smoke"]) == 0
     assert "fixed steps" in capsys.readouterr().out
 
 
@@ -56,12 +59,12 @@ def test_the_estimate_command_prints_each_notebook_and_its_source(capsys):
 
 def test_a_gpu_ten_times_slower_keeps_the_budget_with_fewer_steps_or_repeats(monkeypatch):
     fast, slow = constructed(0.02), constructed(0.2)
-    monkeypatch.setattr(estimate, "COMPILED_ARMS", {})
+    monkeypatch.setattr(gpu_estimate, "COMPILED_ARMS", {})
     base = config_for("gpu")
     share = 50.0
     name = "03_cudnn_benchmark_and_channels_last:channels_last"
-    t_fast, how_fast = estimate.comparison_seconds(name, base, share, fast)
-    t_slow, how_slow = estimate.comparison_seconds(name, base, share, slow)
+    t_fast, how_fast = gpu_estimate.comparison_seconds(name, base, share, fast)
+    t_slow, how_slow = gpu_estimate.comparison_seconds(name, base, share, slow)
 
     def work(how: str) -> int:  # repeats x steps, from "4 arms x 2 repeats x 50 steps"
         parts = how.split(" x ")
@@ -70,8 +73,8 @@ def test_a_gpu_ten_times_slower_keeps_the_budget_with_fewer_steps_or_repeats(mon
     assert work(how_slow) < work(how_fast)  # cut: fewer steps, then fewer repeats
     run_slow = budget.run_seconds(0.6, 50, base.warmup_steps, -(-base.eval_images // base.batch_size))
     assert t_slow <= share + run_slow + budget.run_seconds(0.2, 4, 2)  # its share, one started run, the calibration
-    rows_fast = {r.notebook: r.seconds for r in estimate.estimate_notebooks("gpu", fast)}
-    rows_slow = {r.notebook: r.seconds for r in estimate.estimate_notebooks("gpu", slow)}
+    rows_fast = {r.notebook: r.seconds for r in gpu_estimate.estimate_notebooks("gpu", fast)}
+    rows_slow = {r.notebook: r.seconds for r in gpu_estimate.estimate_notebooks("gpu", slow)}
     for notebook, seconds in rows_slow.items():
         assert seconds >= rows_fast[notebook]
         assert seconds <= rows_fast[notebook] * 10 + 1e-6  # at most 10x, less where the budget holds it
@@ -84,7 +87,7 @@ def test_the_first_line_scales_a_gpu_timing_ten_times_up_to_the_budget(tmp_path,
     monkeypatch.setattr("fastlab.calibration.calibrate", lambda cfg, measure=None: slower)
     held = budget.duration(time_sizing("gpu")["notebook_seconds"])
     for seconds, shown in ((6.0, "estimated here now: 60 s"), (60.0, f"estimated here now: {held}")):
-        timings.record_timing(path, "08_profiling", "gpu", seconds, "ok", "NVIDIA H200", "2026-12-04T00:00",
+        notebook_timings.record_timing(path, "08_profiling", "gpu", seconds, "ok", "NVIDIA H200", "2026-12-04T00:00",
                               step_seconds=0.02)
         line = timings.begin_notebook("08_profiling", "gpu")
         assert shown in line  # 10x the H200's time; the second held to gpu's notebook budget
@@ -144,7 +147,7 @@ def test_enough_kernels_at_once_for_the_estimate_to_fit_the_cap(monkeypatch):
     assert gpu_notebooks.default_jobs([130.0] * 11 + [20.0] * 3, 200.0) == 11  # one long notebook a kernel
     assert gpu_notebooks.default_jobs([100.0] * 40, 200.0) == 14  # at most the cores less two
     assert gpu_notebooks.default_jobs([], 200.0) == 14
-    estimates = [e.seconds for e in estimate.estimate_notebooks("gpu")]
+    estimates = [e.seconds for e in gpu_estimate.estimate_notebooks("gpu")]
     assert gpu_notebooks.makespan(estimates, gpu_notebooks.default_jobs(estimates, 200.0)) <= 200.0
     assert sum(gpu_notebooks.CAPS.values()) <= gpu_notebooks.TOTAL_S == 9 * 60  # every part within 9 minutes
 

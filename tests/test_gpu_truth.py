@@ -320,8 +320,9 @@ def test_gpu_check_says_no_gpu_in_one_line_and_exits_0():
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "fastlab.tools.gpu_check"], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, os.path.join(root, "tests", "gpu_check.py")], capture_output=True, text=True,
+                       cwd=root, env={**os.environ, "PYTHONPATH": root})
     assert p.returncode == 0, p.stderr
     lines = (p.stdout + p.stderr).strip().splitlines()
     assert len(lines) == 1 and "no CUDA GPU" in lines[0]
@@ -331,8 +332,9 @@ def test_gpu_check_says_no_gpu_in_one_line_and_exits_0():
 
 
 def test_reference_run_saves_every_rung_survives_a_broken_one_and_keeps_gpu_results_only(monkeypatch, tmp_path):
+    import reference_run
+
     from fastlab.results import RunResult, load_results
-    from fastlab.tools import reference_run
 
     monkeypatch.setattr(reference_run, "resolve_device", lambda name: torch.device("cuda", 0))
     monkeypatch.setattr(reference_run, "device_name", lambda device: "Fake GPU")

@@ -1,5 +1,5 @@
-"""fastlab.tools.install: no address built in, the install source a teacher sets once, the first cell of every notebook
-(written by `python -m fastlab.tools.install`), the notebook copy, and the Colab dry run: a fresh venv with only the
+"""The install cell (tests/install_cell.py): no address built in, the install source a teacher sets once, the first cell
+of every notebook; the notebook copy (fastlab.tools.install), and the Colab dry run: a fresh venv with only the
 built wheel beside the notebook packages, a stub google.colab, a notebook run top to bottom outside the repository."""
 
 import json
@@ -12,6 +12,7 @@ import sysconfig
 import types
 from pathlib import Path
 
+import install_cell
 import pytest
 
 import fastlab
@@ -26,42 +27,42 @@ def code_cells(path):
 
 
 def test_the_cell_reads_the_teachers_source_and_builds_in_no_address():
-    source = install.install_cell_source()
+    source = install_cell.install_cell_source()
     compile(source, "install-cell", "exec")
-    assert source.startswith(install.CELL_TITLE) and install.CELL_MARK in source and install.SOURCE_ENV in source and install.SOURCE_FILE in source
+    assert source.startswith(install_cell.CELL_TITLE) and install_cell.CELL_MARK in source and install_cell.SOURCE_ENV in source and install_cell.SOURCE_FILE in source
     assert "://" not in source and "git+" not in source
 
 
 def test_ensure_notebooks_inserts_the_cell_once_as_the_first_code_cell(tmp_path, capsys):
     nb = shutil.copy(NOTEBOOKS[0], tmp_path / NOTEBOOKS[0].name)
-    others = [c for c in code_cells(nb) if not install._is_install_cell(c)]
-    assert install.main(["--ensure-notebooks", str(tmp_path)]) == 0
+    others = [c for c in code_cells(nb) if not install_cell._is_install_cell(c)]
+    assert install_cell.main([str(tmp_path)]) == 0
     after = code_cells(nb)
-    assert "".join(after[0]["source"]) == install.install_cell_source() and after[0]["outputs"] == []
-    assert after[0]["metadata"] == install.CELL_METADATA  # collapsed: out of the learner's path
+    assert "".join(after[0]["source"]) == install_cell.install_cell_source() and after[0]["outputs"] == []
+    assert after[0]["metadata"] == install_cell.CELL_METADATA  # collapsed: out of the learner's path
     assert after[1:] == others  # the notebook's own cells, untouched and not executed
     text = Path(nb).read_text()
-    assert install.main(["--ensure-notebooks", str(tmp_path)]) == 0  # idempotent: nothing to do
+    assert install_cell.main([str(tmp_path)]) == 0  # idempotent: nothing to do
     assert Path(nb).read_text() == text and "0 of 1 notebooks changed" in capsys.readouterr().out
 
 
 def test_an_old_install_cell_is_updated_and_moved_first(tmp_path):
     nb = Path(shutil.copy(NOTEBOOKS[0], tmp_path / NOTEBOOKS[0].name))
     doc = json.loads(nb.read_text())
-    doc["cells"] = [c for c in doc["cells"] if not install._is_install_cell(c)]
-    stale = {"cell_type": "code", "execution_count": None, "id": install.CELL_ID, "metadata": {}, "outputs": [],
-             "source": [install.CELL_MARK + "\n", "pip install old-address\n"]}
+    doc["cells"] = [c for c in doc["cells"] if not install_cell._is_install_cell(c)]
+    stale = {"cell_type": "code", "execution_count": None, "id": install_cell.CELL_ID, "metadata": {}, "outputs": [],
+             "source": [install_cell.CELL_MARK + "\n", "pip install old-address\n"]}
     doc["cells"].append(stale)  # last, and out of date
     nb.write_text(json.dumps(doc))
-    assert install.ensure_install_cell(nb) is True
+    assert install_cell.ensure_install_cell(nb) is True
     cells = code_cells(nb)
-    assert "".join(cells[0]["source"]) == install.install_cell_source()
-    assert sum(install._is_install_cell(c) for c in cells) == 1
-    assert install.ensure_install_cell(nb) is False
+    assert "".join(cells[0]["source"]) == install_cell.install_cell_source()
+    assert sum(install_cell._is_install_cell(c) for c in cells) == 1
+    assert install_cell.ensure_install_cell(nb) is False
 
 
 def run_cell(capsys):
-    exec(compile(install.install_cell_source(), "install-cell", "exec"), {})
+    exec(compile(install_cell.install_cell_source(), "install-cell", "exec"), {})
     return capsys.readouterr().out
 
 
@@ -69,7 +70,7 @@ def run_cell(capsys):
 def no_fastlab(monkeypatch, tmp_path):
     """fastlab not importable, no install source set, the working folder empty."""
     monkeypatch.setitem(sys.modules, "fastlab", None)
-    monkeypatch.delenv(install.SOURCE_ENV, raising=False)
+    monkeypatch.delenv(install_cell.SOURCE_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -88,14 +89,14 @@ def test_with_no_source_set_the_cell_says_what_to_set(no_fastlab, monkeypatch, c
     if colab:
         on_colab(monkeypatch)
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("nothing to install from"))
-    with pytest.raises(ModuleNotFoundError, match=f"{install.SOURCE_ENV} is not set"):
+    with pytest.raises(ModuleNotFoundError, match=f"{install_cell.SOURCE_ENV} is not set"):
         run_cell(capsys)
     out = capsys.readouterr().out
-    assert f"%env {install.SOURCE_ENV}=" in out and install.SOURCE_FILE in out and str(no_fastlab) in out
+    assert f"%env {install_cell.SOURCE_ENV}=" in out and install_cell.SOURCE_FILE in out and str(no_fastlab) in out
 
 
 def test_off_colab_the_cell_prints_the_line_for_the_teachers_source(no_fastlab, monkeypatch, capsys):
-    monkeypatch.setenv(install.SOURCE_ENV, "/srv/class/fastlab-0.1.0-py3-none-any.whl")
+    monkeypatch.setenv(install_cell.SOURCE_ENV, "/srv/class/fastlab-0.1.0-py3-none-any.whl")
     with pytest.raises(ModuleNotFoundError, match="printed above"):
         run_cell(capsys)
     assert '%pip install "/srv/class/fastlab-0.1.0-py3-none-any.whl"' in capsys.readouterr().out
@@ -111,9 +112,9 @@ def test_on_colab_the_cell_installs_from_the_teachers_source(no_fastlab, monkeyp
 
     on_colab(monkeypatch)
     if where == "env":
-        monkeypatch.setenv(install.SOURCE_ENV, "/content/fastlab.whl")
+        monkeypatch.setenv(install_cell.SOURCE_ENV, "/content/fastlab.whl")
     else:
-        (no_fastlab / install.SOURCE_FILE).write_text("/content/fastlab.whl\n")
+        (no_fastlab / install_cell.SOURCE_FILE).write_text("/content/fastlab.whl\n")
     monkeypatch.setattr(subprocess, "run", fake_pip)
     assert "fastlab " in run_cell(capsys)
     assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", "/content/fastlab.whl"]]
@@ -132,9 +133,9 @@ def test_a_copy_made_earlier_and_not_edited_is_updated(tmp_path):
 
 
 def test_every_repository_notebook_starts_with_the_current_install_cell():
-    """Fails until `python -m fastlab.tools.install --ensure-notebooks notebooks/` has been run on the repository."""
-    stale = [p.name for p in NOTEBOOKS if not install.has_current_install_cell(json.loads(p.read_text()))]
-    assert stale == [], f"run `python -m fastlab.tools.install --ensure-notebooks notebooks/`; stale: {stale}"
+    """Fails until `python tests/install_cell.py notebooks/` has been run on the repository."""
+    stale = [p.name for p in NOTEBOOKS if not install_cell.has_current_install_cell(json.loads(p.read_text()))]
+    assert stale == [], f"run `python tests/install_cell.py notebooks/`; stale: {stale}"
 
 
 UNSEEN_ADDRESSES = re.compile(r"fastlab-workbook|git\+https?://|github\.com/[\w.-]+/fastlab\b")
@@ -154,7 +155,7 @@ def test_no_unverified_install_address_anywhere_in_the_repository():
 def test_the_readme_and_the_workshop_guide_say_how_to_set_the_source():
     for doc in ("README.md", "docs/workshop.md"):
         text = (ROOT / doc).read_text()
-        assert install.SOURCE_ENV in text and install.SOURCE_FILE in text and "pip install ." in text, doc
+        assert install_cell.SOURCE_ENV in text and install_cell.SOURCE_FILE in text and "pip install ." in text, doc
         assert "pip wheel --no-deps" in text, doc
 
 
@@ -206,7 +207,7 @@ def test_a_colab_dry_run_installs_the_wheel_from_the_first_cell_and_runs_a_noteb
     (stub / "__init__.py").write_text("")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FASTLAB_DATA", "VIRTUAL_ENV")}
     env.update(PYTHONPATH=str(tmp_path / "stub"), FASTLAB_PROFILE="smoke", MPLBACKEND="Agg", PIP_NO_INDEX="1",
-               FASTLAB_RESULTS_DIR=str(tmp_path / "results"), **{install.SOURCE_ENV: str(wheel)})
+               FASTLAB_RESULTS_DIR=str(tmp_path / "results"), **{install_cell.SOURCE_ENV: str(wheel)})
     content = tmp_path / "content"  # Colab's working folder: outside the repository
     content.mkdir()
     before = subprocess.run([str(python), "-c", "import fastlab"], cwd=content, env=env, capture_output=True,

@@ -103,6 +103,8 @@ def test_the_wheel_holds_every_notebook_and_nothing_only_tests_need(wheel):
     assert notebooks and [n for n in notebooks if f"fastlab/notebooks/{n}" not in names] == []
     assert not any(n.endswith(("checked_outputs.json", "conftest.py")) for n in names)
     assert "fastlab/tools/install.py" in names and "fastlab/__main__.py" in names
+    # the maintainers' GPU instruments (make gpu-check, gpu-notebooks, the reference run) stay in tests/
+    assert not any(n.endswith(("gpu_check.py", "gpu_notebooks.py", "reference_run.py")) for n in names)
     assert "fastlab/points/h200-plain-pytorch.json" in names  # reference_points' table travels with the package
     assert "fastlab/claims.json" in names  # the claims table (fastlab.claims reads it)
 

@@ -342,6 +342,8 @@ def test_the_bench_ladder_sizes_every_rung_alike_and_records_the_calibration(cal
 
 
 def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path):
+    from notebook_timings import record_timing
+
     from fastlab import config
     from fastlab.tools import timings
 
@@ -355,7 +357,7 @@ def test_thorough_on_request_scales_the_time_and_the_seeds(monkeypatch, tmp_path
     monkeypatch.setenv("FASTLAB_TIMINGS", str(tmp_path / "timings.json"))
     assert "FASTLAB_THOROUGH=1" in timings.notebook_time("02_mixed_precision", "cpu")
     assert "not measured yet)" in timings.notebook_time("02_mixed_precision", "cpu")
-    timings.record_timing(tmp_path / "timings.json", "02_mixed_precision", "cpu-thorough", 600.0, "ok", "CPU (x)")
+    record_timing(tmp_path / "timings.json", "02_mixed_precision", "cpu-thorough", 600.0, "ok", "CPU (x)")
     assert "(it took 10.0 min on CPU (x))" in timings.notebook_time("02_mixed_precision", "cpu")
     assert "THOROUGH" not in timings.notebook_time("02_mixed_precision", "smoke")
     monkeypatch.setenv("FASTLAB_THOROUGH", "very")

@@ -1,2 +1,3 @@
-"""Tooling around the workbook, apart from the library a learner reads: installing the notebooks, their timings,
-the dashboard's kernel manager, the GPU check and the reference run."""
+"""Tooling around the workbook, apart from the library a learner reads: installing the notebooks, their timings
+and the dashboard's kernel manager. The maintainers' GPU instruments (gpu-check, gpu-notebooks, the reference run)
+live in tests/."""

@@ -1,9 +1,8 @@
-"""How long each notebook took: notebooks/timings.json (written by tests/notebook_timings.py), read back by
-each notebook's first cell (notebook_time) and by the instructor's guide (timings_table)."""
+"""How long each notebook took: notebooks/timings.json (written by tests/notebook_timings.py, which also prints
+the instructor's guide's table from it), read back by each notebook's first cell (begin_notebook, notebook_time)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
@@ -13,8 +12,6 @@ from typing import Any
 
 from .. import budget, calibration, exercise  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
 from ..config import active_profile, config_for, time_sizing
-from ..estimate import estimate_table
-from ..files import write_json
 
 TIMINGS_VERSION = 1
 TIMINGS_NAME = "timings.json"
@@ -84,29 +81,6 @@ def _say_ignored(path: Path, what: str) -> None:
         print(f"fastlab: {path}: ignored {what}; the notebooks' times read from it say 'not measured yet'")
 
 
-def record_timing(path: str | os.PathLike, notebook: str, profile: str, seconds: float, status: str,
-                  machine: str, date: str | None = None, load: float | None = None,
-                  first_result: float | None = None, core_path: float | None = None,
-                  step_seconds: float | None = None, budget_seconds: float | None = None,
-                  estimate: float | None = None) -> None:
-    """Set one notebook's time on one profile, atomically, keeping the other entries. load: the 1-minute load
-    average while it ran; first_result: seconds to its tagged first result; core_path: seconds to "## Going further";
-    step_seconds: the calibrated step of the profile's config on that machine (scales the time to another);
-    budget_seconds and estimate: the notebook's budget there and the time its first line estimated before it ran."""
-    path = Path(path)
-    notebooks = load_timings(path)
-    entry = {"seconds": round(float(seconds), 1), "status": status, "machine": machine,
-             "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    optional = {"load": load, "first_result": first_result, "core_path": core_path, "budget": budget_seconds,
-                "estimate": estimate}
-    entry.update({k: round(float(v), 1) for k, v in optional.items() if v is not None})
-    if step_seconds is not None:
-        entry["step_seconds"] = float(f"{step_seconds:.4g}")
-    notebooks.setdefault(notebook.removesuffix(".ipynb"), {})[profile] = entry
-    doc = {"schema_version": TIMINGS_VERSION, "notebooks": dict(sorted(notebooks.items()))}
-    write_json(path, doc, sort_keys=True)
-
-
 def begin_notebook(notebook: str, profile: str | None = None) -> str:
     """A notebook's first line: start its time budget (fastlab.budget; none on smoke) and say the budget, the time
     estimated for this machine now (the time measured elsewhere, scaled by this machine's calibrated step against
@@ -159,70 +133,3 @@ def thorough_hint(notebook: str, profile: str) -> str:
     entry = load_timings().get(name, {}).get(f"{profile}-thorough")
     took = f"it took {budget.duration(entry['seconds'])} on {entry['machine']}" if entry else "not measured yet"
     return f". The thorough version (more seeds, longer runs): set FASTLAB_THOROUGH=1 before starting ({took})"
-
-
-def timings_table(profiles: tuple[str, ...] = ("smoke", "cpu"), path: str | os.PathLike | None = None) -> str:
-    """A markdown table of each notebook's time per profile, with the machines and dates behind them."""
-    data = load_timings(path)
-    if not data:
-        return "No notebook has been timed yet: run `python tests/notebook_timings.py`."
-    rows = ["| notebook | " + " | ".join(f"{p} profile" for p in profiles) + " |",
-            "| --- | " + " | ".join("---" for _ in profiles) + " |"]
-    entries = [e for by_profile in data.values() for p, e in by_profile.items() if p in profiles and e]
-    for name, by_profile in sorted(data.items()):
-        cells = []
-        for e in map(by_profile.get, profiles):
-            if not e:
-                cells.append("not measured yet")
-                continue
-            planned = [f"budget {budget.duration(e['budget'])}"] if e.get("budget") else []
-            planned += [f"estimated {budget.duration(e['estimate'])}"] if e.get("estimate") else []
-            first = f" ({', '.join(planned)} before it ran)" if planned else ""
-            first += f"; first result after {budget.duration(e['first_result'])}" if e.get("first_result") else ""
-            first += f"; core path {budget.duration(e['core_path'])}" if e.get("core_path") else ""
-            cells.append(budget.duration(e["seconds"]) + ("" if e.get("status") == "ok" else f" ({e.get('status')})") + first)
-        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    totals = [sum(by_profile[p]["seconds"] if by_profile.get(p) else math.nan for by_profile in data.values())
-              for p in profiles]
-    rows.append("| the whole workbook | " + " | ".join(
-        "not all measured" if math.isnan(t) else budget.duration(t) for t in totals) + " |")
-    machines = sorted({(e["machine"], e["date"][:10]) for e in entries})
-    loads = [e["load"] for e in entries if e.get("load") is not None]
-    rows += ["", "Measured on: " + "; ".join(f"{m} ({d})" for m, d in machines) + "."]
-    if loads:
-        rows.append(f"The machine's 1-minute load average during these runs: {min(loads):g} to {max(loads):g} "
-                    "(other work on it slows a notebook down).")
-    return "\n".join(rows)
-
-
-TABLE_START = "<!-- timings table:"
-TABLE_END = "<!-- end of timings table -->"
-
-
-def with_timings_table(text: str, table: str) -> str:
-    """`text` (docs/workshop.md) with the block between the table markers replaced by `table`."""
-    start, end = text.find(TABLE_START), text.find(TABLE_END)
-    if start < 0 or end < start:
-        raise ValueError(f"no timings table block ({TABLE_START!r} ... {TABLE_END!r}) in the text")
-    head_end = text.index("\n", start) + 1
-    return text[:head_end] + "\n" + table + "\n" + text[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m fastlab.tools.timings --estimate gpu`: each notebook's estimated time on the reference GPU;
-    `--table`: the measured timings as the instructor's guide prints them."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--estimate", metavar="PROFILE", help="estimate each notebook's time on the reference GPU")
-    parser.add_argument("--table", action="store_true", help="the measured timings table")
-    args = parser.parse_args(argv)
-    if args.estimate:
-        print(estimate_table(args.estimate))
-    if args.table or not args.estimate:
-        print(timings_table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,5 @@
-"""The one prepared call for a lent GPU machine: `make gpu-notebooks` (or `PYTHONPATH=. python -m
-fastlab.tools.gpu_notebooks`). For a machine with Python 3.12 and torch but no Jupyter and no network.
+"""The one prepared call for a lent GPU machine: `make gpu-notebooks` (or `PYTHONPATH=. python
+tests/gpu_notebooks.py`). For a machine with Python 3.12 and torch but no Jupyter and no network.
 
 Four parts, each with its own time cap, saving under --out ($OUT, else gpu-notebooks-results/) as it goes:
 1. install the wheels `make gpu-wheels` downloaded (gpu-wheels/) into an ignored --target folder (.gpu-site/);
@@ -7,8 +7,8 @@ Four parts, each with its own time cap, saving under --out ($OUT, else gpu-noteb
    judge it (a cell's error fails it, a `raises-exception` cell must raise), each executed notebook saved after every
    cell and its time appended to notebooks.jsonl (nbval cannot save outputs: nbclient executes, the same client nbval
    uses; the `# NBVAL_CHECK_OUTPUT` comparisons stay with `make test`'s smoke run);
-3. both bench ladders with 2 interleaved repeats (fastlab.tools.gpu_check.run_ladders);
-4. the reference runs of the registered comparisons (fastlab.tools.reference_run.run_comparisons) in what is left.
+3. both bench ladders with 2 interleaved repeats (tests/gpu_check.py's run_ladders);
+4. the reference runs of the registered comparisons (tests/reference_run.py's run_comparisons) in what is left.
 Each notebook, and parts 3 and 4, run in a child process of their own, killed with its runs at its cap.
 Without CUDA it prints one line and exits 0; `--rehearse PROFILE` runs the same parts on this machine's CPU.
 """
@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..files import write_json
+from fastlab.files import write_json
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 # Caps in seconds (each part's, on an H200); the reference runs get what is left of TOTAL_S, 9 minutes.
 TOTAL_S = 540.0
@@ -94,8 +95,7 @@ def execute_one(notebook: Path, save_to: Path, cell_timeout: float) -> dict:
 def run_capped(notebook: Path, out: Path, env: dict[str, str], cap: float) -> dict:
     """One notebook in a child process of its own, killed (its kernel with it) at `cap` seconds."""
     save_to = out / "notebooks" / notebook.name
-    cmd = [sys.executable, "-m", "fastlab.tools.gpu_notebooks", "--one", str(notebook), "--save", str(save_to),
-           "--notebook-s", str(cap)]
+    cmd = [sys.executable, str(HERE), "--one", str(notebook), "--save", str(save_to), "--notebook-s", str(cap)]
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
@@ -133,9 +133,10 @@ def run_notebooks(names: list[str], out: Path, env: dict[str, str], seconds: flo
 
 
 def notebook_order(profile: str) -> tuple[list[str], dict[str, float]]:
-    """The notebooks, longest first by their estimated time on the reference GPU (fastlab.estimate), and those
+    """The notebooks, longest first by their estimated time on the reference GPU (tests/gpu_estimate.py), and those
     estimates ({} where the profile has fixed steps)."""
-    from ..estimate import estimate_notebooks  # here: it imports torch, which this module defers until main decides
+    # here: it imports torch, which this module defers until main decides
+    from gpu_estimate import estimate_notebooks
 
     names = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
     estimates = {e.notebook: e.seconds for e in estimate_notebooks(profile)}
@@ -155,7 +156,8 @@ def default_jobs(estimates: list[float], cap: float) -> int:
     """The fewest kernels at once whose estimated wall time fits `cap`, at most the cores less two (the notebooks'
     own runs and loaders need some); that most where nothing is estimated or nothing fits. The budgets cut each
     notebook's runs to fit its time, so kernels sharing the GPU take longer steps, not longer notebooks."""
-    from ..measure import usable_cpu_count  # here: it imports torch, which this module defers until main decides
+    # here: it imports torch, which this module defers until main decides
+    from fastlab.measure import usable_cpu_count
 
     most = max(1, usable_cpu_count() - 2)
     fits = [j for j in range(1, most + 1) if estimates and makespan(estimates, j) <= cap]
@@ -210,8 +212,8 @@ def run_part(part: str, out: Path, profile: str, seconds: float) -> int:
     import torch
 
     # here, in the --part child only: both import torch, reference_run also bench's matplotlib and every lesson
-    from .gpu_check import run_ladders
-    from .reference_run import run_comparisons
+    from gpu_check import run_ladders  # this script's folder, tests/, is first on the import path
+    from reference_run import run_comparisons
 
     if part == "ladders":
         print(run_ladders(out, seconds * LADDER_FIRST_PASS, LADDER_RUNG_SECONDS, profile, repeats=2,
@@ -224,8 +226,7 @@ def run_part(part: str, out: Path, profile: str, seconds: float) -> int:
 
 def capped_part(part: str, out: Path, profile: str, seconds: float) -> str:
     """Run `part` in a child process, its output passed through, killed (with its runs) at `seconds`."""
-    cmd = [sys.executable, "-m", "fastlab.tools.gpu_notebooks", "--part", part, "--out", str(out),
-           "--total-s", str(seconds)]
+    cmd = [sys.executable, str(HERE), "--part", part, "--out", str(out), "--total-s", str(seconds)]
     child = subprocess.Popen(cmd, env={**os.environ, "FASTLAB_PROFILE": profile}, cwd=ROOT, start_new_session=True)
     try:
         return "ok" if child.wait(timeout=max(seconds, 1.0)) == 0 else f"failed (exit {child.returncode})"

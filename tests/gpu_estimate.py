@@ -1,7 +1,7 @@
 """How long each notebook's fast version should take on the GPU the bundled reference results were measured on (an
-NVIDIA H200, fastlab/reference/nvidia-h200.json), from the profile's sizes alone: `python -m fastlab.tools.timings
---estimate gpu`. So the sizes can be checked against the 3-minute (a notebook) and 25-minute (the workbook) targets
-without a GPU at hand.
+NVIDIA H200, fastlab/reference/nvidia-h200.json), from the profile's sizes alone: `python tests/gpu_estimate.py gpu`.
+So the sizes can be checked against the 3-minute (a notebook) and 25-minute (the workbook) targets without a GPU at
+hand. A maintainers' instrument (tests/gpu_notebooks.py orders a lent GPU's notebooks by it), not the reader's package.
 
 The model is the one the notebook's budget (fastlab.budget) applies: each registered comparison is sized by time
 (calibration.steps_for at the calibrated step) and cut to its share of the notebook's budget (budget.fit); its runs
@@ -13,6 +13,7 @@ are not counted: NOTEBOOK_START_SECONDS stands for a kernel's start, its imports
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import pkgutil
@@ -21,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import budget, exercise, lessons  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
-from .budget import parts_of
-from .calibration import WORKLOAD_FIELDS
-from .comparisons import REGISTERED
-from .config import TrainConfig, comparison_repeats, config_for, thorough, time_sizing
-from .measure import assumed_cores
+import fastlab
+from fastlab import budget, exercise, lessons  # noqa: F401  (exercise declares each notebook's exercise a part of its budget)
+from fastlab.budget import parts_of
+from fastlab.calibration import WORKLOAD_FIELDS
+from fastlab.comparisons import REGISTERED
+from fastlab.config import TrainConfig, comparison_repeats, config_for, thorough, time_sizing
+from fastlab.measure import assumed_cores
 
-REFERENCE = Path(__file__).parent / "reference" / "nvidia-h200.json"
+REFERENCE = Path(fastlab.__file__).parent / "reference" / "nvidia-h200.json"
 NOTEBOOK_START_SECONDS = 20.0  # a kernel's start and imports, the first cell's calibration, the cells' own runs
 CALIBRATION_RUNS = 1  # a comparison's calibration: one short run (cached per workload after the first)
 
@@ -36,7 +38,7 @@ CALIBRATION_RUNS = 1  # a comparison's calibration: one short run (cached per wo
 def _compiled_arms(base: TrainConfig) -> int:
     # here: a lesson imports fastlab.plots (matplotlib); like estimate_notebooks, this module loads the lessons only
     # when it estimates, so importing it stays light
-    from .lessons.compile_export import modes_plan
+    from fastlab.lessons.compile_export import modes_plan
 
     return len(modes_plan(base)[0]) - 1  # eager is not compiled
 
@@ -192,3 +194,15 @@ def estimate_table(profile: str = "gpu", steps: StepTimes | None = None) -> str:
     lines.append(f"  the whole workbook: {budget.duration(sum(e.seconds for e in rows))}; the longest notebook "
                  f"{budget.duration(max(e.seconds for e in rows))}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python tests/gpu_estimate.py gpu`: each notebook's estimated time on the reference GPU."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("profile", nargs="?", default="gpu", help="the profile whose sizes are estimated (default gpu)")
+    print(estimate_table(parser.parse_args(argv).profile))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

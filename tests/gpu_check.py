@@ -1,4 +1,4 @@
-"""The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python -m fastlab.tools.gpu_check`).
+"""The one prepared command for a CUDA machine: `make gpu-check` (or `PYTHONPATH=. python tests/gpu_check.py`).
 
 Asserts every CUDA-only path of fastlab at small sizes, then runs both bench ladders at gpu-profile sizes and
 saves them. Needs torch 2.11+ with its torchvision, numpy, Pillow and nvidia-ml-py. Without CUDA: exit 0. Exit 1
@@ -25,16 +25,15 @@ import torch
 from torch import nn
 
 import fastlab
-
-from .. import isolation, measure
-from ..config import config_for
-from ..exercise import technique_shown
-from ..files import write_json
-from ..lessons import ddp
-from ..lessons.batch_size import find_max_batch, probe_config
-from ..models import build_model
-from ..results import save_results
-from ..watch import compare_loops
+from fastlab import isolation, measure
+from fastlab.config import config_for
+from fastlab.exercise import technique_shown
+from fastlab.files import write_json
+from fastlab.lessons import ddp
+from fastlab.lessons.batch_size import find_max_batch, probe_config
+from fastlab.models import build_model
+from fastlab.results import save_results
+from fastlab.watch import compare_loops
 
 # (module, its package, what needs it): what gpu-check imports beyond torch.
 PACKAGES: tuple[tuple[str, str, str], ...] = (
@@ -355,7 +354,7 @@ def run_ladders(out: Path, budget_s: float, rung_seconds: float = LADDER_RUNG_SE
     this many untimed steps a rung (None: the profile's)."""
     # heavy on purpose: fastlab.bench imports fastlab.plots (matplotlib, which needs Pillow), so a machine without
     # Pillow still gets missing_packages's one line from main instead of an ImportError
-    from ..bench import ladder, markdown_table, run_ladder
+    from fastlab.bench import ladder, markdown_table, run_ladder
 
     lines = []
     for model in ("resnet18", "compact"):
@@ -418,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # a fresh process cannot build __main__.UntunedForward: run the module imported under its own name
-    from fastlab.tools.gpu_check import main as importable_main
+    # a fresh process cannot build __main__.UntunedForward: run the module imported under its own name (this
+    # script's folder, tests/, is first on the import path, and a run's process takes that path)
+    from gpu_check import main as importable_main
 
     sys.exit(importable_main())

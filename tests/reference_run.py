@@ -1,6 +1,6 @@
 """Measure the bundled reference results on a real GPU, in one sitting.
 
-    PYTHONPATH=. python -m fastlab.tools.reference_run --out fastlab/reference --budget-s 540
+    PYTHONPATH=. python tests/reference_run.py --out fastlab/reference --budget-s 540
 
 Runs the bench ladders (ResNet-18, compact) and then REPEATED_ON_A_GPU under the gpu profile, saving after each
 result, so a run cut short by its budget keeps every finished result.
@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..bench import ladder, run_ladder
-from ..comparisons import NamedComparison
-from ..config import config_for
-from ..lessons import (
+from fastlab.bench import ladder, run_ladder
+from fastlab.comparisons import NamedComparison
+from fastlab.config import config_for
+from fastlab.lessons import (
     all_together,
     batch_size,
     compile_export,
@@ -30,8 +30,8 @@ from ..lessons import (
     own_model,
     profiling_lesson,
 )
-from ..measure import device_name, resolve_device
-from ..results import RunResult, save_results
+from fastlab.measure import device_name, resolve_device
+from fastlab.results import RunResult, save_results
 
 # The comparisons whose GPU results a notebook reads back, in reading order (threads.thread_effect is CPU only).
 REPEATED_ON_A_GPU: dict[str, NamedComparison] = {c.name: c for c in (
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = resolve_device("auto")
     if device.type != "cuda":
-        print("fastlab.tools.reference_run: no CUDA GPU here; reference results are measured on a real GPU only.",
+        print("fastlab reference_run: no CUDA GPU here; reference results are measured on a real GPU only.",
               file=sys.stderr)
         return 2
     path = Path(args.out) / f"{re.sub(r'[^a-z0-9]+', '-', device_name(device).lower()).strip('-')}.json"
